@@ -1,0 +1,75 @@
+"""The torch.compile backend: canonicalize → match → build → rewrite → Inductor, and report.
+
+``torch.compile(model, backend="fxfuse", mode=..., options=...)`` reaches ``fxfuse_backend`` through
+the ``torch_dynamo_backends`` entry point. fxfuse's own options are taken out of ``options``; the
+rest, and ``mode``, go to Inductor unchanged, which compiles everything fxfuse did not fuse.
+Nothing here may fail the user's compile: a chain that cannot be built stays with Inductor.
+"""
+
+from __future__ import annotations
+
+import os
+import warnings
+from dataclasses import replace
+
+import torch
+from torch.fx import Graph, GraphModule
+
+from . import op as _op  # noqa: F401  (registers torch.ops.fxfuse.*)
+from .canonicalize import canonicalize
+from .match import Chain, match_all
+from .report import record
+from .rewrite import rewrite
+
+FXFUSE_OPTIONS = {
+    "allow_cpu": "fuse CPU tensors too (the reference kernel; for tests and CPU-only machines)",
+}
+
+
+def fxfuse_backend(gm: GraphModule, example_inputs, mode: str | None = None, options=None):
+    """Fuse GEMM epilogues in ``gm``, then hand the graph to Inductor."""
+    inductor_options = dict(options or {})
+    ours = {k: inductor_options.pop(k) for k in list(inductor_options) if k in FXFUSE_OPTIONS}
+    allow_cpu = bool(ours.get("allow_cpu", os.environ.get("FXFUSE_ALLOW_CPU") == "1"))
+    fused = fuse(gm, allow_cpu)
+    from torch._inductor import list_mode_options
+    from torch._inductor.compile_fx import compile_fx
+
+    config = {**list_mode_options(mode or "default"), **inductor_options}
+    return compile_fx(fused, example_inputs, config_patches=config)
+
+
+def fuse(gm: GraphModule, allow_cpu: bool = False) -> GraphModule:
+    """A copy of ``gm`` with every fusable chain replaced by the fused op (recorded in the report)."""
+    graph = Graph()
+    graph.output(graph.graph_copy(gm.graph, {}))
+    try:
+        chains = [_build(c) for c in match_all(graph, canonicalize(graph), allow_cpu)]
+        rewrite(graph, chains)
+        graph.lint()
+    except Exception as error:  # never fail the user's compile
+        warnings.warn(f"fxfuse: fusion skipped for this graph ({type(error).__name__}: {error})")
+        record([])
+        return gm
+    record(chains)
+    return GraphModule(gm, graph)
+
+
+def _build(chain: Chain) -> Chain:
+    """Compile the CUDA kernels of a chain now (never at call time); on failure, don't fuse it."""
+    if chain.program is None or chain.x is None:
+        return chain
+    value = chain.x.meta.get("example_value", chain.x.meta.get("val"))
+    if not isinstance(value, torch.Tensor) or value.device.type != "cuda":
+        return chain
+    try:
+        from . import cuda
+
+        cuda.prepare(chain.program, value.dtype)
+    except Exception as error:
+        warnings.warn(f"fxfuse: chain left to Inductor, its build failed: {error}")
+        return replace(
+            chain, status="not_fused", fused=[], program=None, nodes=[],
+            reason=f"CUDA build failed: {str(error).splitlines()[0] if str(error) else type(error).__name__}",
+        )
+    return chain

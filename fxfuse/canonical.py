@@ -1,0 +1,82 @@
+"""The canonical vocabulary: what each FX node of a Dynamo graph means to fxfuse.
+
+``fxfuse.patterns`` maps the many spellings of an op (``F.leaky_relu``, ``nn.LeakyReLU``'s call, a
+method, an in-place form, ``torch.addmm(b, x, W.t())`` ...) onto these few node meanings; the
+matcher reads only these. Operands are FX nodes (tensors or symbolic scalars) or Python numbers.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Union
+
+from torch.fx import Node
+
+Operand = Union[Node, float, int, bool, None]
+
+
+@dataclass(frozen=True)
+class GemmOp:
+    """``input @ weight.T + bias`` with ``weight`` of shape (N, K)."""
+
+    input: Node
+    weight: Node
+    bias: Node | None = None
+
+
+@dataclass(frozen=True)
+class PointwiseOp:
+    """An elementwise op: arithmetic (add, sub, mul, div, pow, neg) or a vocabulary function.
+
+    ``inplace`` marks the forms that mutate their first operand (``relu_``, ``inplace=True``).
+    """
+
+    fn: str
+    operands: tuple[Operand, ...]
+    attrs: tuple[float, ...] = ()
+    inplace: bool = False
+
+
+@dataclass(frozen=True)
+class NormOp:
+    """group / layer / rms / batch normalisation as the torch function was called."""
+
+    kind: str
+    input: Node
+    eps: float | None
+    groups: int = 1
+    normalized_shape: tuple | None = None
+    weight: Node | None = None
+    bias: Node | None = None
+    running_mean: Node | None = None
+    running_var: Node | None = None
+    training: bool = False
+    momentum: Operand = None
+
+
+@dataclass(frozen=True)
+class ReduceOp:
+    """A reduction or row map over ``dim``; ``tuple_output`` for ``max(dim)``'s (values, indices)."""
+
+    kind: str
+    input: Node
+    dim: Operand
+    keepdim: bool = False
+    tuple_output: bool = False
+
+
+@dataclass(frozen=True)
+class AliasOp:
+    """The value of ``input`` unchanged (dropout in eval or with p=0, ``.values`` of max(dim))."""
+
+    input: Node
+
+
+@dataclass(frozen=True)
+class Rejected:
+    """A spelling fxfuse knows but cannot fuse in this form; ``reason`` goes into the report."""
+
+    reason: str
+
+
+CanonicalOp = Union[GemmOp, PointwiseOp, NormOp, ReduceOp, AliasOp, Rejected]

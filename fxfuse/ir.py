@@ -1,0 +1,176 @@
+"""The Epilogue IR: a matched GEMM chain as a frozen, hashable value with a stable string form.
+
+``Program(gemm, stages, params)`` is what every later step reads: the reference kernel, the fake
+(meta) kernel, the CUDA code generator, the backward and the report. Its string form is the fused
+op's ``program`` argument, names the JIT module and keys the build cache, so it is canonical:
+``Program.parse(p.to_string()) == p`` and printing the result gives the same string again.
+
+String form, stages separated by `` | `` and parameter kinds after `` || ``::
+
+    linear(bias=True) | pointwise(leaky_relu(x * 2.0, 0.1)) | group_norm(groups=512, eps=1e-05,
+    weight=p0, bias=p1) | sum(keepdim=True) || col col
+"""
+
+from __future__ import annotations
+
+import ast
+import functools
+from dataclasses import dataclass, fields
+from typing import Literal, Union
+
+import sympy
+
+from . import expr as E
+
+ParamKind = Literal["col", "scalar"]  # a per-column vector of N values, or one value
+NormKind = Literal["group", "layer", "rms", "batch"]
+ReduceKind = Literal["sum", "mean", "max", "min", "logsumexp", "softmax", "log_softmax"]
+
+ROW_REDUCTIONS = ("sum", "mean", "max", "min", "logsumexp")  # these change the shape
+ROW_MAPS = ("softmax", "log_softmax")  # these keep it
+
+
+@dataclass(frozen=True)
+class Gemm:
+    """``y = x @ weight.T (+ bias)`` over the last dim of x; weight is (N, K)."""
+
+    bias: bool
+
+
+@dataclass(frozen=True)
+class Pointwise:
+    """An elementwise expression in ``x`` (the stage's input) and parameters ``p<i>``."""
+
+    expr: sympy.Expr
+
+
+@dataclass(frozen=True)
+class Norm:
+    """A normalisation over the feature (last) dim.
+
+    group/layer/rms: statistics per row (per (row, group) for group norm). batch: statistics per
+    column over all rows; with ``training`` the batch statistics are used and returned by the op
+    (for the running-statistics update, done outside the op), otherwise the running statistics
+    ``running_mean``/``running_var`` (parameter indices) are used.
+    """
+
+    kind: NormKind
+    eps: float
+    groups: int = 1
+    weight: int | None = None
+    bias: int | None = None
+    training: bool = False
+    running_mean: int | None = None
+    running_var: int | None = None
+
+
+@dataclass(frozen=True)
+class Reduce:
+    """A reduction over the feature dim (sum ... logsumexp) or a row map (softmax, log_softmax)."""
+
+    kind: ReduceKind
+    keepdim: bool = False
+
+    @property
+    def changes_shape(self) -> bool:
+        return self.kind in ROW_REDUCTIONS
+
+
+Stage = Union[Pointwise, Norm, Reduce]
+
+
+@dataclass(frozen=True)
+class Program:
+    gemm: Gemm
+    stages: tuple[Stage, ...]
+    params: tuple[ParamKind, ...] = ()
+
+    # -- derived facts ------------------------------------------------------------------------
+
+    @property
+    def reduction(self) -> Reduce | None:
+        return next((s for s in self.stages if isinstance(s, Reduce) and s.changes_shape), None)
+
+    @property
+    def batch_norm_training(self) -> Norm | None:
+        return next(
+            (s for s in self.stages if isinstance(s, Norm) and s.kind == "batch" and s.training),
+            None,
+        )
+
+    def output_shape(self, batch_shape: tuple, n: int) -> tuple:
+        """Shape of the op's output for an input of shape ``(*batch_shape, K)``."""
+        reduction = self.reduction
+        if reduction is None:
+            return (*batch_shape, n)
+        return (*batch_shape, 1) if reduction.keepdim else tuple(batch_shape)
+
+    # -- string form --------------------------------------------------------------------------
+
+    def to_string(self) -> str:
+        parts = [f"linear(bias={self.gemm.bias})"] + [_stage_string(s) for s in self.stages]
+        text = " | ".join(parts)
+        return f"{text} || {' '.join(self.params)}" if self.params else text
+
+    def __str__(self) -> str:
+        return self.to_string()
+
+    @staticmethod
+    @functools.lru_cache(maxsize=None)
+    def parse(text: str) -> "Program":
+        body, _, params = text.partition(" || ")
+        gemm_text, *stage_texts = body.split(" | ")
+        gemm_call = _call(gemm_text)
+        if gemm_call.func.id != "linear":
+            raise ValueError(f"a program starts with linear(...), not {gemm_text!r}")
+        gemm = Gemm(**_keywords(gemm_call))
+        return Program(gemm, tuple(_parse_stage(s) for s in stage_texts), tuple(params.split()))
+
+
+_NORM_NAMES = {"group": "group_norm", "layer": "layer_norm", "rms": "rms_norm", "batch": "batch_norm"}
+_NORM_KINDS = {v: k for k, v in _NORM_NAMES.items()}
+_PARAM_FIELDS = ("weight", "bias", "running_mean", "running_var")
+
+
+def _stage_string(stage: Stage) -> str:
+    if isinstance(stage, Pointwise):
+        return f"pointwise({E.to_string(stage.expr)})"
+    if isinstance(stage, Reduce):
+        return f"{stage.kind}(keepdim={stage.keepdim})" if stage.changes_shape else f"{stage.kind}()"
+    defaults = Norm(kind=stage.kind, eps=0.0)
+    items = [f"eps={stage.eps!r}"]
+    for f in fields(Norm)[2:]:
+        value = getattr(stage, f.name)
+        if value != getattr(defaults, f.name):
+            items.append(f"{f.name}=p{value}" if f.name in _PARAM_FIELDS else f"{f.name}={value!r}")
+    return f"{_NORM_NAMES[stage.kind]}({', '.join(items)})"
+
+
+def _call(text: str) -> ast.Call:
+    node = ast.parse(text, mode="eval").body
+    if not isinstance(node, ast.Call) or not isinstance(node.func, ast.Name):
+        raise ValueError(f"not a stage: {text!r}")
+    return node
+
+
+def _keywords(node: ast.Call) -> dict:
+    out = {}
+    for kw in node.keywords:
+        value = kw.value
+        if isinstance(value, ast.Name) and E.param_index(sympy.Symbol(value.id)) is not None:
+            out[kw.arg] = E.param_index(sympy.Symbol(value.id))
+        else:
+            out[kw.arg] = ast.literal_eval(value)
+    return out
+
+
+def _parse_stage(text: str) -> Stage:
+    if text.startswith("pointwise(") and text.endswith(")"):
+        return Pointwise(E.parse(text[len("pointwise(") : -1]))
+    node = _call(text)
+    name = node.func.id
+    if name in _NORM_KINDS:
+        return Norm(kind=_NORM_KINDS[name], **_keywords(node))
+    if name in ROW_REDUCTIONS or name in ROW_MAPS:
+        return Reduce(kind=name, **_keywords(node))
+    raise ValueError(f"unknown stage {text!r}")

@@ -1,0 +1,392 @@
+"""Step 2: from each GEMM, grow the epilogue chain and turn it into a Program.
+
+Growth is greedy in graph order: the earliest node that reads the chain is absorbed when its
+canonical op fits (pointwise ops may read any value of the current pointwise segment, so
+``y * sigmoid(y)``, ``y + y`` and ``sigmoid(y) * 2 + y`` fuse; a norm or reduction closes the segment).
+The first node that does not fit stops growth, with a reason. The fused region is then the longest
+prefix whose only value read from outside is its last one, so an intermediate that something else
+also reads is never fused away.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import sympy
+import torch
+from torch.fx import Node
+
+from . import expr as E
+from .canonical import (
+    AliasOp,
+    CanonicalOp,
+    GemmOp,
+    NormOp,
+    Operand,
+    PointwiseOp,
+    ReduceOp,
+    Rejected,
+)
+from .describe import describe
+from .ir import Gemm, Norm, Pointwise, Program, Reduce, Stage
+
+FUSABLE_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+RMS_NORM_DEFAULT_EPS = torch.finfo(torch.float32).eps  # eps=None: float's eps (opmath for halves)
+
+
+@dataclass(frozen=True)
+class BatchNormUpdate:
+    """The running-statistics update of a training-mode BatchNorm, done after the fused op."""
+
+    running_mean: Node
+    running_var: Node
+    momentum: Operand
+
+
+@dataclass
+class Chain:
+    """What the matcher found after one GEMM (``program`` is None when nothing fused)."""
+
+    gemm: Node
+    status: str  # "fused" | "partial" | "not_fused"
+    chain: list[str]  # user-level names: the fused ops, then the op the chain stopped at
+    fused: list[str]
+    reason: str | None
+    program: Program | None = None
+    nodes: list[Node] = field(default_factory=list)
+    x: Node | None = None
+    weight: Node | None = None
+    bias: Node | None = None
+    params: list[Node] = field(default_factory=list)
+    batch_norm_update: BatchNormUpdate | None = None
+    dtype: torch.dtype | None = None
+
+
+class Stop(Exception):
+    """Growth ends at this node, for this reason (None: the chain simply ends here)."""
+
+    def __init__(self, reason: str | None):
+        super().__init__(reason)
+        self.reason = reason
+
+
+def example_value(node) -> object:
+    if not isinstance(node, Node):
+        return node
+    return node.meta.get("example_value", node.meta.get("val"))
+
+
+def match_all(graph, canon: dict[Node, CanonicalOp], allow_cpu: bool) -> list[Chain]:
+    order = {node: i for i, node in enumerate(graph.nodes)}
+    return [
+        _Matcher(node, op, canon, order, allow_cpu).run()
+        for node, op in canon.items()
+        if isinstance(op, GemmOp)
+    ]
+
+
+@dataclass
+class _Snapshot:
+    """The state right after absorbing one node: enough to build the Program of that prefix."""
+
+    node: Node
+    stages: tuple[Stage, ...]
+    expr: sympy.Expr  # the node's value within the current pointwise segment
+    n_params: int
+    bias: Node | None
+    batch_norm_update: BatchNormUpdate | None
+    is_tuple: bool
+
+
+class _Matcher:
+    def __init__(self, gemm: Node, op: GemmOp, canon, order, allow_cpu: bool):
+        self.gemm, self.op, self.canon, self.order, self.allow_cpu = gemm, op, canon, order, allow_cpu
+        self.region: list[Node] = [gemm]
+        self.segment: dict[Node, sympy.Expr] = {gemm: E.X}
+        self.stages: list[Stage] = []
+        self.params: list[Node] = []
+        self.param_kinds: list[str] = []
+        self.bias: Node | None = op.bias
+        self.batch_norm_update: BatchNormUpdate | None = None
+        self.has_batch_norm_training = False
+        self.reduced = False  # a row reduction changed the shape
+        self.snapshots: list[_Snapshot] = []
+        self._downstream: set[Node] | None = None
+        self.dtype: torch.dtype | None = None
+
+    # -- driver -------------------------------------------------------------------------------
+
+    def run(self) -> Chain:
+        try:
+            self._check_gemm()
+        except Stop as stop:
+            return Chain(self.gemm, "not_fused", [describe(self.gemm)], [], stop.reason)
+        stop_node, stop_reason = None, None
+        while (candidate := self._next_candidate()) is not None:
+            try:
+                self._absorb(candidate)
+            except Stop as stop:
+                stop_node, stop_reason = candidate, stop.reason
+                break
+        return self._result(stop_node, stop_reason)
+
+    def _next_candidate(self) -> Node | None:
+        region = set(self.region)
+        users = {u for n in self.region for u in n.users if u not in region}
+        return min(users, key=self.order.__getitem__, default=None)
+
+    def _result(self, stop_node: Node | None, stop_reason: str | None) -> Chain:
+        chain = [describe(n) for n in self.region]
+        if stop_node is not None and stop_node.op != "output":
+            chain.append(describe(stop_node))
+        best, shrink_reason = self._longest_closed_prefix()
+        if best is None or not best.stages:
+            reason = shrink_reason or stop_reason or "no epilogue op after the GEMM"
+            if best is not None and not best.stages and best.bias is not None and not shrink_reason:
+                reason = stop_reason or "only a bias add after the GEMM"
+            return Chain(self.gemm, "not_fused", chain, [], reason, dtype=self.dtype)
+        nodes = self.region[: self.region.index(best.node) + 1]
+        complete = len(nodes) == len(self.region) and stop_reason is None
+        program = Program(
+            Gemm(bias=best.bias is not None),
+            best.stages,
+            tuple(self.param_kinds[: best.n_params]),
+        )
+        return Chain(
+            self.gemm,
+            "fused" if complete else "partial",
+            chain,
+            [describe(n) for n in nodes],
+            None if complete else (shrink_reason or stop_reason),
+            program,
+            nodes,
+            self.op.input,
+            self.op.weight,
+            best.bias,
+            self.params[: best.n_params],
+            best.batch_norm_update,
+            self.dtype,
+        )
+
+    def _longest_closed_prefix(self) -> tuple[_Snapshot | None, str | None]:
+        """The longest prefix read from outside only through its last node, and (if it is not
+        the whole region) why the longer ones were not."""
+        reason = None
+        for k in range(len(self.snapshots), 0, -1):
+            snapshot = self.snapshots[k - 1]
+            prefix = set(self.region[: k + 1])
+            escaping = [n for n in self.region[: k + 1] if any(u not in prefix for u in n.users)]
+            if escaping == [snapshot.node] and not snapshot.is_tuple:
+                return snapshot, reason
+            if reason is None:
+                inner = next((n for n in escaping if n is not snapshot.node), None)
+                if inner is not None:
+                    user = next(u for u in inner.users if u not in prefix)
+                    reason = f"the value of {describe(inner)} is also read by {describe(user)}"
+        return None, reason
+
+    # -- checks on the GEMM -------------------------------------------------------------------
+
+    def _check_gemm(self) -> None:
+        x, w = example_value(self.op.input), example_value(self.op.weight)
+        b = example_value(self.op.bias) if self.op.bias is not None else None
+        tensors = [t for t in (x, w, b) if t is not None]
+        if not all(isinstance(t, torch.Tensor) for t in tensors) or len(tensors) < 2:
+            raise Stop("GEMM operands are not tensors")
+        self.dtype, self.device = x.dtype, x.device
+        if torch.is_autocast_enabled(x.device.type):
+            raise Stop("autocast is enabled (fused ops under autocast are not supported yet)")
+        if x.dtype not in FUSABLE_DTYPES:
+            raise Stop(f"dtype {x.dtype} (fxfuse fuses float32, bfloat16 and float16)")
+        if any(t.dtype != x.dtype or t.device != x.device for t in tensors):
+            raise Stop("GEMM operands differ in dtype or device")
+        if x.device.type == "cpu" and not self.allow_cpu:
+            raise Stop("CPU tensors (set FXFUSE_ALLOW_CPU=1 or options={'allow_cpu': True})")
+        if x.device.type not in ("cpu", "cuda"):
+            raise Stop(f"device {x.device.type}")
+        if w.dim() != 2 or x.dim() not in (2, 3) or (b is not None and b.dim() != 1):
+            raise Stop("GEMM shapes other than (M, K) or (B, T, K) by an (N, K) weight")
+        self.n = w.shape[0]
+        self.ndim = x.dim()
+
+    # -- absorbing one node -------------------------------------------------------------------
+
+    def _absorb(self, node: Node) -> None:
+        op = self.canon.get(node)
+        if node.op == "output" or isinstance(op, GemmOp):
+            raise Stop(None)
+        if op is None:
+            raise Stop(f"{describe(node)} is not an epilogue op")
+        if isinstance(op, Rejected):
+            raise Stop(op.reason)
+        expr, is_tuple = E.X, False
+        if isinstance(op, AliasOp):
+            expr = self._segment_value(op.input)
+        elif isinstance(op, PointwiseOp):
+            expr = self._pointwise(node, op)
+        elif isinstance(op, NormOp):
+            self._close_segment(op.input, self._norm(op))
+        else:
+            self._close_segment(op.input, self._reduce(op))
+            is_tuple = op.tuple_output
+        if isinstance(op, (NormOp, ReduceOp)):
+            self.segment = {}
+        self.segment[node] = expr
+        self.region.append(node)
+        self.snapshots.append(
+            _Snapshot(node, self._stages_with(expr), expr, len(self.params), self.bias,
+                      self.batch_norm_update, is_tuple)
+        )
+
+    def _stages_with(self, expr: sympy.Expr) -> tuple[Stage, ...]:
+        return tuple(self.stages) + (() if expr == E.X else (Pointwise(expr),))
+
+    def _segment_value(self, node: Node) -> sympy.Expr:
+        if node in self.segment:
+            return self.segment[node]
+        if node in self.region:
+            raise Stop(f"reads {describe(node)} from before a norm or reduction")
+        raise Stop(f"reads {describe(node)}, which is not part of the chain")
+
+    def _close_segment(self, input: Node, stage: Stage) -> None:
+        expr = self._segment_value(input)
+        if expr != E.X:
+            self.stages.append(Pointwise(expr))
+        self.stages.append(stage)
+
+    def _pointwise(self, node: Node, op: PointwiseOp) -> sympy.Expr:
+        if self._folds_into_bias(op):
+            return E.X
+        args = [self._operand(o) for o in op.operands]
+        attrs = [E.const(a) for a in op.attrs]
+        fn = op.fn
+        if fn == "add" and attrs:  # torch.add(a, b, alpha=c)
+            return E.add(args[0], E.mul(args[1], attrs[0]))
+        if fn in ("add", "sub", "mul", "div"):
+            return getattr(E, fn)(*args)
+        if fn == "pow":
+            return E.power(*args)
+        if fn == "neg":
+            return E.neg(args[0])
+        from .vocabulary import call
+
+        return call(fn, *args, *attrs)
+
+    def _folds_into_bias(self, op: PointwiseOp) -> bool:
+        """``matmul(x, W.T) + b`` (or a bias-free Linear then ``+ b``) is a GEMM with bias."""
+        if op.fn != "add" or op.attrs or self.bias is not None or len(self.region) != 1:
+            return False
+        a, b = op.operands
+        other = b if a is self.gemm else a if b is self.gemm else None
+        value = example_value(other)
+        if not isinstance(value, torch.Tensor) or other in (self.gemm,) or self._is_downstream(other):
+            return False
+        if tuple(value.shape) != (self.n,) or value.dtype != self.dtype or value.device != self.device:
+            return False
+        self.bias = other
+        return True
+
+    def _operand(self, operand: Operand) -> sympy.Expr:
+        if isinstance(operand, bool) or operand is None:
+            raise Stop(f"operand {operand!r}")
+        if isinstance(operand, (int, float)):
+            return E.const(operand)
+        if operand in self.segment or operand in self.region:
+            return self._segment_value(operand)
+        return E.param(self._param(operand, self._value_kind(operand)))
+
+    def _value_kind(self, node: Node) -> str:
+        """"col" or "scalar" for a tensor that broadcasts against the chain value without changing
+        its shape, dtype or device; Stop otherwise."""
+        if self._is_downstream(node):
+            raise Stop(f"operand {describe(node)} is computed from the chain's value")
+        value = example_value(node)
+        if not isinstance(value, torch.Tensor):
+            raise Stop(f"operand {describe(node)} is a symbolic scalar")
+        if value.dtype != self.dtype or value.device != self.device:
+            raise Stop(f"operand {describe(node)} has dtype {value.dtype} on {value.device}")
+        shape = tuple(value.shape)
+        if len(shape) > self.ndim:
+            raise Stop(f"operand {describe(node)} of shape {shape} would broadcast the output")
+        if all(d == 1 for d in shape):
+            return "scalar"
+        if not self.reduced and shape[-1] == self.n and all(d == 1 for d in shape[:-1]):
+            return "col"
+        raise Stop(f"operand {describe(node)} of shape {shape} is not a per-column vector or scalar")
+
+    def _param(self, node: Node, kind: str) -> int:
+        if node in self.params:
+            return self.params.index(node)
+        self.params.append(node)
+        self.param_kinds.append(kind)
+        return len(self.params) - 1
+
+    def _norm_param(self, node: Node | None) -> int | None:
+        """A per-column norm vector (weight, bias, running statistics), any float dtype."""
+        if node is None:
+            return None
+        value = example_value(node)
+        if self._is_downstream(node) or not isinstance(value, torch.Tensor):
+            raise Stop(f"norm argument {describe(node)} is not a parameter")
+        if tuple(value.shape) != (self.n,) or value.dtype not in (self.dtype, torch.float32):
+            raise Stop(f"norm argument {describe(node)} of shape {tuple(value.shape)}, {value.dtype}")
+        return self._param(node, "col")
+
+    def _norm(self, op: NormOp) -> Norm:
+        if self.reduced:
+            raise Stop("a norm after a row reduction")
+        if op.kind in ("group", "batch") and self.ndim != 2:
+            raise Stop(f"{op.kind}_norm of a {self.ndim}-D value normalises dim 1, not the features")
+        if op.kind in ("layer", "rms") and op.normalized_shape != (self.n,):
+            raise Stop(f"{op.kind}_norm over {op.normalized_shape}, not the last dim ({self.n})")
+        if op.kind == "group" and (op.groups <= 0 or self.n % op.groups):
+            raise Stop(f"num_groups={op.groups} does not divide {self.n} features")
+        eps = RMS_NORM_DEFAULT_EPS if op.eps is None else op.eps
+        weight, bias = self._norm_param(op.weight), self._norm_param(op.bias)
+        if op.kind != "batch":
+            return Norm(op.kind, eps, groups=op.groups, weight=weight, bias=bias)
+        has_running = op.running_mean is not None and op.running_var is not None
+        if not op.training:
+            if not has_running:
+                raise Stop("batch_norm in eval mode without running statistics")
+            running = self._norm_param(op.running_mean), self._norm_param(op.running_var)
+            return Norm("batch", eps, weight=weight, bias=bias, running_mean=running[0],
+                        running_var=running[1])
+        if self.has_batch_norm_training:
+            raise Stop("a second training-mode batch_norm in one chain")
+        if has_running:
+            if op.momentum is None or self._is_downstream(op.momentum):
+                raise Stop("batch_norm with momentum=None")
+            for node in (op.running_mean, op.running_var):
+                if self._is_downstream(node):
+                    raise Stop(f"running statistic {describe(node)} is computed from the chain")
+            self.batch_norm_update = BatchNormUpdate(op.running_mean, op.running_var, op.momentum)
+        self.has_batch_norm_training = True
+        return Norm("batch", eps, weight=weight, bias=bias, training=True)
+
+    def _reduce(self, op: ReduceOp) -> Reduce:
+        if self.reduced:
+            raise Stop(f"{op.kind} after a row reduction")
+        dims = op.dim if isinstance(op.dim, (list, tuple)) else (op.dim,)
+        if len(dims) != 1 or not isinstance(dims[0], int) or dims[0] % self.ndim != self.ndim - 1:
+            raise Stop(f"{op.kind} over dim {op.dim}, not the feature dim")
+        stage = Reduce(op.kind, op.keepdim if op.kind not in ("softmax", "log_softmax") else False)
+        if stage.changes_shape:
+            self.reduced = True
+            self.ndim -= 0 if op.keepdim else 1
+        return stage
+
+    def _is_downstream(self, node) -> bool:
+        """True when ``node`` depends on the GEMM's value (it cannot be an input of the fused op)."""
+        if not isinstance(node, Node):
+            return False
+        if self._downstream is None:
+            seen, stack = set(), [self.gemm]
+            while stack:
+                for user in stack.pop().users:
+                    if user not in seen:
+                        seen.add(user)
+                        stack.append(user)
+            self._downstream = seen
+        return node in self._downstream or node is self.gemm
+

@@ -1,0 +1,74 @@
+"""The fused op, ``torch.ops.fxfuse.linear_epilogue``, and its backward.
+
+One schema serves every program: the program's string form is the first argument, so a compiled
+graph (or a cached one, in another process) needs nothing registered beyond this module. The CPU
+kernel is the reference; the fake kernel derives shapes from the Program, so batch dims may be
+symbolic. The op returns ``(out, batch_stats)``: batch_stats is the (2, N) float32 mean and unbiased
+variance of a training-mode BatchNorm stage, which the rewritten graph folds into the running
+statistics with ordinary ops (empty when the program has no such stage).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from . import reference
+from .ir import Program
+
+Tensor = torch.Tensor
+
+
+@torch.library.custom_op("fxfuse::linear_epilogue", mutates_args=())
+def linear_epilogue(
+    program: str, x: Tensor, weight: Tensor, bias: Tensor | None, params: list[Tensor]
+) -> tuple[Tensor, Tensor]:
+    """``program``'s chain applied to ``x @ weight.T + bias``."""
+    return reference.forward(Program.parse(program), x, weight, bias, params)
+
+
+@linear_epilogue.register_fake
+def _linear_epilogue_fake(program, x, weight, bias, params):
+    prog = Program.parse(program)
+    n = weight.shape[0]
+    out = x.new_empty(prog.output_shape(tuple(x.shape[:-1]), n))
+    stats_shape = (2, n) if prog.batch_norm_training else reference.EMPTY_STATS_SHAPE
+    return out, x.new_empty(stats_shape, dtype=torch.float32)
+
+
+@torch.library.custom_op("fxfuse::linear_epilogue_backward", mutates_args=())
+def linear_epilogue_backward(
+    program: str,
+    grad_out: Tensor,
+    x: Tensor,
+    weight: Tensor,
+    bias: Tensor | None,
+    params: list[Tensor],
+) -> list[Tensor]:
+    """Gradients for ``[x, weight, bias, *params]`` (empty where there is none)."""
+    return reference.backward(Program.parse(program), grad_out, x, weight, bias, params)
+
+
+@linear_epilogue_backward.register_fake
+def _linear_epilogue_backward_fake(program, grad_out, x, weight, bias, params):
+    return [
+        torch.empty_like(t) if t is not None and t.is_floating_point() else grad_out.new_empty((0,))
+        for t in (x, weight, bias, *params)
+    ]
+
+
+def _setup_context(ctx, inputs, output):
+    program, x, weight, bias, params = inputs
+    ctx.program = program
+    ctx.has_bias = bias is not None
+    ctx.save_for_backward(x, weight, bias if bias is not None else x.new_empty((0,)), *params)
+
+
+def _backward(ctx, grad_out, grad_stats):
+    x, weight, bias, *params = ctx.saved_tensors
+    bias = bias if ctx.has_bias else None
+    grads = linear_epilogue_backward(ctx.program, grad_out.contiguous(), x, weight, bias, params)
+    dx, dweight, dbias, *dparams = grads
+    return None, dx, dweight, dbias if ctx.has_bias else None, dparams
+
+
+linear_epilogue.register_autograd(_backward, setup_context=_setup_context)

@@ -1,0 +1,69 @@
+"""The accepted spellings, as data: which FX targets and methods mean which canonical op.
+
+Each module here holds a ``SPELLINGS`` tuple of ``Spelling`` rows. A row's ``build`` function has the
+signature of the torch callable it stands for, so a node's args and kwargs bind to it exactly as
+they would to torch; it returns a canonical op (fxfuse.canonical) or ``Rejected(reason)``.
+Adding an activation is one row (plus its vocabulary row and device function).
+"""
+
+from __future__ import annotations
+
+import inspect
+from dataclasses import dataclass, replace
+from typing import Callable
+
+from torch.fx import Node
+
+from ..canonical import CanonicalOp, PointwiseOp, Rejected
+
+
+@dataclass(frozen=True)
+class Spelling:
+    build: Callable[..., CanonicalOp]
+    targets: tuple  # callables (call_function targets) and str (method names)
+    inplace: tuple = ()  # targets that mutate their first argument
+
+
+def spell(build: Callable[..., CanonicalOp], *targets, inplace: tuple = ()) -> Spelling:
+    unique = lambda items: tuple(dict.fromkeys(items))  # F.linear is torch._C._nn.linear, ...
+    return Spelling(build, unique(targets), unique(inplace))
+
+
+def _table() -> dict[tuple[str, object], tuple[Spelling, bool]]:
+    from . import gemm, norms, pointwise, reductions
+
+    table: dict[tuple[str, object], tuple[Spelling, bool]] = {}
+    for module in (gemm, pointwise, norms, reductions):
+        for row in module.SPELLINGS:
+            for target, inplace in [(t, False) for t in row.targets] + [(t, True) for t in row.inplace]:
+                kind = "call_method" if isinstance(target, str) else "call_function"
+                key = (kind, target)
+                if key in table:
+                    raise AssertionError(f"{target} is spelled twice")
+                table[key] = (row, inplace)
+    return table
+
+
+_TABLE: dict | None = None
+
+
+def lookup(node: Node) -> CanonicalOp | None:
+    """The canonical meaning of ``node``, or None when no spelling covers its target."""
+    global _TABLE
+    if _TABLE is None:
+        _TABLE = _table()
+    try:
+        entry = _TABLE.get((node.op, node.target))
+    except TypeError:  # an unhashable target
+        return None
+    if entry is None:
+        return None
+    row, inplace = entry
+    try:
+        inspect.signature(row.build).bind(*node.args, **node.kwargs)
+    except TypeError as error:
+        return Rejected(f"unexpected arguments: {error}")
+    op = row.build(*node.args, **node.kwargs)
+    if inplace and isinstance(op, PointwiseOp):
+        op = replace(op, inplace=True)
+    return op

@@ -1,0 +1,95 @@
+"""Step 6: the coverage report — one row per GEMM: its chain, what fused, and why it stopped."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+
+import tabulate
+
+from .match import Chain
+
+STATUSES = ("fused", "partial", "not_fused")
+
+
+@dataclass(frozen=True)
+class Row:
+    graph: int
+    gemm: str
+    status: str
+    chain: list[str]
+    fused: list[str]
+    reason: str | None
+    program: str | None
+    dtype: str | None
+
+    @staticmethod
+    def of(graph: int, chain: Chain) -> "Row":
+        return Row(
+            graph=graph,
+            gemm=chain.chain[0] if chain.chain else "",
+            status=chain.status,
+            chain=list(chain.chain),
+            fused=list(chain.fused),
+            reason=chain.reason,
+            program=None if chain.program is None else chain.program.to_string(),
+            dtype=None if chain.dtype is None else str(chain.dtype).removeprefix("torch."),
+        )
+
+
+@dataclass
+class Report:
+    rows: list[Row] = field(default_factory=list)
+
+    @property
+    def totals(self) -> dict[str, int]:
+        counts = {status: sum(r.status == status for r in self.rows) for status in STATUSES}
+        return {"gemms": len(self.rows), **counts}
+
+    def to_dict(self) -> dict:
+        return {"rows": [asdict(r) for r in self.rows], "totals": self.totals}
+
+    def to_json(self, **kwargs) -> str:
+        return json.dumps(self.to_dict(), **kwargs)
+
+    def __str__(self) -> str:
+        table = [
+            [r.graph, r.status, " → ".join(r.chain), r.reason or "", r.program or ""]
+            for r in self.rows
+        ]
+        headers = ["graph", "status", "chain", "stopped because", "program"]
+        totals = ", ".join(f"{v} {k}" for k, v in self.totals.items())
+        return f"{tabulate.tabulate(table, headers, maxcolwidths=[None, None, 50, 40, 60])}\n{totals}"
+
+
+class Collector:
+    """Receives the rows of every graph the backend compiles."""
+
+    def __init__(self) -> None:
+        self.report = Report()
+        self.graphs = 0
+
+    def add_graph(self, chains: list[Chain]) -> None:
+        self.report.rows.extend(Row.of(self.graphs, c) for c in chains)
+        self.graphs += 1
+
+
+_LAST = Collector()
+_ACTIVE: list[Collector] = []
+
+
+def record(chains: list[Chain]) -> None:
+    """Called by the backend once per compiled graph."""
+    _LAST.add_graph(chains)
+    for collector in _ACTIVE:
+        collector.add_graph(chains)
+
+
+def last_report() -> Report:
+    """Rows of every graph compiled with backend="fxfuse" since the last ``reset_report()``."""
+    return _LAST.report
+
+
+def reset_report() -> None:
+    global _LAST
+    _LAST = Collector()

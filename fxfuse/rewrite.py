@@ -1,0 +1,65 @@
+"""Step 3: replace each matched chain by one call of the fused op.
+
+A training-mode BatchNorm's running-statistics update stays visible in the graph as ordinary
+in-place ops on the buffers, fed by the batch statistics the fused op returns, so Inductor sees
+(and functionalizes) the mutation exactly as it would eager's.
+"""
+
+from __future__ import annotations
+
+import operator
+
+import torch
+from torch.fx import Graph, Node
+
+from .match import BatchNormUpdate, Chain
+
+FUSED_OP = torch.ops.fxfuse.linear_epilogue.default
+
+
+def rewrite(graph: Graph, chains: list[Chain]) -> None:
+    for chain in chains:
+        if chain.program is not None:
+            _replace(graph, chain)
+
+
+def _replace(graph: Graph, chain: Chain) -> None:
+    last = chain.nodes[-1]
+    with graph.inserting_before(last.next):  # new nodes keep their creation order
+        fused = graph.call_function(
+            FUSED_OP,
+            (chain.program.to_string(), chain.x, chain.weight, chain.bias, list(chain.params)),
+        )
+        out = graph.call_function(operator.getitem, (fused, 0))
+        if chain.batch_norm_update is not None:
+            _update_running_stats(graph, fused, chain.batch_norm_update)
+    last.replace_all_uses_with(out)
+    maybe_dead = {a for n in chain.nodes for a in n.all_input_nodes} - set(chain.nodes)
+    for node in reversed(chain.nodes):
+        graph.erase_node(node)
+    for node in maybe_dead:  # W.t() / W.T views that only the GEMM read
+        if not node.users and _is_pure_view(node):
+            graph.erase_node(node)
+
+
+def _is_pure_view(node: Node) -> bool:
+    return (node.op, node.target) in (
+        ("call_method", "t"),
+        ("call_function", torch.t),
+        ("call_function", getattr),
+        ("call_method", "transpose"),
+        ("call_function", torch.transpose),
+        ("call_method", "permute"),
+    )
+
+
+def _update_running_stats(graph: Graph, fused: Node, update: BatchNormUpdate) -> None:
+    """running = (1 - momentum) * running + momentum * batch_stat, as eager's batch_norm does
+    (the variance being the unbiased one)."""
+    stats = graph.call_method("detach", (graph.call_function(operator.getitem, (fused, 1)),))
+    m = update.momentum
+    keep = graph.call_function(operator.sub, (1.0, m)) if isinstance(m, Node) else 1.0 - m
+    for index, running in enumerate((update.running_mean, update.running_var)):
+        batch = graph.call_function(operator.getitem, (stats, index))
+        graph.call_method("mul_", (running, keep))
+        graph.call_method("add_", (running, graph.call_function(operator.mul, (batch, m))))

@@ -1,0 +1,76 @@
+"""The pointwise vocabulary: one row per function a Pointwise stage can call.
+
+A row names the function as it appears in the IR's string form, the torch reference (the CPU kernel
+and the test oracle: it is eager PyTorch itself, so NaN/Inf behaviour is eager's by construction),
+the CUDA device function the code generator emits a call to, and the scalar attributes that follow
+the operand (a slope, bounds, ...). Arithmetic (+ - * / and powers) is plain sympy and needs no row.
+
+Adding an activation is one row here, one spelling in ``fxfuse.patterns`` and one device function
+in ``csrc/epilogue_ops.cuh``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import sympy
+import torch
+import torch.nn.functional as F
+
+
+@dataclass(frozen=True)
+class PointwiseFn:
+    """One function of the pointwise vocabulary."""
+
+    name: str
+    reference: Callable[..., torch.Tensor]  # (operand tensors..., *attrs) -> tensor
+    device_fn: str  # the CUDA device function in csrc/epilogue_ops.cuh
+    attrs: tuple[str, ...] = ()  # scalar attributes after the operands, in call order
+    operands: int = 1  # tensor operands (2 for maximum/minimum against a parameter)
+
+
+_ROWS = (
+    PointwiseFn("relu", torch.relu, "fx_relu"),
+    PointwiseFn("leaky_relu", F.leaky_relu, "fx_leaky_relu", ("negative_slope",)),
+    PointwiseFn("gelu", F.gelu, "fx_gelu"),
+    PointwiseFn("gelu_tanh", lambda x: F.gelu(x, approximate="tanh"), "fx_gelu_tanh"),
+    PointwiseFn("silu", F.silu, "fx_silu"),
+    PointwiseFn("sigmoid", torch.sigmoid, "fx_sigmoid"),
+    PointwiseFn("tanh", torch.tanh, "fx_tanh"),
+    PointwiseFn("mish", F.mish, "fx_mish"),
+    PointwiseFn("clamp", torch.clamp, "fx_clamp", ("min", "max")),
+    PointwiseFn("clamp_min", torch.clamp_min, "fx_clamp_min", ("min",)),
+    PointwiseFn("clamp_max", torch.clamp_max, "fx_clamp_max", ("max",)),
+    PointwiseFn("hardswish", F.hardswish, "fx_hardswish"),
+    PointwiseFn("hardsigmoid", F.hardsigmoid, "fx_hardsigmoid"),
+    PointwiseFn("elu", F.elu, "fx_elu", ("alpha",)),
+    PointwiseFn("selu", F.selu, "fx_selu"),
+    PointwiseFn("softplus", F.softplus, "fx_softplus", ("beta", "threshold")),
+    PointwiseFn("abs", torch.abs, "fx_abs"),
+    PointwiseFn("exp", torch.exp, "fx_exp"),
+    PointwiseFn("maximum", torch.maximum, "fx_maximum", operands=2),
+    PointwiseFn("minimum", torch.minimum, "fx_minimum", operands=2),
+)
+
+POINTWISE: dict[str, PointwiseFn] = {row.name: row for row in _ROWS}
+
+
+class EpilogueFunction(sympy.Function):
+    """Base of the sympy functions that stand for vocabulary rows inside an expression."""
+
+    row: PointwiseFn
+
+
+def _make_function(row: PointwiseFn) -> type[EpilogueFunction]:
+    return type(row.name, (EpilogueFunction,), {"nargs": row.operands + len(row.attrs), "row": row})
+
+
+SYMPY_FUNCTIONS: dict[str, type[EpilogueFunction]] = {
+    row.name: _make_function(row) for row in _ROWS
+}
+
+
+def call(name: str, *args: sympy.Expr) -> sympy.Expr:
+    """The sympy call of vocabulary function ``name`` (never evaluated or simplified)."""
+    return SYMPY_FUNCTIONS[name](*args, evaluate=False)
