@@ -1,0 +1,58 @@
+"""Helpers for the CPU tests: compile with fxfuse on the CPU and compare with eager."""
+
+from __future__ import annotations
+
+import copy
+from typing import Callable
+
+import torch
+
+import fxfuse
+
+TOLERANCE = {torch.float32: 1e-4, torch.bfloat16: 1e-2, torch.float16: 1e-2}
+
+
+def compile_fxfuse(model: torch.nn.Module, **options):
+    return torch.compile(model, backend="fxfuse", options={"allow_cpu": True, **options})
+
+
+def check_against_eager(
+    make_model: Callable[[], torch.nn.Module],
+    make_inputs: Callable[[], list],
+    *,
+    dtype: torch.dtype = torch.float32,
+    draws: int = 5,
+    train: bool = True,
+    grads: bool = False,
+) -> fxfuse.Report:
+    """Run eager and fxfuse side by side on ``draws`` fresh inputs; assert outputs, dtypes,
+    buffers (BatchNorm statistics) and, with ``grads``, input and parameter gradients agree.
+    Returns the coverage report of the compiled model."""
+    fxfuse.reset_report()
+    eager = make_model().to(dtype).train(train)
+    fused = copy.deepcopy(eager)
+    compiled = compile_fxfuse(fused)
+    tol = TOLERANCE[dtype]
+    for _ in range(draws):
+        inputs = [t.to(dtype) if t.is_floating_point() else t for t in make_inputs()]
+        eager_inputs = [t.clone().requires_grad_(grads and t.is_floating_point()) for t in inputs]
+        fused_inputs = [t.clone().requires_grad_(grads and t.is_floating_point()) for t in inputs]
+        with torch.set_grad_enabled(grads):
+            expected = eager(*eager_inputs)
+            actual = compiled(*fused_inputs)
+        assert actual.dtype == expected.dtype and actual.shape == expected.shape
+        torch.testing.assert_close(actual, expected, atol=tol, rtol=tol, equal_nan=True)
+        for (name, b1), (_, b2) in zip(eager.named_buffers(), fused.named_buffers()):
+            torch.testing.assert_close(b2, b1, atol=tol, rtol=tol, msg=f"buffer {name}")
+        if grads:
+            grad_out = torch.randn_like(expected)
+            expected.backward(grad_out)
+            actual.backward(grad_out)
+            pairs = [(a.grad, b.grad, "input") for a, b in zip(eager_inputs, fused_inputs)]
+            pairs += [(p1.grad, p2.grad, n) for (n, p1), p2 in zip(eager.named_parameters(), fused.parameters())]
+            for g1, g2, name in pairs:
+                scale = max(1.0, g1.abs().max().item()) if g1 is not None else 1.0
+                torch.testing.assert_close(g2, g1, atol=tol * scale, rtol=tol, msg=f"grad of {name}")
+            eager.zero_grad(set_to_none=True)
+            fused.zero_grad(set_to_none=True)
+    return fxfuse.last_report()

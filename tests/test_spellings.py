@@ -1,0 +1,211 @@
+"""Every accepted spelling fuses into one op and computes what eager computes."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from support import check_against_eager
+
+N, K, M = 32, 16, 8
+
+
+class Chain(nn.Module):
+    """A Linear(K, N) followed by ``epilogue(self, y)``; holds parameters of every broadcast shape."""
+
+    def __init__(self, epilogue, bias: bool = True, gemm=None):
+        super().__init__()
+        self.linear = nn.Linear(K, N, bias=bias)
+        self.weight = nn.Parameter(torch.randn(N, K) / K**0.5)
+        self.vector = nn.Parameter(torch.randn(N))
+        self.row = nn.Parameter(torch.randn(1, N))
+        self.one = nn.Parameter(torch.randn(1))
+        self.scalar = nn.Parameter(torch.randn(()))
+        self.norm_weight = nn.Parameter(torch.rand(N) + 0.5)
+        self.norm_bias = nn.Parameter(torch.randn(N))
+        self.register_buffer("running_mean", torch.randn(N))
+        self.register_buffer("running_var", torch.rand(N) + 0.5)
+        self.epilogue, self.gemm = epilogue, gemm
+
+    def forward(self, x):
+        y = self.gemm(self, x) if self.gemm else self.linear(x)
+        return self.epilogue(self, y)
+
+
+def _inputs(shape=(M, K)):
+    return lambda: [torch.randn(*shape)]
+
+
+# (id, epilogue(m, y), substring the program must contain)
+POINTWISE = [
+    ("mul-scalar", lambda m, y: y * 2.0, "x * 2.0"),
+    ("scalar-mul", lambda m, y: 2.0 * y, "2.0 * x"),
+    ("add-scalar", lambda m, y: y + 1.5, "x + 1.5"),
+    ("scalar-sub", lambda m, y: 1.5 - y, "1.5 - x"),
+    ("sub-scalar", lambda m, y: y - 2.0, "x - 2.0"),
+    ("div-scalar", lambda m, y: y / 10.0, "x / 10.0"),
+    ("scalar-div", lambda m, y: 1.0 / (y * y + 1.0), "1.0 / "),
+    ("int-scalar", lambda m, y: y * 3, "x * 3.0"),
+    ("mul-vector", lambda m, y: y * m.vector, "x * p0"),
+    ("add-row", lambda m, y: y + m.row, "x + p0"),
+    ("sub-one", lambda m, y: y - m.one, "x - p0"),
+    ("div-0d", lambda m, y: y / m.scalar, "x / p0"),
+    ("x-plus-x", lambda m, y: y + y, "x + x"),
+    ("x-minus-x", lambda m, y: y - y, "x - x"),
+    ("used-twice", lambda m, y: torch.sigmoid(y) * 2.0 + y, "(sigmoid(x) * 2.0) + x"),
+    ("silu-spelled", lambda m, y: y * torch.sigmoid(y), "x * sigmoid(x)"),
+    ("silu-spelled-rev", lambda m, y: torch.sigmoid(y) * y, "sigmoid(x) * x"),
+    ("torch-add", lambda m, y: torch.add(y, m.vector), "x + p0"),
+    ("torch-add-alpha", lambda m, y: torch.add(y, m.vector, alpha=0.5), "x + (p0 * 0.5)"),
+    ("torch-mul", lambda m, y: torch.mul(y, 0.5), "x * 0.5"),
+    ("torch-div", lambda m, y: torch.div(y, 4.0), "x / 4.0"),
+    ("torch-sub", lambda m, y: torch.sub(y, m.row), "x - p0"),
+    ("neg", lambda m, y: -y, "-x"),
+    ("pow", lambda m, y: y**2, "x ** 2.0"),
+    ("relu", lambda m, y: torch.relu(y), "relu(x)"),
+    ("F-relu", lambda m, y: F.relu(y), "relu(x)"),
+    ("relu-method", lambda m, y: y.relu(), "relu(x)"),
+    ("relu-inplace", lambda m, y: F.relu(y, inplace=True), "relu(x)"),
+    ("relu_-method", lambda m, y: y.relu_(), "relu(x)"),
+    ("nn-ReLU-inplace", lambda m, y: nn.ReLU(inplace=True)(y), "relu(x)"),
+    ("mul_-inplace", lambda m, y: y.mul_(2.0).add_(1.0), "(x * 2.0) + 1.0"),
+    ("iadd", lambda m, y: _iadd(y, m.vector), "x + p0"),
+    ("leaky_relu", lambda m, y: F.leaky_relu(y, 0.2), "leaky_relu(x, 0.2)"),
+    ("nn-LeakyReLU", lambda m, y: nn.LeakyReLU(0.1)(y), "leaky_relu(x, 0.1)"),
+    ("leaky_relu-inplace", lambda m, y: F.leaky_relu(y, 0.3, inplace=True), "leaky_relu(x, 0.3)"),
+    ("gelu", lambda m, y: F.gelu(y), "gelu(x)"),
+    ("gelu-tanh", lambda m, y: F.gelu(y, approximate="tanh"), "gelu_tanh(x)"),
+    ("silu", lambda m, y: F.silu(y), "silu(x)"),
+    ("nn-SiLU", lambda m, y: nn.SiLU()(y), "silu(x)"),
+    ("sigmoid", lambda m, y: torch.sigmoid(y), "sigmoid(x)"),
+    ("sigmoid-method", lambda m, y: y.sigmoid(), "sigmoid(x)"),
+    ("tanh", lambda m, y: torch.tanh(y), "tanh(x)"),
+    ("tanh-method", lambda m, y: y.tanh(), "tanh(x)"),
+    ("mish", lambda m, y: F.mish(y), "mish(x)"),
+    ("hardtanh", lambda m, y: F.hardtanh(y, -2.0, 2.0), "clamp(x, -2.0, 2.0)"),
+    ("nn-Hardtanh", lambda m, y: nn.Hardtanh(-0.5, 0.5)(y), "clamp(x, -0.5, 0.5)"),
+    ("relu6", lambda m, y: F.relu6(y * 4.0), "clamp(x * 4.0, 0.0, 6.0)"),
+    ("clamp", lambda m, y: torch.clamp(y, -1, 1), "clamp(x, -1.0, 1.0)"),
+    ("clamp-method", lambda m, y: y.clamp(min=-0.5), "clamp_min(x, -0.5)"),
+    ("clamp_min", lambda m, y: torch.clamp_min(y, 0.1), "clamp_min(x, 0.1)"),
+    ("clamp_max", lambda m, y: y.clamp_max(0.1), "clamp_max(x, 0.1)"),
+    ("max-0d", lambda m, y: torch.max(y, m.scalar), "maximum(x, p0)"),
+    ("min-0d", lambda m, y: torch.min(y, m.scalar), "minimum(x, p0)"),
+    ("hardswish", lambda m, y: F.hardswish(y), "hardswish(x)"),
+    ("hardsigmoid", lambda m, y: F.hardsigmoid(y), "hardsigmoid(x)"),
+    ("elu", lambda m, y: F.elu(y, alpha=0.7), "elu(x, 0.7)"),
+    ("selu", lambda m, y: F.selu(y), "selu(x)"),
+    ("softplus", lambda m, y: F.softplus(y, beta=2.0, threshold=10.0), "softplus(x, 2.0, 10.0)"),
+    ("abs", lambda m, y: torch.abs(y), "abs(x)"),
+    ("neg-method", lambda m, y: y.neg(), "-x"),
+    ("exp", lambda m, y: torch.exp(y * 0.1), "exp(x * 0.1)"),
+    ("dropout-p0", lambda m, y: F.dropout(y, p=0.0).relu(), "relu(x)"),
+    ("dropout-eval", lambda m, y: F.dropout(y, p=0.5, training=False).relu(), "relu(x)"),
+]
+
+
+def _iadd(y, v):
+    y += v
+    return y
+
+
+NORMS = [
+    ("group_norm", lambda m, y: F.group_norm(y, 4, m.norm_weight, m.norm_bias), "group_norm(eps=1e-05, groups=4"),
+    ("nn-GroupNorm", lambda m, y: nn.GroupNorm(8, N, affine=False)(y), "groups=8)"),
+    ("layer_norm", lambda m, y: F.layer_norm(y, (N,), m.norm_weight, m.norm_bias), "layer_norm("),
+    ("layer_norm-no-affine", lambda m, y: F.layer_norm(y, (N,), eps=1e-3), "layer_norm(eps=0.001)"),
+    ("rms_norm", lambda m, y: F.rms_norm(y, (N,), m.norm_weight, 1e-6), "rms_norm(eps=1e-06, weight=p0)"),
+    ("rms_norm-eps-None", lambda m, y: F.rms_norm(y, (N,)), "rms_norm(eps=1.1920928955078125e-07)"),
+    ("batch_norm-train", lambda m, y: F.batch_norm(y, m.running_mean, m.running_var, m.norm_weight,
+                                                   m.norm_bias, training=True, momentum=0.2), "training=True"),
+    ("batch_norm-train-no-stats", lambda m, y: F.batch_norm(y, None, None, training=True), "training=True"),
+    ("batch_norm-eval", lambda m, y: F.batch_norm(y, m.running_mean, m.running_var, m.norm_weight,
+                                                  m.norm_bias, training=False), "running_mean=p"),
+]
+
+REDUCTIONS = [
+    ("sum-keepdim", lambda m, y: y.sum(dim=1, keepdim=True), "sum(keepdim=True)"),
+    ("sum", lambda m, y: torch.sum(y, -1), "sum(keepdim=False)"),
+    ("sum-dim-list", lambda m, y: y.sum([1]), "sum(keepdim=False)"),
+    ("mean", lambda m, y: y.mean(1, keepdim=True), "mean(keepdim=True)"),
+    ("amax", lambda m, y: torch.amax(y, dim=1), "max(keepdim=False)"),
+    ("amin", lambda m, y: y.amin(-1, keepdim=True), "min(keepdim=True)"),
+    ("max-values", lambda m, y: torch.max(y, dim=1).values, "max(keepdim=False)"),
+    ("max-index0", lambda m, y: y.max(1, keepdim=True)[0], "max(keepdim=True)"),
+    ("min-values", lambda m, y: torch.min(y, 1).values, "min(keepdim=False)"),
+    ("logsumexp", lambda m, y: torch.logsumexp(y, dim=1, keepdim=True), "logsumexp(keepdim=True)"),
+    ("softmax", lambda m, y: F.softmax(y, dim=1), "softmax()"),
+    ("softmax-method", lambda m, y: y.softmax(-1), "softmax()"),
+    ("nn-Softmax", lambda m, y: nn.Softmax(dim=1)(y), "softmax()"),
+    ("log_softmax", lambda m, y: F.log_softmax(y, dim=-1), "log_softmax()"),
+    ("pointwise-after-reduction", lambda m, y: torch.logsumexp(y, 1, keepdim=True) * m.one - 1.0,
+     "logsumexp(keepdim=True) | pointwise((x * p0) - 1.0)"),
+]
+
+GEMMS = [
+    ("F.linear", lambda m, x: F.linear(x, m.weight, m.vector), "linear(bias=True)"),
+    ("F.linear-no-bias", lambda m, x: F.linear(x, m.weight), "linear(bias=False)"),
+    ("addmm", lambda m, x: torch.addmm(m.vector, x, m.weight.t()), "linear(bias=True)"),
+    ("matmul-T", lambda m, x: torch.matmul(x, m.weight.T), "linear(bias=False)"),
+    ("matmul-T-plus-b", lambda m, x: torch.matmul(x, m.weight.T) + m.vector, "linear(bias=True)"),
+    ("at-t", lambda m, x: x @ m.weight.t() + m.vector, "linear(bias=True)"),
+    ("at-transpose", lambda m, x: x @ m.weight.transpose(0, 1), "linear(bias=False)"),
+    ("mm", lambda m, x: torch.mm(x, m.weight.t()), "linear(bias=False)"),
+    ("bias-free-linear-plus-vector", lambda m, x: m.unbiased(x) + m.vector, "linear(bias=True)"),
+]
+
+
+def _check(epilogue, fragment, gemm=None, inputs=_inputs(), dtype=torch.float32):
+    def make():
+        model = Chain(epilogue, gemm=gemm)
+        model.unbiased = nn.Linear(K, N, bias=False)
+        return model
+
+    report = check_against_eager(make, inputs, dtype=dtype)
+    (row,) = report.rows
+    assert row.status == "fused", row
+    assert fragment in row.program, row.program
+    return row
+
+
+@pytest.mark.parametrize("name,epilogue,fragment", POINTWISE, ids=[c[0] for c in POINTWISE])
+def test_pointwise_spelling_fuses_and_matches_eager(name, epilogue, fragment):
+    _check(epilogue, fragment)
+
+
+@pytest.mark.parametrize("name,epilogue,fragment", NORMS, ids=[c[0] for c in NORMS])
+def test_norm_spelling_fuses_and_matches_eager(name, epilogue, fragment):
+    _check(epilogue, fragment)
+
+
+@pytest.mark.parametrize("name,epilogue,fragment", REDUCTIONS, ids=[c[0] for c in REDUCTIONS])
+def test_reduction_spelling_fuses_and_matches_eager(name, epilogue, fragment):
+    _check(epilogue, fragment)
+
+
+@pytest.mark.parametrize("name,gemm,fragment", GEMMS, ids=[c[0] for c in GEMMS])
+def test_gemm_spelling_fuses_with_its_epilogue(name, gemm, fragment):
+    _check(lambda m, y: torch.relu(y), fragment, gemm=gemm)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
+def test_half_precision_chain_matches_eager(dtype):
+    _check(lambda m, y: F.gelu(F.group_norm(y * 2.0, 4)) + m.vector, "group_norm", dtype=dtype)
+
+
+def test_three_dimensional_input_fuses_feature_ops():
+    row = _check(lambda m, y: F.silu(F.layer_norm(y, (N,))).softmax(-1), "layer_norm",
+                 inputs=_inputs((2, 3, K)))
+    assert row.program.endswith("softmax()")
+
+
+def test_nan_and_inf_propagate_as_in_eager():
+    def inputs():
+        x = torch.randn(M, K)
+        x[0, 0], x[1, 3], x[2, 5] = float("nan"), float("inf"), -float("inf")
+        return [x]
+
+    _check(lambda m, y: torch.clamp(F.relu(y) - y, -1, 1) * torch.sigmoid(y), "clamp", inputs=inputs)
+    _check(lambda m, y: F.softmax(y, 1), "softmax", inputs=inputs)
