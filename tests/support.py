@@ -9,7 +9,7 @@ import torch
 
 import fxfuse
 
-TOLERANCE = {torch.float32: 1e-4, torch.bfloat16: 1e-2, torch.float16: 1e-2}
+TOLERANCE = {torch.float64: 1e-7, torch.float32: 1e-4, torch.bfloat16: 1e-2, torch.float16: 1e-2}
 
 
 def compile_fxfuse(model: torch.nn.Module, **options):
