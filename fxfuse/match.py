@@ -29,6 +29,7 @@ from .canonical import (
 )
 from .describe import describe
 from .ir import Gemm, Norm, Pointwise, Program, Reduce, Stage
+from .vocabulary import ROUNDING, EpilogueFunction, call
 
 FUSABLE_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 RMS_NORM_DEFAULT_EPS = torch.finfo(torch.float32).eps  # eps=None: float's eps (opmath for halves)
@@ -219,11 +220,11 @@ class _Matcher:
             raise Stop(f"{describe(node)} is not an epilogue op")
         if isinstance(op, Rejected):
             raise Stop(op.reason)
-        expr, is_tuple = E.X, False
+        expr, is_tuple = self._rounded(E.X), False
         if isinstance(op, AliasOp):
             expr = self._segment_value(op.input)
         elif isinstance(op, PointwiseOp):
-            expr = self._pointwise(node, op)
+            expr = self._rounded(self._pointwise(node, op))
         elif isinstance(op, NormOp):
             self._close_segment(op.input, self._norm(op))
         else:
@@ -238,8 +239,20 @@ class _Matcher:
                       self.batch_norm_update, is_tuple)
         )
 
+    def _rounded(self, expr: sympy.Expr) -> sympy.Expr:
+        """``expr`` rounded to the chain's dtype, as eager rounds each op's result (a no-op in
+        float32; the last rounding of a chain is the op's output cast and is kept too)."""
+        name = ROUNDING.get(self.dtype)
+        if name is None or self._is_rounding(expr):
+            return expr
+        return call(name, expr)
+
+    def _is_rounding(self, expr: sympy.Expr) -> bool:
+        return isinstance(expr, EpilogueFunction) and expr.row.name == ROUNDING.get(self.dtype)
+
     def _stages_with(self, expr: sympy.Expr) -> tuple[Stage, ...]:
-        return tuple(self.stages) + (() if expr == E.X else (Pointwise(expr),))
+        trivial = expr == E.X or (self._is_rounding(expr) and expr.args[0] == E.X)
+        return tuple(self.stages) + (() if trivial else (Pointwise(expr),))
 
     def _segment_value(self, node: Node) -> sympy.Expr:
         if node in self.segment:
@@ -249,9 +262,7 @@ class _Matcher:
         raise Stop(f"reads {describe(node)}, which is not part of the chain")
 
     def _close_segment(self, input: Node, stage: Stage) -> None:
-        expr = self._segment_value(input)
-        if expr != E.X:
-            self.stages.append(Pointwise(expr))
+        self.stages[:] = self._stages_with(self._segment_value(input))
         self.stages.append(stage)
 
     def _pointwise(self, node: Node, op: PointwiseOp) -> sympy.Expr:
@@ -268,8 +279,6 @@ class _Matcher:
             return E.power(*args)
         if fn == "neg":
             return E.neg(args[0])
-        from .vocabulary import call
-
         return call(fn, *args, *attrs)
 
     def _folds_into_bias(self, op: PointwiseOp) -> bool:

@@ -1,9 +1,10 @@
 """The reference implementation of a Program in plain torch ops.
 
-It is the fused op's CPU kernel and the oracle of the CUDA kernels, so it computes what they compute:
-the GEMM in the input dtype (as cuBLAS returns it), then every epilogue stage in float32, rounded to
-the output dtype once at the end. Each vocabulary function and norm is eager PyTorch's own function,
-so NaN/Inf behaviour and errors (a BatchNorm batch of one row, say) are eager's.
+It is the fused op's CPU kernel and the oracle of the CUDA kernels: the GEMM in the input dtype (as
+cuBLAS returns it), then the epilogue in float32 with the rounding points the IR marks (where eager
+rounds), norms computed as eager computes them for the input dtype. Each vocabulary function and
+norm is eager PyTorch's own function, so NaN/Inf behaviour and errors (a training-mode BatchNorm
+over one row, say) are eager's.
 """
 
 from __future__ import annotations
@@ -41,7 +42,7 @@ def forward(
         if isinstance(stage, Pointwise):
             v = _pointwise(stage, v, values)
         elif isinstance(stage, Norm):
-            v, batch_stats = _norm(stage, v, values)
+            v, batch_stats = _norm(stage, v, list(params), out_dtype)
             if batch_stats is not None:
                 stats = batch_stats
         else:
@@ -59,25 +60,31 @@ def _pointwise(stage: Pointwise, v: torch.Tensor, values: list[torch.Tensor]) ->
     return result.expand_as(v) if result.shape != v.shape else result
 
 
-def _norm(stage: Norm, v: torch.Tensor, values: list[torch.Tensor]):
-    def p(index):
-        return None if index is None else values[index]
-
+def _norm(stage: Norm, v: torch.Tensor, params: list[torch.Tensor], dtype: torch.dtype):
+    """The norm as eager computes it for a ``dtype`` input (its input is already rounded to
+    ``dtype`` at this point, so this is eager's own arithmetic), returned in float32."""
     n = v.shape[-1]
+
+    def p(index):
+        return None if index is None else params[index].reshape(n)
+
+    x = v.to(dtype)
     weight, bias = p(stage.weight), p(stage.bias)
     if stage.kind == "group":
-        return F.group_norm(v, stage.groups, weight, bias, stage.eps), None
-    if stage.kind == "layer":
-        return F.layer_norm(v, (n,), weight, bias, stage.eps), None
-    if stage.kind == "rms":
-        return F.rms_norm(v, (n,), weight, stage.eps), None
-    if not stage.training:
+        out = F.group_norm(x, stage.groups, weight, bias, stage.eps)
+    elif stage.kind == "layer":
+        out = F.layer_norm(x, (n,), weight, bias, stage.eps)
+    elif stage.kind == "rms":
+        out = F.rms_norm(x, (n,), weight, stage.eps)
+    elif not stage.training:
         running = p(stage.running_mean), p(stage.running_var)
-        return F.batch_norm(v, *running, weight, bias, False, 0.0, stage.eps), None
-    out = F.batch_norm(v, None, None, weight, bias, True, 0.0, stage.eps)
-    with torch.no_grad():
-        var, mean = torch.var_mean(v.detach(), dim=0, correction=1)
-    return out, torch.stack([mean, var])
+        out = F.batch_norm(x, *running, weight, bias, False, 0.0, stage.eps)
+    else:
+        out = F.batch_norm(x, None, None, weight, bias, True, 0.0, stage.eps)
+        with torch.no_grad():
+            var, mean = torch.var_mean(v.detach(), dim=0, correction=1)
+        return out.float(), torch.stack([mean, var])
+    return out.float(), None
 
 
 def _reduce(stage: Reduce, v: torch.Tensor) -> torch.Tensor:

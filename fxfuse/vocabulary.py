@@ -51,7 +51,13 @@ _ROWS = (
     PointwiseFn("exp", torch.exp, "fx_exp"),
     PointwiseFn("maximum", torch.maximum, "fx_maximum", operands=2),
     PointwiseFn("minimum", torch.minimum, "fx_minimum", operands=2),
+    # Rounding points: in a bfloat16/float16 chain eager rounds every op's result to the dtype;
+    # the matcher marks each such point, so the fused kernel rounds where eager does.
+    PointwiseFn("bf16", lambda x: x.to(torch.bfloat16).float(), "fx_round_bf16"),
+    PointwiseFn("fp16", lambda x: x.to(torch.float16).float(), "fx_round_fp16"),
 )
+
+ROUNDING = {torch.bfloat16: "bf16", torch.float16: "fp16"}
 
 POINTWISE: dict[str, PointwiseFn] = {row.name: row for row in _ROWS}
 

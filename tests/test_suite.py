@@ -1,0 +1,81 @@
+"""Every suite model (../shared/SUITE.md, examples/) fuses in full and matches eager."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from examples import suite
+from support import check_against_eager
+
+BASE_ROWS = [r for r in suite.ROWS if not r.id.startswith("S23")]
+
+# What the coverage report must say was fused, GEMM by GEMM (user-level names).
+EXPECTED_FUSED = {
+    "S01": [["linear", "mul(2.0)", "leaky_relu(0.1)"]],
+    "S02": [["linear", "group_norm(8, 1e-05)", "leaky_relu(0.01)", "add"]],
+    "S03": [["linear", "batch_norm(0.1, 1e-05)", "gelu", "relu"]],
+    "S04": [["linear", "group_norm(4, 1e-05)", "sigmoid", "mul", "mul", "sigmoid", "mul"]],
+    "S05": [["linear", "logsumexp(1)", "leaky_relu(0.01)", "leaky_relu(0.01)", "gelu", "gelu"]],
+    "S06": [["linear", "group_norm(16, 1e-05)", "hardtanh(-2.0, 2.0)"]],
+    "S07": [["linear", "mul", "batch_norm(0.1, 1e-05)"]],
+    "S08": [["linear", "sigmoid", "mul", "add", "group_norm(2, 1e-05)"]],
+    "S09": [["linear", "add", "relu"]],
+    "S10": [["linear", "truediv(10.0)", "gelu"]],
+    "S11": [["linear", "gelu", "softmax(1)"]],
+    "S12": [["linear", "mish", "mish"]],
+    "S13": [["linear", "sub(2.0)", "mul(1.5)", "relu"]],
+    "S14": [["linear", "sigmoid", "mul", "truediv(2.0)", "clamp(-1.0, 1.0)", "tanh", "clamp(-1.0, 1.0)"]],
+    "S15": [["matmul", "truediv(2)", "sum(1)", "mul(1.5)"]],
+    "S16": [["linear", "sigmoid", "sum(1)"]],
+    "S17": [["linear", "add", "hardtanh(-1.0, 1.0)", "mish", "group_norm(4, 1e-05)"]],
+    "S18": [["linear", "batch_norm(0.1, 1e-05)", "add", "truediv(1.0)", "sigmoid", "mul"]],
+    "S19": [["linear", "gelu"], []],  # the second Linear has no epilogue
+    "S20": [["linear", "layer_norm(1e-05)", "silu"]],
+    "S21": [["linear", "rms_norm", "silu"]],
+    "S22": [["linear", "batch_norm(0.1, 1e-05)", "relu", "dropout(0.1)"], []],
+}
+GRADIENT_ROWS = ["S01", "S02", "S03", "S05", "S08", "S15", "S18", "S20", "S21"]
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
+
+
+def _check(row: suite.SuiteRow, dtype: torch.dtype, train: bool, grads: bool = False, batch=None):
+    mod = suite.load(row)
+    size = mod.SIZES["small"]
+
+    def inputs():
+        if batch is None:
+            return mod.get_inputs("small")
+        return [torch.rand(batch, size["in_features"])]
+
+    return check_against_eager(
+        lambda: mod.Model(*mod.get_init_inputs("small")), inputs, dtype=dtype,
+        train=train and not row.eval_mode, grads=grads,
+    )
+
+
+@pytest.mark.parametrize("dtype", DTYPES.values(), ids=DTYPES.keys())
+@pytest.mark.parametrize("row", BASE_ROWS, ids=[r.id for r in BASE_ROWS])
+def test_suite_model_fuses_in_full_and_matches_eager_in_training(row, dtype):
+    report = _check(row, dtype, train=True)
+    assert [r.fused for r in report.rows] == EXPECTED_FUSED[row.id]
+    assert all(r.status == "fused" for r in report.rows if r.fused)
+
+
+@pytest.mark.parametrize("row", BASE_ROWS, ids=[r.id for r in BASE_ROWS])
+def test_suite_model_matches_eager_in_eval_mode(row):
+    report = _check(row, torch.float32, train=False)
+    assert all(r.status == "fused" for r in report.rows if r.fused)
+    assert sum(bool(r.fused) for r in report.rows) == sum(bool(f) for f in EXPECTED_FUSED[row.id])
+
+
+@pytest.mark.parametrize("row_id", GRADIENT_ROWS)
+def test_suite_gradients_match_eager(row_id):
+    _check(suite.get_row(row_id), torch.float32, train=True, grads=True)
+
+
+@pytest.mark.parametrize("batch", [16, 1])
+@pytest.mark.parametrize("row_id", ["S01", "S02", "S04", "S10"])
+def test_decode_shapes_of_s23_fuse_and_match_eager(row_id, batch):
+    report = _check(suite.get_row(row_id), torch.float32, train=True, batch=batch)
+    assert [r.fused for r in report.rows] == EXPECTED_FUSED[row_id]
