@@ -98,6 +98,14 @@ class Program:
             None,
         )
 
+    @property
+    def constant_params(self) -> frozenset[int]:
+        """Parameters the output is not differentiable in (running statistics, as in eager)."""
+        return frozenset(
+            i for s in self.stages if isinstance(s, Norm)
+            for i in (s.running_mean, s.running_var) if i is not None
+        )
+
     def output_shape(self, batch_shape: tuple, n: int) -> tuple:
         """Shape of the op's output for an input of shape ``(*batch_shape, K)``."""
         reduction = self.reduction

@@ -50,9 +50,12 @@ def linear_epilogue_backward(
 
 @linear_epilogue_backward.register_fake
 def _linear_epilogue_backward_fake(program, grad_out, x, weight, bias, params):
+    constant = {3 + i for i in Program.parse(program).constant_params}
     return [
-        torch.empty_like(t) if t is not None and t.is_floating_point() else grad_out.new_empty((0,))
-        for t in (x, weight, bias, *params)
+        torch.empty_like(t)
+        if t is not None and t.is_floating_point() and i not in constant
+        else grad_out.new_empty((0,))
+        for i, t in enumerate((x, weight, bias, *params))
     ]
 
 
@@ -67,7 +70,9 @@ def _backward(ctx, grad_out, grad_stats):
     x, weight, bias, *params = ctx.saved_tensors
     bias = bias if ctx.has_bias else None
     grads = linear_epilogue_backward(ctx.program, grad_out.contiguous(), x, weight, bias, params)
+    constant = Program.parse(ctx.program).constant_params
     dx, dweight, dbias, *dparams = grads
+    dparams = [None if i in constant else g for i, g in enumerate(dparams)]
     return None, dx, dweight, dbias if ctx.has_bias else None, dparams
 
 

@@ -113,11 +113,13 @@ def backward(
     params: list[torch.Tensor],
 ) -> list[torch.Tensor]:
     """Gradients of ``forward``'s output for x, weight, bias and every parameter, by recomputing
-    the reference under autograd. Absent or non-float inputs get an empty tensor."""
+    the reference under autograd. Absent, non-float or constant inputs get an empty tensor."""
     inputs = [x, weight, bias, *params]
+    constant = {3 + i for i in program.constant_params}
     with _autograd_inside_kernel(), torch.enable_grad():
         leaves = [
-            None if t is None else t.detach().requires_grad_(t.is_floating_point()) for t in inputs
+            None if t is None else t.detach().requires_grad_(t.is_floating_point() and i not in constant)
+            for i, t in enumerate(inputs)
         ]
         out, _ = forward(program, leaves[0], leaves[1], leaves[2], leaves[3:])
         wanted = [t for t in leaves if t is not None and t.requires_grad]

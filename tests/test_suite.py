@@ -35,7 +35,7 @@ EXPECTED_FUSED = {
     "S21": [["linear", "rms_norm", "silu"]],
     "S22": [["linear", "batch_norm(0.1, 1e-05)", "relu", "dropout(0.1)"], []],
 }
-GRADIENT_ROWS = ["S01", "S02", "S03", "S05", "S08", "S15", "S18", "S20", "S21"]
+GRADIENT_ROWS = ["S01", "S02", "S03", "S05", "S07", "S08", "S15", "S18", "S20", "S21", "S22"]
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 
 

@@ -1,0 +1,245 @@
+"""Program -> CUDA source of one program module.
+
+The source is a ``struct Prog`` whose ``prefix``/``rest`` functions call the stages of
+``csrc/row_epilogue.cuh`` on a register-resident row, plus one ``FX_DEFINE_PROGRAM`` line that
+instantiates the kernels for one element type. ``prefix`` holds the stages before a training
+BatchNorm (the statistics kernel recomputes them); ``rest`` holds everything else and the store.
+The code generator decides nothing about layout or launch; the template does.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from ..ir import Norm, Pointwise, Program, Reduce, Stage
+from .printer import UnsupportedExpression, float_literal, print_expr
+
+CODEGEN_VERSION = "1"
+
+ELEMENT_TYPES = {
+    torch.float32: "float",
+    torch.bfloat16: "__nv_bfloat16",
+    torch.float16: "__half",
+}
+
+_OUT_KIND = {None: "FX_OUT_ROWS", False: "FX_OUT_REDUCED", True: "FX_OUT_REDUCED_KEEP"}
+_REDUCTIONS = {
+    "sum": "reduce_sum",
+    "mean": "reduce_mean",
+    "max": "reduce_max",
+    "min": "reduce_min",
+    "logsumexp": "reduce_logsumexp",
+}
+_ROW_MAPS = {"softmax": "softmax", "log_softmax": "log_softmax"}
+
+
+class UnsupportedProgram(ValueError):
+    """A program this code generator does not compile; the caller keeps the chain unfused."""
+
+
+def generate(program: Program, dtype: torch.dtype, namespace: str, entry: str) -> str:
+    """The complete .cu source for ``program`` on ``dtype`` elements.
+
+    ``namespace`` keeps the kernels' symbols apart from other modules; ``entry`` names the exported
+    ``extern "C"`` function that returns the program's FxProgramInfo.
+    """
+    if dtype not in ELEMENT_TYPES:
+        raise UnsupportedProgram(f"element type {dtype} (float32, bfloat16 and float16 only)")
+    _check(program)
+    split = _batch_train_index(program)
+    prefix = program.stages[:split] if split is not None else ()
+    rest = program.stages[split:] if split is not None else program.stages
+    try:
+        prefix_body = _emit_stages(program, prefix, store=False)
+        rest_body = _emit_stages(program, rest, store=True)
+    except UnsupportedExpression as error:
+        raise UnsupportedProgram(str(error)) from None
+    reduction = program.reduction
+    kinds = [("1" if kind == "col" else "0") for kind in program.params] or ["0"]
+    groups = [s.groups for s in program.stages if isinstance(s, Norm) and s.kind == "group"]
+    bn = program.batch_norm_training
+    comment = program.to_string().replace("*/", "* /")
+    return "\n".join(
+        [
+            f"// fxfuse program module (codegen {CODEGEN_VERSION}), element type {ELEMENT_TYPES[dtype]}",
+            f"/* {comment} */",
+            '#include "row_epilogue.cuh"',
+            "",
+            f"namespace {namespace} {{",
+            "",
+            "struct Prog {",
+            f"  static constexpr int kNumParams = {len(program.params)};",
+            f"  static constexpr int kParamSlots = {max(1, len(program.params))};",
+            f"  static constexpr int32_t kParamIsCol[kParamSlots] = {{{', '.join(kinds)}}};",
+            f"  static constexpr int32_t kOutKind = {_OUT_KIND[None if reduction is None else reduction.keepdim]};",
+            f"  static constexpr bool kBatchTrain = {'true' if bn else 'false'};",
+            f"  static constexpr float kBatchEps = {float_literal(bn.eps) if bn else '0.0f'};",
+            "",
+            "  static bool groups_ok(int64_t n) {",
+            "    return " + " && ".join([f"n % {g} == 0" for g in groups] or ["true"]) + ";",
+            "  }",
+            "",
+            "  static int64_t scratch_floats(int64_t n, int vec) {",
+            "    int64_t s = 0;",
+            *[f"    s = fx::group_norm_scratch(s, n, vec, {g});" for g in groups],
+            "    return s;",
+            "  }",
+            "",
+            "  template <class R>",
+            "  FX_DEVICE static void prefix(R& r) {",
+            "    (void)r;",
+            *_indent(prefix_body, 4),
+            "  }",
+            "",
+            "  template <class R>",
+            "  FX_DEVICE static void rest(R& r) {",
+            "    (void)r;",
+            *_indent(rest_body, 4),
+            "  }",
+            "};",
+            "",
+            f"}}  // namespace {namespace}",
+            "",
+            f"FX_DEFINE_PROGRAM({namespace}::Prog, {ELEMENT_TYPES[dtype]}, {entry})",
+            "",
+        ]
+    )
+
+
+# -- validation ---------------------------------------------------------------------------------
+
+
+def _check(program: Program) -> None:
+    """Reject what the kernels cannot express, before any source is written."""
+    for kind in program.params:
+        if kind not in ("col", "scalar"):
+            raise UnsupportedProgram(f"parameter kind {kind!r}")
+    trains = [s for s in program.stages if isinstance(s, Norm) and s.kind == "batch" and s.training]
+    if len(trains) > 1:
+        raise UnsupportedProgram("more than one training BatchNorm")
+    reduced = False
+    for stage in program.stages:
+        if reduced and not isinstance(stage, Pointwise):
+            raise UnsupportedProgram(f"{type(stage).__name__} after a reduction")
+        if isinstance(stage, Norm):
+            _check_norm(program, stage)
+        if isinstance(stage, Reduce) and stage.changes_shape:
+            reduced = True
+
+
+def _check_norm(program: Program, norm: Norm) -> None:
+    def col(index: int | None, role: str, required: bool = False) -> None:
+        if index is None:
+            if required:
+                raise UnsupportedProgram(f"{norm.kind} norm without {role}")
+            return
+        if not 0 <= index < len(program.params) or program.params[index] != "col":
+            raise UnsupportedProgram(f"{norm.kind} norm {role} p{index} is not a column parameter")
+
+    if not math.isfinite(norm.eps):
+        raise UnsupportedProgram(f"{norm.kind} norm eps {norm.eps}")
+    col(norm.weight, "weight")
+    col(norm.bias, "bias")
+    if norm.kind == "group" and norm.groups < 1:
+        raise UnsupportedProgram(f"group norm with {norm.groups} groups")
+    if norm.kind == "rms" and norm.bias is not None:
+        raise UnsupportedProgram("rms norm with a bias")
+    if norm.kind == "batch" and not norm.training:
+        col(norm.running_mean, "running_mean", required=True)
+        col(norm.running_var, "running_var", required=True)
+
+
+def _batch_train_index(program: Program) -> int | None:
+    for i, stage in enumerate(program.stages):
+        if isinstance(stage, Norm) and stage.kind == "batch" and stage.training:
+            return i
+    return None
+
+
+# -- emission -----------------------------------------------------------------------------------
+
+
+def _emit_stages(program: Program, stages: tuple[Stage, ...], store: bool) -> list[str]:
+    lines: list[str] = []
+    reduced = False  # after a row reduction the value is the float `s`
+    for stage in stages:
+        if isinstance(stage, Pointwise):
+            lines += _emit_scalar_pointwise(program, stage) if reduced else _emit_map(program, stage)
+        elif isinstance(stage, Norm):
+            lines.append(_emit_norm(stage))
+        elif stage.changes_shape:
+            lines.append(f"float s = r.{_REDUCTIONS[stage.kind]}();")
+            reduced = True
+        else:
+            lines.append(f"r.{_ROW_MAPS[stage.kind]}();")
+    if store:
+        lines.append("r.store_scalar(s);" if reduced else "r.store_rows();")
+    return lines
+
+
+def _param_decls(program: Program, used: set[int], kind: str) -> list[str]:
+    decls = []
+    for index in sorted(used):
+        if index >= len(program.params):
+            raise UnsupportedExpression(f"p{index} is not a parameter of the program")
+        if program.params[index] != kind:
+            continue
+        if kind == "col":
+            decls.append(f"const float p{index} = r.template col_param<{index}>(c);")
+        else:
+            decls.append(f"const float p{index} = r.template scalar_param<{index}>();")
+    return decls
+
+
+def _emit_map(program: Program, stage: Pointwise) -> list[str]:
+    printed = print_expr(stage.expr)
+    return [
+        "{",
+        *_indent(_param_decls(program, printed.params, "scalar"), 2),
+        "  r.map([&](float x, int c) {",
+        "    (void)c;",
+        *_indent(_param_decls(program, printed.params, "col"), 4),
+        *_indent(printed.lines, 4),
+        f"    return {printed.result};",
+        "  });",
+        "}",
+    ]
+
+
+def _emit_scalar_pointwise(program: Program, stage: Pointwise) -> list[str]:
+    printed = print_expr(stage.expr)
+    cols = [i for i in printed.params if i < len(program.params) and program.params[i] == "col"]
+    if cols:
+        raise UnsupportedProgram("a column parameter after a reduction")
+    return [
+        "{",
+        "  const float x = s;",
+        *_indent(_param_decls(program, printed.params, "scalar"), 2),
+        *_indent(printed.lines, 2),
+        f"  s = {printed.result};",
+        "}",
+    ]
+
+
+def _emit_norm(norm: Norm) -> str:
+    def idx(index: int | None) -> int:
+        return -1 if index is None else index
+
+    eps = float_literal(norm.eps)
+    w, b = idx(norm.weight), idx(norm.bias)
+    if norm.kind == "group":
+        return f"r.template group_norm<{norm.groups}, {w}, {b}>({eps});"
+    if norm.kind == "layer":
+        return f"r.template layer_norm<{w}, {b}>({eps});"
+    if norm.kind == "rms":
+        return f"r.template rms_norm<{w}>({eps});"
+    if norm.training:
+        return f"r.template batch_norm_train<{w}, {b}>();"
+    rm, rv = idx(norm.running_mean), idx(norm.running_var)
+    return f"r.template batch_norm_eval<{w}, {b}, {rm}, {rv}>({eps});"
+
+
+def _indent(lines: list[str], spaces: int) -> list[str]:
+    return [" " * spaces + line for line in lines]
