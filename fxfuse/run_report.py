@@ -17,11 +17,14 @@ def report(model: torch.nn.Module, *inputs, **options) -> _report.Report:
     """
     from .backend import fxfuse_backend
 
+    def backend(gm, example_inputs, **kwargs):  # a new backend object: Dynamo compiles afresh
+        return fxfuse_backend(gm, example_inputs, **kwargs)
+
     collector = _report.Collector()
     _report._ACTIVE.append(collector)
     try:
-        compiled = torch.compile(copy.deepcopy(model), backend=fxfuse_backend, options=options or None)
-        with torch.no_grad():
+        compiled = torch.compile(copy.deepcopy(model), backend=backend, options=options or None)
+        with torch.no_grad(), torch._dynamo.config.patch(recompile_limit=1 << 20):
             compiled(*inputs)
     finally:
         _report._ACTIVE.remove(collector)

@@ -1,0 +1,106 @@
+"""The coverage report: rows, totals, JSON, the CLI, and the last compile's report."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import torch
+import torch.nn as nn
+
+import fxfuse
+from examples import suite
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _s19():
+    mod = suite.load("S19")
+    return mod.Model(*mod.get_init_inputs("small")), mod.get_inputs("small")
+
+
+def test_report_has_one_row_per_gemm_with_status_chain_and_reason():
+    model, inputs = _s19()
+    report = fxfuse.report(model, *inputs, allow_cpu=True)
+    first, second = report.rows
+    assert first.status == "fused" and first.fused == ["linear", "gelu"]
+    assert first.chain == ["linear", "gelu", "linear"]  # stopped at the next GEMM
+    assert "gelu_tanh" in first.program
+    assert second.status == "not_fused" and second.reason == "no epilogue op after the GEMM"
+    assert report.totals == {"gemms": 2, "fused": 1, "partial": 0, "not_fused": 1}
+
+
+def test_report_to_dict_and_json():
+    model, inputs = _s19()
+    data = fxfuse.report(model, *inputs, allow_cpu=True).to_dict()
+    assert set(data) == {"rows", "totals"}
+    assert {"status", "chain", "fused", "reason", "program"} <= set(data["rows"][0])
+    assert json.loads(fxfuse.report(model, *inputs, allow_cpu=True).to_json()) == data
+
+
+def test_report_text_is_a_table_with_totals():
+    model, inputs = _s19()
+    text = str(fxfuse.report(model, *inputs, allow_cpu=True))
+    assert "status" in text and "linear → gelu → linear" in text
+    assert text.splitlines()[-1] == "2 gemms, 1 fused, 0 partial, 1 not_fused"
+
+
+def test_report_leaves_the_model_untouched():
+    mod = suite.load("S03")
+    model = mod.Model(*mod.get_init_inputs("small"))
+    before = model.batch_norm.running_mean.clone()
+    fxfuse.report(model, *mod.get_inputs("small"), allow_cpu=True)
+    assert torch.equal(model.batch_norm.running_mean, before)
+
+
+def test_partial_chain_names_the_op_it_stopped_at():
+    class Model(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.linear = nn.Linear(8, 16)
+
+        def forward(self, x):
+            return torch.cumsum(torch.relu(self.linear(x)), dim=1)
+
+    (row,) = fxfuse.report(Model(), torch.randn(4, 8), allow_cpu=True).rows
+    assert row.status == "partial" and row.fused == ["linear", "relu"]
+    assert row.chain[-1] == "cumsum(1)" and "cumsum(1) is not an epilogue op" in row.reason
+
+
+def test_last_report_holds_the_graphs_of_the_last_compiles():
+    model, inputs = _s19()
+    fxfuse.reset_report()
+    torch.compile(model, backend="fxfuse", options={"allow_cpu": True})(*inputs)
+    assert [r.status for r in fxfuse.last_report().rows] == ["fused", "not_fused"]
+
+
+def test_cli_reports_a_kernelbench_style_file():
+    result = subprocess.run(
+        [sys.executable, "-m", "fxfuse", "report", str(ROOT / "examples/s02_groupnorm_leakyrelu_double.py"),
+         "--size", "small", "--json"],
+        capture_output=True, text=True, cwd=ROOT, timeout=600,
+    )
+    assert result.returncode == 0, result.stderr
+    data = json.loads(result.stdout)
+    assert data["totals"]["fused"] == 1
+    assert data["rows"][0]["fused"] == ["linear", "group_norm(8, 1e-05)", "leaky_relu(0.01)", "add"]
+
+
+def test_cli_takes_a_model_class_name(tmp_path):
+    path = tmp_path / "problem.py"
+    path.write_text(
+        "import torch\n"
+        "class Net(torch.nn.Module):\n"
+        "    def __init__(self):\n"
+        "        super().__init__(); self.fc = torch.nn.Linear(8, 16)\n"
+        "    def forward(self, x):\n"
+        "        return torch.sigmoid(self.fc(x)).sum(dim=1)\n"
+        "def get_inputs():\n"
+        "    return [torch.rand(4, 8)]\n"
+    )
+    result = subprocess.run([sys.executable, "-m", "fxfuse", "report", f"{path}:Net"],
+                            capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr
+    assert "1 gemms, 1 fused" in result.stdout
