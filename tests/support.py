@@ -24,17 +24,19 @@ def check_against_eager(
     draws: int = 5,
     train: bool = True,
     grads: bool = False,
+    device: str = "cpu",
 ) -> fxfuse.Report:
     """Run eager and fxfuse side by side on ``draws`` fresh inputs; assert outputs, dtypes,
     buffers (BatchNorm statistics) and, with ``grads``, input and parameter gradients agree.
     Returns the coverage report of the compiled model."""
     fxfuse.reset_report()
-    eager = make_model().to(dtype).train(train)
+    eager = make_model().to(device=device, dtype=dtype).train(train)
     fused = copy.deepcopy(eager)
     compiled = compile_fxfuse(fused)
     tol = TOLERANCE[dtype]
     for _ in range(draws):
-        inputs = [t.to(dtype) if t.is_floating_point() else t for t in make_inputs()]
+        inputs = [t.to(device=device, dtype=dtype if t.is_floating_point() else t.dtype)
+                  for t in make_inputs()]
         eager_inputs = [t.clone().requires_grad_(grads and t.is_floating_point()) for t in inputs]
         fused_inputs = [t.clone().requires_grad_(grads and t.is_floating_point()) for t in inputs]
         with torch.set_grad_enabled(grads):

@@ -1,0 +1,73 @@
+"""Every suite model on CUDA: fused in full, equal to eager, at small and full size, every dtype."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/: support, test_suite
+
+from examples import suite  # noqa: E402
+from support import check_against_eager  # noqa: E402
+from test_suite import BASE_ROWS, EXPECTED_FUSED  # noqa: E402
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+FULL_SIZE_ROWS = ["S01", "S02", "S03", "S04", "S05", "S08", "S11", "S16", "S20", "S21"]
+
+
+def _check(row, size, dtype, batch=None, draws=5, grads=False):
+    mod = suite.load(row)
+    dims = mod.SIZES[size]
+
+    def inputs():
+        return mod.get_inputs(size) if batch is None else [torch.rand(batch, dims["in_features"])]
+
+    report = check_against_eager(
+        lambda: mod.Model(*mod.get_init_inputs(size)), inputs, dtype=dtype, device="cuda",
+        train=not row.eval_mode, draws=draws, grads=grads,
+    )
+    assert [r.fused for r in report.rows] == EXPECTED_FUSED[row.id] or size != "small"
+    assert all(r.status == "fused" for r in report.rows if r.fused), report
+    assert sum(bool(r.fused) for r in report.rows) == sum(bool(f) for f in EXPECTED_FUSED[row.id])
+    return report
+
+
+@pytest.fixture(autouse=True)
+def _no_tf32():
+    before = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = False
+    yield
+    torch.backends.cuda.matmul.allow_tf32 = before
+
+
+@pytest.mark.parametrize("dtype", DTYPES.values(), ids=DTYPES.keys())
+@pytest.mark.parametrize("row", BASE_ROWS, ids=[r.id for r in BASE_ROWS])
+def test_suite_model_on_cuda_small(row, dtype):
+    _check(row, "small", dtype)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=["bf16", "fp32"])
+@pytest.mark.parametrize("row_id", FULL_SIZE_ROWS)
+def test_suite_model_on_cuda_full_size(row_id, dtype):
+    _check(suite.get_row(row_id), "full", dtype, draws=2)
+
+
+@pytest.mark.parametrize("batch", [16, 1])
+@pytest.mark.parametrize("row_id", ["S01", "S02", "S04", "S10"])
+def test_decode_shapes_on_cuda(row_id, batch):
+    _check(suite.get_row(row_id), "full", torch.bfloat16, batch=batch, draws=2)
+
+
+def test_tf32_is_honoured_like_eager():
+    torch.backends.cuda.matmul.allow_tf32 = True
+    _check(suite.get_row("S01"), "small", torch.float32)
+
+
+@pytest.mark.parametrize("row_id", ["S02", "S03", "S20"])
+def test_gradients_on_cuda(row_id):
+    _check(suite.get_row(row_id), "small", torch.float32, grads=True)
