@@ -44,7 +44,7 @@ def fuse(gm: GraphModule, allow_cpu: bool = False) -> GraphModule:
     graph = Graph()
     graph.output(graph.graph_copy(gm.graph, {}))
     try:
-        chains = [_build(c) for c in match_all(graph, canonicalize(graph), allow_cpu)]
+        chains = _build(match_all(graph, canonicalize(graph), allow_cpu))
         rewrite(graph, chains)
         graph.lint()
     except Exception as error:  # never fail the user's compile
@@ -55,21 +55,35 @@ def fuse(gm: GraphModule, allow_cpu: bool = False) -> GraphModule:
     return GraphModule(gm, graph)
 
 
-def _build(chain: Chain) -> Chain:
-    """Compile the CUDA kernels of a chain now (never at call time); on failure, don't fuse it."""
-    if chain.program is None or chain.x is None:
-        return chain
-    value = chain.x.meta.get("example_value", chain.x.meta.get("val"))
-    if not isinstance(value, torch.Tensor) or value.device.type != "cuda":
-        return chain
+def _build(chains: list[Chain]) -> list[Chain]:
+    """Compile the CUDA kernels of a graph's chains now, in parallel (never at call time); a chain
+    whose build fails is left to Inductor, with the reason in the report."""
+    wanted = {}
+    for chain in chains:
+        value = _example(chain.x)
+        if chain.program is not None and isinstance(value, torch.Tensor) and value.device.type == "cuda":
+            wanted[(chain.program.to_string(), value.dtype)] = chain.program
+    if not wanted:
+        return chains
     try:
         from . import cuda
 
-        cuda.prepare(chain.program, value.dtype)
+        failed = cuda.prepare_many([(program, dtype) for (_, dtype), program in wanted.items()])
     except Exception as error:
-        warnings.warn(f"fxfuse: chain left to Inductor, its build failed: {error}")
-        return replace(
-            chain, status="not_fused", fused=[], program=None, nodes=[],
-            reason=f"CUDA build failed: {str(error).splitlines()[0] if str(error) else type(error).__name__}",
-        )
-    return chain
+        failed = {key: error for key in wanted}
+    return [_unfused_if_failed(chain, failed) for chain in chains]
+
+
+def _example(node) -> object:
+    return None if node is None else node.meta.get("example_value", node.meta.get("val"))
+
+
+def _unfused_if_failed(chain: Chain, failed: dict) -> Chain:
+    value = _example(chain.x)
+    error = failed.get((chain.program.to_string(), value.dtype)) if chain.program else None
+    if error is None:
+        return chain
+    first_line = (str(error).strip().splitlines() or [type(error).__name__])[0]
+    warnings.warn(f"fxfuse: chain left to Inductor, its CUDA build failed: {first_line}")
+    return replace(chain, status="not_fused", fused=[], program=None, nodes=[],
+                   reason=f"CUDA build failed: {first_line}")

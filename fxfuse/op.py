@@ -77,3 +77,7 @@ def _backward(ctx, grad_out, grad_stats):
 
 
 linear_epilogue.register_autograd(_backward, setup_context=_setup_context)
+
+
+# The CUDA kernel (generated epilogues after cuBLAS) registers itself; nothing happens without CUDA.
+from . import cuda as _cuda  # noqa: E402,F401

@@ -1,0 +1,87 @@
+"""The CUDA path of ``fxfuse::linear_epilogue``: generated epilogue kernels after a cuBLAS GEMM.
+
+Public API:
+
+* ``available()`` -- a CUDA device, nvcc (with headers) and ninja are present;
+* ``prepare(program, dtype)`` -- build or load the kernels of a program ahead of time (the backend
+  calls it at compile time, never inside CUDA graph capture); raises ``BuildError``;
+* ``prepare_many([(program, dtype), ...])`` -- the same for many, compiled in parallel processes;
+* ``BuildError`` -- the program cannot be compiled (unsupported, or the compiler failed);
+* importing this package registers the op's CUDA kernel (on CUDA builds of torch). A call whose
+  program was not prepared builds it on first use; a call the kernels do not cover (shapes, a
+  training BatchNorm on one row, ...) runs the reference, which raises eager's errors.
+
+Importing costs nothing on a CPU-only machine: no CUDA initialisation, no compiler lookup.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import torch
+
+from ..ir import Program
+from .engine import Engine
+from .errors import BuildError
+
+__all__ = ["available", "prepare", "prepare_many", "BuildError", "engine"]
+
+
+def _cuda_target(device: torch.device):
+    from .build import cuda_target
+
+    return cuda_target(device)
+
+
+engine = Engine(_cuda_target)  # the GPU's modules; tests may call engine.call(..., out=buffer)
+
+
+def available() -> bool:
+    """Whether the CUDA kernels can be built and run here."""
+    try:
+        from torch.utils.cpp_extension import is_ninja_available
+
+        from .build import find_cuda_home
+
+        return bool(torch.cuda.is_available() and find_cuda_home(True) is not None and is_ninja_available())
+    except Exception:  # noqa: BLE001 - any broken toolchain means "not available"
+        return False
+
+
+def prepare(program: Program, dtype: torch.dtype) -> None:
+    """Build or load the kernels of ``program`` for ``dtype`` inputs on the current device."""
+    if not torch.cuda.is_available():
+        raise BuildError("CUDA is not available")
+    engine.prepare(program, dtype, torch.device("cuda", torch.cuda.current_device()))
+
+
+def prepare_many(items, workers: int | None = None) -> dict:
+    """``prepare`` for many ``(program, dtype)`` pairs, compiling in parallel worker processes
+    (they share the build cache), then loading every module here. Returns {(program string,
+    dtype): BuildError} for the pairs that failed; prepared pairs are absent."""
+    if not torch.cuda.is_available():
+        raise BuildError("CUDA is not available")
+    return engine.prepare_many(items, torch.device("cuda", torch.cuda.current_device()), workers)
+
+
+def _cuda_kernel(program, x, weight, bias, params):
+    return engine.call(program, x, weight, bias, params)
+
+
+_registered = False
+
+
+def _register() -> None:
+    global _registered
+    if _registered or not torch.version.cuda:
+        return
+    from .. import op  # noqa: F401 - defines fxfuse::linear_epilogue
+
+    torch.library.register_kernel("fxfuse::linear_epilogue", "cuda", _cuda_kernel)
+    _registered = True
+
+
+try:
+    _register()
+except Exception as error:  # noqa: BLE001 - never break `import fxfuse` over the CUDA path
+    warnings.warn(f"fxfuse: CUDA kernel not registered: {error}", RuntimeWarning, stacklevel=2)

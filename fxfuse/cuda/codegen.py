@@ -1,10 +1,10 @@
-"""Program -> CUDA source of one program module.
+"""Program -> CUDA sources of one program module.
 
-The source is a ``struct Prog`` whose ``prefix``/``rest`` functions call the stages of
-``csrc/row_epilogue.cuh`` on a register-resident row, plus one ``FX_DEFINE_PROGRAM`` line that
-instantiates the kernels for one element type. ``prefix`` holds the stages before a training
-BatchNorm (the statistics kernel recomputes them); ``rest`` holds everything else and the store.
-The code generator decides nothing about layout or launch; the template does.
+The program becomes a ``struct Prog`` whose ``prefix``/``rest`` functions call the stages of
+``csrc/row_epilogue.cuh`` on a register-resident row; small units instantiate the kernels for one
+element type. ``prefix`` holds the stages before a training BatchNorm (the statistics kernel
+recomputes them); ``rest`` holds everything else and the store. The code generator decides nothing
+about layout or launch; the template does.
 """
 
 from __future__ import annotations
@@ -39,14 +39,46 @@ class UnsupportedProgram(ValueError):
     """A program this code generator does not compile; the caller keeps the chain unfused."""
 
 
-def generate(program: Program, dtype: torch.dtype, namespace: str, entry: str) -> str:
-    """The complete .cu source for ``program`` on ``dtype`` elements.
+VECTOR_ELEMENTS = {torch.float32: 4, torch.bfloat16: 8, torch.float16: 8}  # 16 bytes of T
 
+
+def items_units(dtype: torch.dtype) -> list[int]:
+    """The chunk counts a thread (ITEMS) compiled for ``dtype``: 1, 2, 4, ... 64 / VEC."""
+    top = 64 // VECTOR_ELEMENTS[dtype]
+    return [1 << k for k in range(top.bit_length()) if 1 << k <= top]
+
+
+def generate(program: Program, dtype: torch.dtype, namespace: str, entry: str, ext: str = ".cu") -> dict[str, str]:
+    """The sources of one program module: file name -> text.
+
+    ``program.cuh`` defines ``Prog``; ``main<ext>`` exports the entry point; ``items_<I><ext>``
+    holds the kernels of one ITEMS value (separate units so that ninja builds them in parallel).
     ``namespace`` keeps the kernels' symbols apart from other modules; ``entry`` names the exported
     ``extern "C"`` function that returns the program's FxProgramInfo.
     """
     if dtype not in ELEMENT_TYPES:
         raise UnsupportedProgram(f"element type {dtype} (float32, bfloat16 and float16 only)")
+    element = ELEMENT_TYPES[dtype]
+    header = [f"// fxfuse program module (codegen {CODEGEN_VERSION}), element type {element}"]
+    sources = {"program.cuh": _program_header(program, dtype, namespace)}
+    sources[f"main{ext}"] = "\n".join(
+        [*header, '#include "program.cuh"', "", f"FX_DEFINE_PROGRAM({namespace}::Prog, {element}, {entry})", ""]
+    )
+    for items in items_units(dtype):
+        sources[f"items_{items}{ext}"] = "\n".join(
+            [
+                *header,
+                "#define FX_ITEMS_UNIT",
+                '#include "program.cuh"',
+                "",
+                f"FX_DEFINE_ITEMS_UNIT({namespace}::Prog, {element}, {items})",
+                "",
+            ]
+        )
+    return sources
+
+
+def _program_header(program: Program, dtype: torch.dtype, namespace: str) -> str:
     _check(program)
     split = _batch_train_index(program)
     prefix = program.stages[:split] if split is not None else ()
@@ -60,11 +92,14 @@ def generate(program: Program, dtype: torch.dtype, namespace: str, entry: str) -
     kinds = [("1" if kind == "col" else "0") for kind in program.params] or ["0"]
     groups = [s.groups for s in program.stages if isinstance(s, Norm) and s.kind == "group"]
     bn = program.batch_norm_training
+    # torch's batch and group norms take dim 1 as channels: the kernels cover them for 2-D x only
+    channels_dim1 = any(isinstance(s, Norm) and s.kind in ("batch", "group") for s in program.stages)
     comment = program.to_string().replace("*/", "* /")
     return "\n".join(
         [
-            f"// fxfuse program module (codegen {CODEGEN_VERSION}), element type {ELEMENT_TYPES[dtype]}",
+            f"// fxfuse program (codegen {CODEGEN_VERSION}), element type {ELEMENT_TYPES[dtype]}",
             f"/* {comment} */",
+            "#pragma once",
             '#include "row_epilogue.cuh"',
             "",
             f"namespace {namespace} {{",
@@ -75,6 +110,7 @@ def generate(program: Program, dtype: torch.dtype, namespace: str, entry: str) -
             f"  static constexpr int32_t kParamIsCol[kParamSlots] = {{{', '.join(kinds)}}};",
             f"  static constexpr int32_t kOutKind = {_OUT_KIND[None if reduction is None else reduction.keepdim]};",
             f"  static constexpr bool kBatchTrain = {'true' if bn else 'false'};",
+            f"  static constexpr bool kChannelsDim1 = {'true' if channels_dim1 else 'false'};",
             f"  static constexpr float kBatchEps = {float_literal(bn.eps) if bn else '0.0f'};",
             "",
             "  static bool groups_ok(int64_t n) {",
@@ -84,6 +120,8 @@ def generate(program: Program, dtype: torch.dtype, namespace: str, entry: str) -
             "  static int64_t scratch_floats(int64_t n, int vec) {",
             "    int64_t s = 0;",
             *[f"    s = fx::group_norm_scratch(s, n, vec, {g});" for g in groups],
+            "    (void)n;",
+            "    (void)vec;",
             "    return s;",
             "  }",
             "",
@@ -101,8 +139,6 @@ def generate(program: Program, dtype: torch.dtype, namespace: str, entry: str) -
             "};",
             "",
             f"}}  // namespace {namespace}",
-            "",
-            f"FX_DEFINE_PROGRAM({namespace}::Prog, {ELEMENT_TYPES[dtype]}, {entry})",
             "",
         ]
     )

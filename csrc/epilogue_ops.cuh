@@ -1,0 +1,111 @@
+// The pointwise vocabulary as device functions: one per row of fxfuse/vocabulary.py.
+//
+// Each follows eager PyTorch's own CUDA formula (float opmath) so that NaN/Inf behave as in
+// torch: comparisons are written so a NaN operand falls through to the NaN-producing branch, and
+// maximum/minimum/clamp propagate NaN explicitly. Full-precision libm calls only (expf, erff,
+// tanhf, log1pf, expm1f); never build this with --use_fast_math.
+//
+// The header is also valid host C++ (FX_FN is plain `inline` there) so the CPU tests can compile
+// the very same formulas with g++ and compare them with torch on special values.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <math.h>
+
+#if defined(__CUDACC__)
+#define FX_FN __device__ __forceinline__
+#else
+#define FX_FN inline
+#endif
+
+FX_FN bool fx_isnan(float x) { return x != x; }
+
+FX_FN float fx_relu(float x) { return x < 0.0f ? 0.0f : x; }
+
+FX_FN float fx_leaky_relu(float x, float slope) { return x > 0.0f ? x : x * slope; }
+
+// torch: x * 0.5 * (1 + erf(x * M_SQRT1_2))
+FX_FN float fx_gelu(float x) {
+  const float kAlpha = 0.70710678118654752440f;
+  return x * 0.5f * (1.0f + erff(x * kAlpha));
+}
+
+// torch: 0.5 * x * (1 + tanh(kBeta * (x + kKappa * x^3))), kBeta = sqrt(2 / pi)
+FX_FN float fx_gelu_tanh(float x) {
+  const float kBeta = 0.7978845608028654f;
+  const float kKappa = 0.044715f;
+  const float x_cube = x * x * x;
+  const float inner = kBeta * (x + kKappa * x_cube);
+  return 0.5f * x * (1.0f + tanhf(inner));
+}
+
+// torch: x / (1 + exp(-x))
+FX_FN float fx_silu(float x) { return x / (1.0f + expf(-x)); }
+
+// torch: 1 / (1 + exp(-x))
+FX_FN float fx_sigmoid(float x) { return 1.0f / (1.0f + expf(-x)); }
+
+FX_FN float fx_tanh(float x) { return tanhf(x); }
+
+// torch (CPU and CUDA): x * tanh(log1p(exp(x))); exp overflow gives log1p(inf) = inf, tanh = 1.
+FX_FN float fx_mish(float x) { return x * tanhf(log1pf(expf(x))); }
+
+// torch: NaN passes through, else min(max(x, lo), hi)
+FX_FN float fx_clamp(float x, float lo, float hi) {
+  if (fx_isnan(x)) return x;
+  const float a = x < lo ? lo : x;
+  return a > hi ? hi : a;
+}
+
+FX_FN float fx_clamp_min(float x, float lo) { return fx_isnan(x) ? x : (x < lo ? lo : x); }
+
+FX_FN float fx_clamp_max(float x, float hi) { return fx_isnan(x) ? x : (x > hi ? hi : x); }
+
+// min(max(v, 0), 6) with NaN falling through both comparisons
+FX_FN float fx_relu6_(float v) { return v < 0.0f ? 0.0f : (v > 6.0f ? 6.0f : v); }
+
+// torch: x * min(max(x + 3, 0), 6) / 6
+FX_FN float fx_hardswish(float x) { return x * fx_relu6_(x + 3.0f) / 6.0f; }
+
+// torch: min(max(x + 3, 0), 6) / 6
+FX_FN float fx_hardsigmoid(float x) { return fx_relu6_(x + 3.0f) / 6.0f; }
+
+// torch elu kernel with scale = input_scale = 1: x > 0 ? x : expm1(x) * alpha
+FX_FN float fx_elu(float x, float alpha) { return x > 0.0f ? x : expm1f(x) * alpha; }
+
+// torch selu = elu with negcoef = alpha * scale, poscoef = scale (coefficients formed in double)
+FX_FN float fx_selu(float x) {
+  const float kScale = 1.0507009873554804934193349852946f;
+  const float kNegCoef = 1.7580993175506592f;  // float(alpha) * float(scale), as torch forms it
+  return x > 0.0f ? x * kScale : expm1f(x) * kNegCoef;
+}
+
+// torch: (x * beta) > threshold ? x : log1p(exp(x * beta)) / beta
+FX_FN float fx_softplus(float x, float beta, float threshold) {
+  const float xb = x * beta;
+  return xb > threshold ? x : log1pf(expf(xb)) / beta;
+}
+
+FX_FN float fx_abs(float x) { return fabsf(x); }
+
+FX_FN float fx_exp(float x) { return expf(x); }
+
+// torch.maximum / torch.minimum propagate NaN from either side
+FX_FN float fx_maximum(float a, float b) {
+  if (fx_isnan(a)) return a;
+  if (fx_isnan(b)) return b;
+  return a > b ? a : b;
+}
+
+FX_FN float fx_minimum(float a, float b) {
+  if (fx_isnan(a)) return a;
+  if (fx_isnan(b)) return b;
+  return a < b ? a : b;
+}
+
+// Rounding points (vocabulary rows bf16 / fp16): where eager rounds a bfloat16 / float16 chain's
+// intermediate result, x.to(dtype).float(); round to nearest even, NaN stays NaN.
+FX_FN float fx_round_bf16(float x) { return __bfloat162float(__float2bfloat16_rn(x)); }
+
+FX_FN float fx_round_fp16(float x) { return __half2float(__float2half_rn(x)); }

@@ -1,0 +1,58 @@
+// The plain-C boundary between the runtime module (torch binding, built once) and a program
+// module (generated CUDA, built per program and dtype). A program module exports
+// `fx_program_info()`; the runtime receives its address from Python and calls through it. Keeping
+// torch out of program modules makes them compile in seconds, and keeping CUDA kernels out of the
+// runtime keeps the per-program part small.
+#pragma once
+
+#include <stddef.h>
+#include <stdint.h>
+
+#define FX_ABI_VERSION 2
+
+// Widest row the row kernel holds in registers (64 floats a thread, 512 threads a row).
+#define FX_MAX_N 32768
+
+enum FxDtype : int32_t { FX_F32 = 0, FX_BF16 = 1, FX_F16 = 2 };
+
+enum FxOutKind : int32_t {
+  FX_OUT_ROWS = 0,         // (M, N): same shape as the GEMM output (written in place or to out)
+  FX_OUT_REDUCED = 1,      // (M,): one value per row
+  FX_OUT_REDUCED_KEEP = 2  // (M, 1)
+};
+
+struct FxParam {
+  const void* ptr;  // N values for a column parameter, 1 for a scalar; contiguous, on the device
+  int32_t dtype;    // FxDtype
+  int32_t pad;
+};
+
+struct FxLaunch {
+  const void* y;          // (m, n) row-major GEMM output, dtype of the module
+  void* out;              // FX_OUT_ROWS: (m, n), may equal y; else (m,)
+  float* stats;           // (2, n) float32 [mean, unbiased var] of a training BatchNorm, else null
+  float* workspace;       // workspace_floats(m, n, sm_count) floats, else null when that is 0
+  const FxParam* params;  // num_params entries, in program order
+  int64_t m;
+  int64_t n;
+  int32_t num_params;
+  int32_t sm_count;
+  int32_t smem_optin;     // the device's opt-in shared memory per block, bytes
+  int32_t pad;
+};
+
+struct FxProgramInfo {
+  int32_t abi_version;
+  int32_t dtype;           // FxDtype of x, weight and the output
+  int32_t out_kind;        // FxOutKind
+  int32_t batch_train;     // 1 when the program returns (2, N) batch statistics
+  int32_t channels_dim1;   // 1 with a batch or group norm: torch takes dim 1 as channels, so the
+                           // kernels (channels = last dim) only cover 2-D x
+  int32_t num_params;
+  const int32_t* param_is_col;  // num_params flags: 1 column vector, 0 scalar
+  // 0 when this (m, n) is outside what the kernels handle (the caller falls back to the reference)
+  int32_t (*supports)(int64_t m, int64_t n, int32_t smem_optin);
+  int64_t (*workspace_floats)(int64_t m, int64_t n, int32_t sm_count);
+  // Enqueues the kernels on `stream` (a cudaStream_t); returns null or an error message.
+  const char* (*launch)(const FxLaunch* args, void* stream);
+};

@@ -1,0 +1,63 @@
+// The few primitives the epilogue kernels use, for CUDA and for the host emulator.
+//
+// Under nvcc they are the CUDA intrinsics. With FX_EMULATE (a host C++ build) the same kernel
+// bodies run on the CPU: each thread of a block is a fiber, __syncthreads and warp shuffles are
+// barriers that detect divergence (fx_emulate.h). That lets the tests of a machine without a GPU
+// run the exact kernel code that ships, indexing, tails and reductions included.
+#pragma once
+
+#include <stdint.h>
+#include <string.h>
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <vector_types.h>
+
+#if defined(__CUDACC__) && !defined(FX_EMULATE)
+#define FX_DEVICE __device__ __forceinline__
+#define FX_HOST_DEVICE __host__ __device__ __forceinline__
+#else
+#define FX_DEVICE inline
+#define FX_HOST_DEVICE inline
+#endif
+
+namespace fx {
+
+FX_DEVICE float bits_to_float(uint32_t b) {
+#if defined(__CUDA_ARCH__)
+  return __uint_as_float(b);
+#else
+  float f;
+  memcpy(&f, &b, sizeof f);
+  return f;
+#endif
+}
+
+template <typename P>
+FX_DEVICE P load_ro(const P* p) {  // read-only data (parameters, statistics)
+#if defined(__CUDA_ARCH__)
+  return __ldg(p);
+#else
+  return *p;
+#endif
+}
+
+#if defined(__CUDACC__) && !defined(FX_EMULATE)
+
+// One CUDA thread, as the kernel bodies see it.
+struct Thread {
+  FX_DEVICE int tid() const { return threadIdx.x; }
+  FX_DEVICE int bid() const { return blockIdx.x; }
+  FX_DEVICE int bdim() const { return blockDim.x; }
+  FX_DEVICE int gdim() const { return gridDim.x; }
+  FX_DEVICE void sync() const { __syncthreads(); }
+  FX_DEVICE float shfl_xor(float v, int mask) const { return __shfl_xor_sync(0xffffffffu, v, mask); }
+};
+
+#endif
+
+}  // namespace fx
+
+#if defined(FX_EMULATE)
+#include "fx_emulate.h"
+#endif

@@ -1,0 +1,895 @@
+// The row kernel template: one pass over the GEMM output that applies a whole epilogue program.
+//
+// A generated program module defines `struct Prog` (its stages as calls on a Row, see
+// fxfuse/cuda/codegen.py) and instantiates FX_DEFINE_PROGRAM(Prog, T, entry). Everything that does
+// not depend on the program (layout, loads and stores, statistics, launch plans) lives here once.
+//
+// Layout. A row of N values is split into chunks of VEC elements (16 bytes of T); the `rt` threads
+// of a row own chunks lt, lt + rt, lt + 2 rt, ... (ITEMS of them), so every load instruction of a
+// warp is contiguous and coalesced. Rows live in registers from load to store: v[ITEMS][VEC].
+// A block holds `rpc` rows (several when a row needs fewer than 256 threads) and walks the rows
+// with a block-uniform stride, so every barrier is reached by every thread; rows past M are
+// "inactive": they load nothing, store nothing, and still take part in barriers.
+//
+// Statistics are fp32: warp shuffles, then one slot a warp in shared memory, summed in a fixed
+// order (deterministic). Group norm writes per-chunk partial sums of its row to shared memory and
+// lets one thread a group add them in order. BatchNorm training runs three kernels: column
+// moments per chunk of rows (Welford, on the values the preceding stages produce), a fixed-order
+// Chan combine per column, then the row kernel.
+#pragma once
+
+#include <math.h>
+#include <stdint.h>
+
+#include "epilogue_ops.cuh"
+#include "fx_abi.h"
+#include "fx_port.cuh"
+
+#if !defined(FX_EMULATE)
+#include <cuda_runtime.h>
+#endif
+
+namespace fx {
+
+// ---------------------------------------------------------------------------------------------
+// Element types and memory access
+
+template <typename T>
+struct DType;
+template <>
+struct DType<float> {
+  static constexpr int kVec = 4;
+  static constexpr int32_t kCode = FX_F32;
+};
+template <>
+struct DType<__nv_bfloat16> {
+  static constexpr int kVec = 8;
+  static constexpr int32_t kCode = FX_BF16;
+};
+template <>
+struct DType<__half> {
+  static constexpr int kVec = 8;
+  static constexpr int32_t kCode = FX_F16;
+};
+
+// x rounded to T and back: what a norm of a T input sees and returns (eager's dtype arithmetic)
+template <typename T>
+FX_DEVICE float round_to(float x) {
+  if constexpr (DType<T>::kCode == FX_BF16) {
+    return fx_round_bf16(x);
+  } else if constexpr (DType<T>::kCode == FX_F16) {
+    return fx_round_fp16(x);
+  } else {
+    return x;
+  }
+}
+
+FX_DEVICE float bf16_bits_to_float(uint32_t h) { return bits_to_float(h << 16); }
+FX_DEVICE float f16_bits_to_float(uint32_t h) {
+  return __half2float(__ushort_as_half(static_cast<unsigned short>(h)));
+}
+FX_DEVICE uint32_t float_to_bf16_bits(float f) { return __bfloat16_as_ushort(__float2bfloat16_rn(f)); }
+FX_DEVICE uint32_t float_to_f16_bits(float f) { return __half_as_ushort(__float2half_rn(f)); }
+
+struct Bf16Codec {
+  static FX_DEVICE float decode(uint32_t h) { return bf16_bits_to_float(h); }
+  static FX_DEVICE uint32_t encode(float f) { return float_to_bf16_bits(f); }
+};
+struct F16Codec {
+  static FX_DEVICE float decode(uint32_t h) { return f16_bits_to_float(h); }
+  static FX_DEVICE uint32_t encode(float f) { return float_to_f16_bits(f); }
+};
+
+// Loads and stores of one element or one 16-byte chunk; `i` counts elements.
+template <typename T>
+struct Mem;
+
+template <>
+struct Mem<float> {
+  static FX_DEVICE float load(const void* base, int64_t i) { return static_cast<const float*>(base)[i]; }
+  static FX_DEVICE void store(void* base, int64_t i, float v) { static_cast<float*>(base)[i] = v; }
+  static FX_DEVICE void load_vec(const void* base, int64_t i, float* v) {
+    const float4 q = *reinterpret_cast<const float4*>(static_cast<const float*>(base) + i);
+    v[0] = q.x;
+    v[1] = q.y;
+    v[2] = q.z;
+    v[3] = q.w;
+  }
+  static FX_DEVICE void store_vec(void* base, int64_t i, const float* v) {
+    float4 q;
+    q.x = v[0];
+    q.y = v[1];
+    q.z = v[2];
+    q.w = v[3];
+    *reinterpret_cast<float4*>(static_cast<float*>(base) + i) = q;
+  }
+};
+
+template <class Codec>
+struct Mem16 {
+  static FX_DEVICE float load(const void* base, int64_t i) {
+    return Codec::decode(static_cast<const uint16_t*>(base)[i]);
+  }
+  static FX_DEVICE void store(void* base, int64_t i, float v) {
+    static_cast<uint16_t*>(base)[i] = static_cast<uint16_t>(Codec::encode(v));
+  }
+  static FX_DEVICE void load_vec(const void* base, int64_t i, float* v) {
+    const uint4 q = *reinterpret_cast<const uint4*>(static_cast<const uint16_t*>(base) + i);
+    const uint32_t w[4] = {q.x, q.y, q.z, q.w};
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      v[2 * k] = Codec::decode(w[k] & 0xffffu);
+      v[2 * k + 1] = Codec::decode(w[k] >> 16);
+    }
+  }
+  static FX_DEVICE void store_vec(void* base, int64_t i, const float* v) {
+    uint32_t w[4];
+#pragma unroll
+    for (int k = 0; k < 4; ++k) w[k] = Codec::encode(v[2 * k]) | (Codec::encode(v[2 * k + 1]) << 16);
+    uint4 q;
+    q.x = w[0];
+    q.y = w[1];
+    q.z = w[2];
+    q.w = w[3];
+    *reinterpret_cast<uint4*>(static_cast<uint16_t*>(base) + i) = q;
+  }
+};
+
+template <>
+struct Mem<__nv_bfloat16> : Mem16<Bf16Codec> {};
+template <>
+struct Mem<__half> : Mem16<F16Codec> {};
+
+// A program parameter: float32, bfloat16 or float16, converted exactly to float.
+FX_DEVICE float load_param(const void* p, int32_t dtype, int64_t i) {
+  if (dtype == FX_BF16) return bf16_bits_to_float(load_ro(static_cast<const unsigned short*>(p) + i));
+  if (dtype == FX_F16) return f16_bits_to_float(load_ro(static_cast<const unsigned short*>(p) + i));
+  return load_ro(static_cast<const float*>(p) + i);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Kernel arguments (one struct for every kernel of a program; passed by value)
+
+template <int P>
+struct Args {
+  const void* y;
+  void* out;
+  float* stats;
+  float* bn_mean;        // BatchNorm training: per-column mean and 1/sqrt(var + eps)
+  float* bn_rstd;
+  float* part_mean;      // BatchNorm training: per-chunk column moments, [chunks][n]
+  float* part_m2;
+  const void* pptr[P];
+  int32_t pdtype[P];
+  int64_t m;
+  int64_t chunks;
+  int32_t n;
+  int32_t rt;            // threads a row
+  int32_t rpc;           // rows a block
+  int32_t scratch_stride;  // shared-memory floats a row (group norm)
+};
+
+struct OpAdd {
+  FX_DEVICE float operator()(float a, float b) const { return a + b; }
+};
+struct OpMax {  // NaN-propagating, as torch.amax
+  FX_DEVICE float operator()(float a, float b) const { return (a > b || a != a) ? a : b; }
+};
+struct OpMin {
+  FX_DEVICE float operator()(float a, float b) const { return (a < b || a != a) ? a : b; }
+};
+
+// ---------------------------------------------------------------------------------------------
+// One row in registers, and the stages a program applies to it
+
+template <class Prog, typename T, int ITEMS, bool ALIGNED>
+struct Row {
+  static constexpr int VEC = DType<T>::kVec;
+  using A = Args<Prog::kParamSlots>;
+
+  const A& a;
+  const Thread& t;
+  float* red;      // 32 floats of shared memory for cross-warp reductions
+  float* scratch;  // this row's scratch_stride floats of dynamic shared memory
+  int lt;          // thread index within the row
+  int lr;          // row index within the block
+  int64_t row;
+  bool active;
+  float v[ITEMS][VEC];
+
+  FX_DEVICE Row(const A& a_, const Thread& t_, float* red_, float* scratch_, int lt_, int lr_, int64_t row_)
+      : a(a_), t(t_), red(red_), scratch(scratch_), lt(lt_), lr(lr_), row(row_), active(row_ < a_.m) {}
+
+  FX_DEVICE int col(int i, int e) const { return (i * a.rt + lt) * VEC + e; }
+
+  FX_DEVICE void load() {
+    const int64_t base = row * a.n;
+#pragma unroll
+    for (int i = 0; i < ITEMS; ++i) {
+      const int c0 = col(i, 0);
+      if constexpr (ALIGNED) {
+        if (active && c0 < a.n) {
+          Mem<T>::load_vec(a.y, base + c0, v[i]);
+        } else {
+#pragma unroll
+          for (int e = 0; e < VEC; ++e) v[i][e] = 0.0f;
+        }
+      } else {
+#pragma unroll
+        for (int e = 0; e < VEC; ++e) v[i][e] = (active && c0 + e < a.n) ? Mem<T>::load(a.y, base + c0 + e) : 0.0f;
+      }
+    }
+  }
+
+  FX_DEVICE void store_rows() const {
+    if (!active) return;
+    const int64_t base = row * a.n;
+#pragma unroll
+    for (int i = 0; i < ITEMS; ++i) {
+      const int c0 = col(i, 0);
+      if constexpr (ALIGNED) {
+        if (c0 < a.n) Mem<T>::store_vec(a.out, base + c0, v[i]);
+      } else {
+#pragma unroll
+        for (int e = 0; e < VEC; ++e)
+          if (c0 + e < a.n) Mem<T>::store(a.out, base + c0 + e, v[i][e]);
+      }
+    }
+  }
+
+  FX_DEVICE void store_scalar(float s) const {
+    if (active && lt == 0) Mem<T>::store(a.out, row, s);
+  }
+
+  template <int K>
+  FX_DEVICE float col_param(int c) const {
+    return load_param(a.pptr[K], a.pdtype[K], c);
+  }
+  template <int K>
+  FX_DEVICE float scalar_param() const {
+    return load_param(a.pptr[K], a.pdtype[K], 0);
+  }
+
+  // v = f(v, column) on every element slot. Slots past the row's end (and rows past M) compute on
+  // don't-care values that are never stored or reduced; their column is clamped to n - 1 so that
+  // f only reads in bounds. No predicates: the common case is branch-free.
+  template <class F>
+  FX_DEVICE void map(F f) {
+#pragma unroll
+    for (int i = 0; i < ITEMS; ++i)
+#pragma unroll
+      for (int e = 0; e < VEC; ++e) {
+        const int c = col(i, e);
+        v[i][e] = f(v[i][e], c < a.n ? c : a.n - 1);
+      }
+  }
+
+  // op over the row, the same value in every thread of the row
+  template <class Op>
+  FX_DEVICE float allreduce(float x, Op op) const {
+    const int width = a.rt < 32 ? a.rt : 32;
+    for (int off = width >> 1; off > 0; off >>= 1) x = op(x, t.shfl_xor(x, off));
+    if (a.rt <= 32) return x;
+    const int wpr = a.rt >> 5;
+    if ((t.tid() & 31) == 0) red[t.tid() >> 5] = x;
+    t.sync();
+    const int first = lr * wpr;
+    float r = red[first];
+    for (int w = 1; w < wpr; ++w) r = op(r, red[first + w]);
+    t.sync();
+    return r;
+  }
+
+  // op over f(element) of the row, from `init`
+  template <class Op, class F>
+  FX_DEVICE float reduce(float init, Op op, F f) const {
+    float acc = init;
+#pragma unroll
+    for (int i = 0; i < ITEMS; ++i)
+#pragma unroll
+      for (int e = 0; e < VEC; ++e)
+        if (active && col(i, e) < a.n) acc = op(acc, f(v[i][e]));
+    return allreduce(acc, op);
+  }
+
+  FX_DEVICE float reduce_sum() const { return reduce(0.0f, OpAdd(), [](float x) { return x; }); }
+  FX_DEVICE float reduce_mean() const { return reduce_sum() / static_cast<float>(a.n); }
+  FX_DEVICE float reduce_max() const { return reduce(-INFINITY, OpMax(), [](float x) { return x; }); }
+  FX_DEVICE float reduce_min() const { return reduce(INFINITY, OpMin(), [](float x) { return x; }); }
+
+  // torch.logsumexp: the max is replaced by 0 where it is infinite
+  FX_DEVICE float reduce_logsumexp() const {
+    float m = reduce_max();
+    if (fabsf(m) == INFINITY) m = 0.0f;
+    const float s = reduce(0.0f, OpAdd(), [m](float x) { return expf(x - m); });
+    return logf(s) + m;
+  }
+
+  FX_DEVICE void softmax() {
+    const float m = reduce_max();
+    map([m](float x, int) { return expf(x - m); });
+    const float s = reduce_sum();
+    map([s](float x, int) { return x / s; });
+  }
+
+  FX_DEVICE void log_softmax() {
+    const float m = reduce_max();
+    const float s = reduce(0.0f, OpAdd(), [m](float x) { return expf(x - m); });
+    const float log_s = logf(s);
+    map([m, log_s](float x, int) { return (x - m) - log_s; });
+  }
+
+  // A norm's epilogue: (normalised value) * w + b, rounded to T as eager's norm of a T input returns
+  template <int W, int B>
+  FX_DEVICE float affine(float y, int c) const {
+    if constexpr (W >= 0) y = y * col_param<W>(c);
+    if constexpr (B >= 0) y = y + col_param<B>(c);
+    return round_to<T>(y);
+  }
+
+  // A norm's input: the value rounded to T (eager's norm sees a T tensor)
+  FX_DEVICE void round_input() {
+    if constexpr (DType<T>::kCode != FX_F32) map([](float x, int) { return round_to<T>(x); });
+  }
+
+  // F.layer_norm over the row: biased variance (two-pass), (x - mean) * rstd * w + b
+  template <int W, int B>
+  FX_DEVICE void layer_norm(float eps) {
+    round_input();
+    const float n = static_cast<float>(a.n);
+    const float mean = reduce_sum() / n;
+    map([mean](float x, int) { return x - mean; });
+    const float var = reduce(0.0f, OpAdd(), [](float x) { return x * x; }) / n;
+    const float rstd = 1.0f / sqrtf(var + eps);
+    map([this, rstd](float x, int c) { return affine<W, B>(x * rstd, c); });
+  }
+
+  // F.rms_norm: x * rsqrt(mean(x^2) + eps) * w
+  template <int W>
+  FX_DEVICE void rms_norm(float eps) {
+    round_input();
+    const float ms = reduce(0.0f, OpAdd(), [](float x) { return x * x; }) / static_cast<float>(a.n);
+    const float r = 1.0f / sqrtf(ms + eps);
+    map([this, r](float x, int c) { return affine<W, -1>(x * r, c); });
+  }
+
+  // Group norm over groups of n/G consecutive columns of the row, two passes (mean, then the mean
+  // of squared deviations) like the other norms. When a group is whole 16-byte chunks, each chunk's
+  // partial sum goes to shared memory and one thread a group adds its group's slots in order.
+  // Otherwise the row itself is staged in shared memory and one thread a group normalises it there
+  // (the rare case: a group size that is not a multiple of 16 bytes of T).
+  template <int G, int W, int B>
+  FX_DEVICE void group_norm(float eps) {
+    round_input();
+    const int gs = a.n / G;
+    if (gs % VEC == 0) {
+      group_norm_by_chunk<G, W, B>(eps, gs);
+    } else {
+      group_norm_staged<G, W, B>(eps, gs);
+    }
+  }
+
+  template <int G, int W, int B>
+  FX_DEVICE void group_norm_by_chunk(float eps, int gs) {
+    const int per_group = gs / VEC;
+    const float count = static_cast<float>(gs);
+    chunk_partials([](float x) { return x; });
+    t.sync();
+    chunk_combine<G>(per_group, [count](float s) { return s / count; });
+    t.sync();
+    chunk_apply(gs, per_group, [](float x, float mean, int) { return x - mean; });
+    t.sync();
+    chunk_partials([](float x) { return x * x; });
+    t.sync();
+    chunk_combine<G>(per_group, [count, eps](float s) { return 1.0f / sqrtf(s / count + eps); });
+    t.sync();
+    chunk_apply(gs, per_group, [this](float x, float rstd, int c) { return affine<W, B>(x * rstd, c); });
+    t.sync();
+  }
+
+  template <class F>
+  FX_DEVICE void chunk_partials(F f) {
+    if (!active) return;
+#pragma unroll
+    for (int i = 0; i < ITEMS; ++i) {
+      const int c0 = col(i, 0);
+      if (c0 < a.n) {
+        float s = 0.0f;
+#pragma unroll
+        for (int e = 0; e < VEC; ++e) s += f(v[i][e]);
+        scratch[c0 / VEC] = s;
+      }
+    }
+  }
+
+  template <int G, class F>
+  FX_DEVICE void chunk_combine(int per_group, F finish) {
+    if (!active) return;
+    for (int g = lt; g < G; g += a.rt) {
+      float s = 0.0f;
+      for (int k = 0; k < per_group; ++k) s += scratch[g * per_group + k];
+      scratch[g * per_group] = finish(s);
+    }
+  }
+
+  // v = f(v, the value in the first slot of v's group, column); chunks past the end use the last
+  // chunk's group (n % VEC == 0 here), as map() clamps columns
+  template <class F>
+  FX_DEVICE void chunk_apply(int gs, int per_group, F f) {
+#pragma unroll
+    for (int i = 0; i < ITEMS; ++i) {
+      const int c0 = col(i, 0) < a.n ? col(i, 0) : a.n - VEC;
+      const float g = scratch[(c0 / gs) * per_group];
+#pragma unroll
+      for (int e = 0; e < VEC; ++e) v[i][e] = f(v[i][e], g, c0 + e);
+    }
+  }
+
+  template <int G, int W, int B>
+  FX_DEVICE void group_norm_staged(float eps, int gs) {
+    if (active) {
+#pragma unroll
+      for (int i = 0; i < ITEMS; ++i)
+#pragma unroll
+        for (int e = 0; e < VEC; ++e)
+          if (col(i, e) < a.n) scratch[col(i, e)] = v[i][e];
+    }
+    t.sync();
+    if (active) {
+      const float count = static_cast<float>(gs);
+      for (int g = lt; g < G; g += a.rt) {
+        float* x = scratch + g * gs;
+        float s = 0.0f;
+        for (int k = 0; k < gs; ++k) s += x[k];
+        const float mean = s / count;
+        float ss = 0.0f;
+        for (int k = 0; k < gs; ++k) {
+          const float d = x[k] - mean;
+          ss += d * d;
+        }
+        const float rstd = 1.0f / sqrtf(ss / count + eps);
+        for (int k = 0; k < gs; ++k) x[k] = (x[k] - mean) * rstd;
+      }
+    }
+    t.sync();
+    map([this](float, int c) { return affine<W, B>(scratch[c], c); });
+    t.sync();
+  }
+
+  // BatchNorm with running statistics: (x - rm) / sqrt(rv + eps) * w + b
+  template <int W, int B, int RM, int RV>
+  FX_DEVICE void batch_norm_eval(float eps) {
+    round_input();
+    map([this, eps](float x, int c) {
+      const float rstd = 1.0f / sqrtf(col_param<RV>(c) + eps);
+      return affine<W, B>((x - col_param<RM>(c)) * rstd, c);
+    });
+  }
+
+  // BatchNorm with the batch statistics of the combine kernel
+  template <int W, int B>
+  FX_DEVICE void batch_norm_train() {
+    round_input();
+    map([this](float x, int c) {
+      return affine<W, B>((x - load_ro(a.bn_mean + c)) * load_ro(a.bn_rstd + c), c);
+    });
+  }
+};
+
+// ---------------------------------------------------------------------------------------------
+// Kernel bodies (shared by the CUDA kernels and the emulator)
+
+// Walks the rows of this block; `f(row)` sees every row slot, active or not.
+template <class Prog, typename T, int ITEMS, bool ALIGNED, class F>
+FX_DEVICE void for_each_row(const Args<Prog::kParamSlots>& a, const Thread& t, float* dyn, float* red, F f) {
+  const int lt = t.tid() % a.rt;
+  const int lr = t.tid() / a.rt;
+  float* scratch = dyn + static_cast<int64_t>(lr) * a.scratch_stride;
+  const int64_t stride = static_cast<int64_t>(t.gdim()) * a.rpc;
+  for (int64_t base = static_cast<int64_t>(t.bid()) * a.rpc; base < a.m; base += stride) {
+    Row<Prog, T, ITEMS, ALIGNED> r(a, t, red, scratch, lt, lr, base + lr);
+    r.load();
+    f(r);
+  }
+}
+
+template <class Prog, typename T, int ITEMS, bool ALIGNED>
+FX_DEVICE void apply_body(const Args<Prog::kParamSlots>& a, const Thread& t, float* dyn, float* red) {
+  for_each_row<Prog, T, ITEMS, ALIGNED>(a, t, dyn, red, [](Row<Prog, T, ITEMS, ALIGNED>& r) {
+    Prog::prefix(r);
+    Prog::rest(r);
+  });
+}
+
+// Column moments (Welford) of the values entering the BatchNorm stage (rounded to T like the
+// normalisation's input; for float32 exactly the reference's), over the rows of one chunk:
+// chunk k = block * rpc + lr holds rows k, k + chunks, k + 2 chunks, ...
+template <class Prog, typename T, int ITEMS, bool ALIGNED>
+FX_DEVICE void stats_body(const Args<Prog::kParamSlots>& a, const Thread& t, float* dyn, float* red) {
+  constexpr int VEC = DType<T>::kVec;
+  float mean[ITEMS][VEC];
+  float m2[ITEMS][VEC];
+#pragma unroll
+  for (int i = 0; i < ITEMS; ++i)
+#pragma unroll
+    for (int e = 0; e < VEC; ++e) mean[i][e] = m2[i][e] = 0.0f;
+  int count = 0;
+  for_each_row<Prog, T, ITEMS, ALIGNED>(a, t, dyn, red, [&](Row<Prog, T, ITEMS, ALIGNED>& r) {
+    Prog::prefix(r);
+    r.round_input();  // the BatchNorm's input, as batch_norm_train() sees it
+    if (!r.active) return;
+    ++count;
+    const float inv = 1.0f / static_cast<float>(count);
+#pragma unroll
+    for (int i = 0; i < ITEMS; ++i)
+#pragma unroll
+      for (int e = 0; e < VEC; ++e) {
+        const float x = r.v[i][e];
+        const float d = x - mean[i][e];
+        mean[i][e] += d * inv;
+        m2[i][e] += d * (x - mean[i][e]);
+      }
+  });
+  const int lt = t.tid() % a.rt;
+  const int64_t chunk = static_cast<int64_t>(t.bid()) * a.rpc + t.tid() / a.rt;
+#pragma unroll
+  for (int i = 0; i < ITEMS; ++i)
+#pragma unroll
+    for (int e = 0; e < VEC; ++e) {
+      const int c = (i * a.rt + lt) * VEC + e;
+      if (c < a.n) {
+        a.part_mean[chunk * a.n + c] = mean[i][e];
+        a.part_m2[chunk * a.n + c] = m2[i][e];
+      }
+    }
+}
+
+// Column moments of a set of rows: count, mean, sum of squared deviations.
+struct Moments {
+  int64_t n;
+  float mean;
+  float m2;
+};
+
+// acc += (nb, mb, m2b) (Chan et al.); order-dependent, so callers merge in a fixed order
+FX_DEVICE void merge(Moments& acc, int64_t nb, float mb, float m2b) {
+  if (nb == 0) return;
+  if (acc.n == 0) {
+    acc = Moments{nb, mb, m2b};
+    return;
+  }
+  const int64_t total = acc.n + nb;
+  const float wb = static_cast<float>(nb) / static_cast<float>(total);
+  const float d = mb - acc.mean;
+  acc.mean += d * wb;
+  acc.m2 += m2b + d * d * (static_cast<float>(acc.n) * wb);
+  acc.n = total;
+}
+
+constexpr int kCombineColumns = 32;  // a block: 32 columns x (block / 32) ranges of chunks
+constexpr int kCombineBlock = 256;
+
+// Per column: merge the chunks' moments in order, in kCombineBlock / 32 fixed consecutive ranges
+// then the ranges in order; write the (2, n) stats output [mean, unbiased var] and the mean and
+// 1 / sqrt(var + eps) the row kernel normalises with. Shared memory: kCombineBlock Moments.
+template <class Prog>
+FX_DEVICE void combine_body(const Args<Prog::kParamSlots>& a, const Thread& t, Moments* parts) {
+  const int lane = t.tid() % kCombineColumns;
+  const int part = t.tid() / kCombineColumns;
+  const int nparts = t.bdim() / kCombineColumns;
+  const int64_t c = static_cast<int64_t>(t.bid()) * kCombineColumns + lane;
+  const int64_t used = a.chunks < a.m ? a.chunks : a.m;  // chunks that hold rows
+  const int64_t per = (used + nparts - 1) / nparts;
+  const int64_t k0 = part * per;
+  const int64_t k1 = k0 + per < used ? k0 + per : used;
+  Moments acc{0, 0.0f, 0.0f};
+  if (c < a.n) {
+    for (int64_t k = k0; k < k1; ++k)
+      merge(acc, (a.m - 1 - k) / a.chunks + 1, a.part_mean[k * a.n + c], a.part_m2[k * a.n + c]);
+  }
+  parts[t.tid()] = acc;
+  t.sync();
+  if (part != 0 || c >= a.n) return;
+  Moments total{0, 0.0f, 0.0f};
+  for (int p = 0; p < nparts; ++p) {
+    const Moments& q = parts[p * kCombineColumns + lane];
+    merge(total, q.n, q.mean, q.m2);
+  }
+  const float m = static_cast<float>(a.m);
+  a.stats[c] = total.mean;
+  a.stats[a.n + c] = total.m2 / (m - 1.0f);
+  a.bn_mean[c] = total.mean;
+  a.bn_rstd[c] = 1.0f / sqrtf(total.m2 / m + Prog::kBatchEps);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Launching. Kernels of one chunk count (ITEMS) are compiled in their own translation unit
+// (FX_ITEMS_UNIT, see codegen) so that a module's units build in parallel; the main unit holds
+// the plan, the combine kernel and the exported entry points.
+
+// Threads a block at most: rows wider than 256 chunks take 512 threads (N = 32768 at 64 floats a
+// thread); the bound gives the compiler 128 registers a thread.
+constexpr int kMaxBlock = 512;
+
+#if !defined(FX_EMULATE)
+extern __shared__ float fx_dynamic_smem[];
+
+template <class Prog, typename T, int ITEMS, bool ALIGNED>
+__global__ void __launch_bounds__(kMaxBlock)
+    apply_kernel(const __grid_constant__ Args<Prog::kParamSlots> a) {
+  __shared__ float red[32];
+  const Thread t;
+  apply_body<Prog, T, ITEMS, ALIGNED>(a, t, fx_dynamic_smem, red);
+}
+
+template <class Prog, typename T, int ITEMS, bool ALIGNED>
+__global__ void __launch_bounds__(kMaxBlock)
+    stats_kernel(const __grid_constant__ Args<Prog::kParamSlots> a) {
+  __shared__ float red[32];
+  const Thread t;
+  stats_body<Prog, T, ITEMS, ALIGNED>(a, t, fx_dynamic_smem, red);
+}
+
+template <class Prog>
+__global__ void __launch_bounds__(kCombineBlock) combine_kernel(const __grid_constant__ Args<Prog::kParamSlots> a) {
+  __shared__ Moments parts[kCombineBlock];
+  const Thread t;
+  combine_body<Prog>(a, t, parts);
+}
+
+// kernel<<<grid, block, smem, stream>>>(args), opting in to more than 48 KiB of shared memory
+template <typename A>
+inline const char* launch_kernel(void (*kernel)(A), int64_t grid, int block, size_t smem, void* stream,
+                                 const A& args) {
+  if (grid <= 0) return nullptr;
+  if (smem > 48 * 1024) {
+    const cudaError_t e = cudaFuncSetAttribute(reinterpret_cast<const void*>(kernel),
+                                               cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
+    if (e != cudaSuccess) return cudaGetErrorString(e);
+  }
+  kernel<<<static_cast<unsigned>(grid), block, smem, static_cast<cudaStream_t>(stream)>>>(args);
+  const cudaError_t e = cudaGetLastError();
+  return e == cudaSuccess ? nullptr : cudaGetErrorString(e);
+}
+#else
+// The emulator's launch: body(thread, dynamic smem, static smem) for every thread of the grid
+template <class Body>
+inline const char* emulate_kernel(int64_t grid, int block, size_t smem, const Body& body) {
+  static thread_local std::string message;
+  if (grid <= 0) return nullptr;
+  try {
+    emulate_launch(grid, block, smem, body);
+  } catch (const std::exception& e) {
+    message = e.what();
+    return message.c_str();
+  }
+  return nullptr;
+}
+#endif
+
+struct Launch {  // one kernel launch's geometry
+  int64_t grid;
+  int block;
+  size_t smem;
+  void* stream;
+};
+
+// The row kernels of one ITEMS value; defined only in that value's translation unit.
+template <class Prog, typename T, int ITEMS>
+struct ItemsUnit {
+  using A = Args<Prog::kParamSlots>;
+  static const char* stats(const A& a, bool aligned, const Launch& l);
+  static const char* apply(const A& a, bool aligned, const Launch& l);
+};
+
+#if defined(FX_ITEMS_UNIT)
+template <class Prog, typename T, int ITEMS>
+const char* ItemsUnit<Prog, T, ITEMS>::stats(const A& a, bool aligned, const Launch& l) {
+  if constexpr (!Prog::kBatchTrain) {
+    return "fxfuse: statistics kernel of a program without a training BatchNorm";
+  } else {
+#if !defined(FX_EMULATE)
+    return aligned ? launch_kernel(&stats_kernel<Prog, T, ITEMS, true>, l.grid, l.block, l.smem, l.stream, a)
+                   : launch_kernel(&stats_kernel<Prog, T, ITEMS, false>, l.grid, l.block, l.smem, l.stream, a);
+#else
+    return aligned ? emulate_kernel(l.grid, l.block, l.smem,
+                                    [&a](const Thread& t, float* dyn, float* red) {
+                                      stats_body<Prog, T, ITEMS, true>(a, t, dyn, red);
+                                    })
+                   : emulate_kernel(l.grid, l.block, l.smem, [&a](const Thread& t, float* dyn, float* red) {
+                       stats_body<Prog, T, ITEMS, false>(a, t, dyn, red);
+                     });
+#endif
+  }
+}
+
+template <class Prog, typename T, int ITEMS>
+const char* ItemsUnit<Prog, T, ITEMS>::apply(const A& a, bool aligned, const Launch& l) {
+#if !defined(FX_EMULATE)
+  return aligned ? launch_kernel(&apply_kernel<Prog, T, ITEMS, true>, l.grid, l.block, l.smem, l.stream, a)
+                 : launch_kernel(&apply_kernel<Prog, T, ITEMS, false>, l.grid, l.block, l.smem, l.stream, a);
+#else
+  return aligned ? emulate_kernel(l.grid, l.block, l.smem,
+                                  [&a](const Thread& t, float* dyn, float* red) {
+                                    apply_body<Prog, T, ITEMS, true>(a, t, dyn, red);
+                                  })
+                 : emulate_kernel(l.grid, l.block, l.smem, [&a](const Thread& t, float* dyn, float* red) {
+                     apply_body<Prog, T, ITEMS, false>(a, t, dyn, red);
+                   });
+#endif
+}
+#endif  // FX_ITEMS_UNIT
+
+struct Plan {
+  int items;  // 16-byte chunks a thread
+  int rt;     // threads a row
+  int rpc;    // rows a block
+  int block;  // threads a block
+};
+
+inline int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+// Shared-memory floats a row needs for a group norm of `groups` groups (the max over stages)
+inline int64_t group_norm_scratch(int64_t so_far, int64_t n, int vec, int64_t groups) {
+  const int64_t gs = groups > 0 ? n / groups : 0;
+  const int64_t need = (gs % vec == 0) ? ceil_div(n, vec) : n;
+  return need > so_far ? need : so_far;
+}
+
+// The chunk counts a thread that the units of an element type cover: 1, 2, 4, ... 64 / VEC.
+template <typename T>
+constexpr int max_items() { return 64 / DType<T>::kVec; }
+
+template <class Prog, typename T>
+struct Launcher {
+  static constexpr int VEC = DType<T>::kVec;
+  static constexpr int kMaxItems = max_items<T>();
+  using A = Args<Prog::kParamSlots>;
+
+  // The fewest chunks a thread that keep a row within 256 threads; failing that, within
+  // kMaxBlock threads.
+  static bool plan(int64_t n, Plan* p) {
+    if (n < 1 || n > FX_MAX_N) return false;
+    const int64_t chunks = ceil_div(n, VEC);
+    for (int pass = 0; pass < 2; ++pass) {
+      for (int items = 1; items <= kMaxItems; items *= 2) {
+        const int64_t need = ceil_div(chunks, items);
+        int64_t rt = 1;
+        if (need <= 32) {
+          while (rt < need) rt *= 2;
+        } else {
+          rt = ceil_div(need, 32) * 32;
+        }
+        const int64_t limit = pass == 0 ? 256 : kMaxBlock;
+        if (rt > limit) continue;
+        p->items = items;
+        p->rt = static_cast<int>(rt);
+        p->rpc = rt >= 256 ? 1 : static_cast<int>(256 / rt);
+        p->block = p->rt * p->rpc;
+        return true;
+      }
+    }
+    return false;
+  }
+
+  static int64_t apply_grid(int64_t m, const Plan& p) {
+    const int64_t g = ceil_div(m, p.rpc);
+    return g < (int64_t{1} << 30) ? g : (int64_t{1} << 30);
+  }
+
+  // Enough blocks to fill the device once; each block's rows form fixed chunks.
+  static int64_t stats_grid(int64_t m, const Plan& p, int32_t sm_count) {
+    const int64_t per_sm = 2048 / p.block > 0 ? 2048 / p.block : 1;
+    const int64_t cap = static_cast<int64_t>(sm_count > 0 ? sm_count : 1) * per_sm;
+    const int64_t g = apply_grid(m, p);
+    return g < cap ? g : cap;
+  }
+
+  static size_t smem_bytes(int64_t n, const Plan& p) {
+    return static_cast<size_t>(p.rpc) * static_cast<size_t>(Prog::scratch_floats(n, VEC)) * sizeof(float);
+  }
+
+  static int32_t supports(int64_t m, int64_t n, int32_t smem_optin) {
+    Plan p;
+    if (m < 1 || !plan(n, &p)) return 0;
+    if (Prog::kBatchTrain && m < 2) return 0;
+    if (!Prog::groups_ok(n)) return 0;
+    if (smem_bytes(n, p) > static_cast<size_t>(smem_optin)) return 0;
+    return 1;
+  }
+
+  static int64_t workspace_floats(int64_t m, int64_t n, int32_t sm_count) {
+    Plan p;
+    if (!Prog::kBatchTrain || !plan(n, &p)) return 0;
+    const int64_t chunks = stats_grid(m, p, sm_count) * p.rpc;
+    return 2 * chunks * n + 2 * n;
+  }
+
+  static const char* launch(const FxLaunch* L, void* stream) {
+    Plan p;
+    if (!plan(L->n, &p)) return "fxfuse: row width outside the kernel's range";
+    if (L->num_params != Prog::kNumParams) return "fxfuse: wrong number of parameters";
+    A a = {};
+    a.y = L->y;
+    a.out = L->out;
+    a.stats = L->stats;
+    for (int k = 0; k < Prog::kNumParams; ++k) {
+      a.pptr[k] = L->params[k].ptr;
+      a.pdtype[k] = L->params[k].dtype;
+    }
+    a.m = L->m;
+    a.n = static_cast<int32_t>(L->n);
+    a.rt = p.rt;
+    a.rpc = p.rpc;
+    a.scratch_stride = static_cast<int32_t>(Prog::scratch_floats(L->n, VEC));
+    const bool out_vec = Prog::kOutKind != FX_OUT_ROWS || reinterpret_cast<uintptr_t>(L->out) % 16 == 0;
+    const bool aligned = L->n % VEC == 0 && reinterpret_cast<uintptr_t>(L->y) % 16 == 0 && out_vec;
+    switch (p.items) {
+      case 1: return run<1>(a, aligned, p, L, stream);
+      case 2: return run<2>(a, aligned, p, L, stream);
+      case 4: return run<4>(a, aligned, p, L, stream);
+      case 8: return run<8>(a, aligned, p, L, stream);
+      case 16: return run<16>(a, aligned, p, L, stream);
+      default: return "fxfuse: bad launch plan";
+    }
+  }
+
+  template <int I>
+  static const char* run(A& a, bool aligned, const Plan& p, const FxLaunch* L, void* stream) {
+    if constexpr (I > kMaxItems) {
+      return "fxfuse: bad launch plan";
+    } else {
+      const size_t smem = smem_bytes(L->n, p);
+      if constexpr (Prog::kBatchTrain) {
+        const int64_t grid = stats_grid(L->m, p, L->sm_count);
+        a.chunks = grid * p.rpc;
+        float* ws = L->workspace;
+        a.part_mean = ws;
+        a.part_m2 = ws + a.chunks * L->n;
+        a.bn_mean = ws + 2 * a.chunks * L->n;
+        a.bn_rstd = ws + 2 * a.chunks * L->n + L->n;
+        if (const char* err = ItemsUnit<Prog, T, I>::stats(a, aligned, Launch{grid, p.block, smem, stream})) return err;
+        if (const char* err = combine(a, Launch{ceil_div(L->n, kCombineColumns), kCombineBlock, 0, stream})) return err;
+      }
+      return ItemsUnit<Prog, T, I>::apply(a, aligned, Launch{apply_grid(L->m, p), p.block, smem, stream});
+    }
+  }
+
+  static const char* combine(const A& a, const Launch& l) {
+#if !defined(FX_EMULATE)
+    return launch_kernel(&combine_kernel<Prog>, l.grid, l.block, l.smem, l.stream, a);
+#else
+    const size_t smem = kCombineBlock * sizeof(Moments);
+    return emulate_kernel(l.grid, l.block, smem, [&a](const Thread& t, float* dyn, float*) {
+      combine_body<Prog>(a, t, reinterpret_cast<Moments*>(dyn));
+    });
+#endif
+  }
+};
+
+}  // namespace fx
+
+#if defined(_WIN32)
+#define FX_EXPORT __declspec(dllexport)
+#else
+#define FX_EXPORT __attribute__((visibility("default")))
+#endif
+
+// In the main unit: `extern "C" const FxProgramInfo* ENTRY()` for program PROG on element type T.
+#define FX_DEFINE_PROGRAM(PROG, T, ENTRY)                                                              \
+  extern "C" FX_EXPORT const FxProgramInfo* ENTRY() {                                                \
+    static const FxProgramInfo info = {FX_ABI_VERSION,                                               \
+                                       fx::DType<T>::kCode,                                          \
+                                       PROG::kOutKind,                                               \
+                                       PROG::kBatchTrain ? 1 : 0,                                    \
+                                       PROG::kChannelsDim1 ? 1 : 0,                                  \
+                                       PROG::kNumParams,                                             \
+                                       PROG::kParamIsCol,                                            \
+                                       &fx::Launcher<PROG, T>::supports,                             \
+                                       &fx::Launcher<PROG, T>::workspace_floats,                     \
+                                       &fx::Launcher<PROG, T>::launch};                              \
+    return &info;                                                                                    \
+  }
+
+// In the unit of ITEMS (compiled with FX_ITEMS_UNIT defined): that unit's kernels.
+#define FX_DEFINE_ITEMS_UNIT(PROG, T, ITEMS) template struct fx::ItemsUnit<PROG, T, ITEMS>;

@@ -1,0 +1,189 @@
+// The per-call path of the fused op's CUDA kernel: checks, GEMM through ATen (cuBLAS(Lt), bias
+// epilogue, TF32 as eager), output allocation from the caching allocator, and the launch of a
+// program module's kernels on the current stream. No host synchronisation, so CUDA graphs capture
+// it. Built once per toolchain; program modules (csrc/row_epilogue.cuh) are reached through the
+// FxProgramInfo address Python hands in.
+//
+// run() returns None when the kernels do not cover the call (an unsupported shape, a batch of one
+// for a training BatchNorm, mismatched parameters, ...): the caller then runs the reference, which
+// raises eager's error where eager raises one. With FX_EMULATE the same code drives the host
+// emulation of the kernels on CPU tensors (tests on machines without a GPU).
+#include <torch/extension.h>
+
+#include <array>
+#include <mutex>
+#include <optional>
+#include <tuple>
+#include <vector>
+
+#if !defined(FX_EMULATE)
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+#include <cuda_runtime_api.h>
+#endif
+
+#include "fx_abi.h"
+
+namespace {
+
+using at::Tensor;
+
+std::optional<at::ScalarType> scalar_type_of(int32_t code) {
+  switch (code) {
+    case FX_F32: return at::kFloat;
+    case FX_BF16: return at::kBFloat16;
+    case FX_F16: return at::kHalf;
+    default: return std::nullopt;
+  }
+}
+
+std::optional<int32_t> code_of(at::ScalarType t) {
+  switch (t) {
+    case at::kFloat: return FX_F32;
+    case at::kBFloat16: return FX_BF16;
+    case at::kHalf: return FX_F16;
+    default: return std::nullopt;
+  }
+}
+
+struct DeviceFacts {
+  int32_t sm_count = 1;
+  int32_t smem_optin = 48 * 1024;
+};
+
+// Multiprocessor count and opt-in shared memory of a device, queried once.
+DeviceFacts device_facts(int device) {
+#if defined(FX_EMULATE)
+  (void)device;
+  return DeviceFacts{4, 227 * 1024};
+#else
+  constexpr int kMaxDevices = 64;
+  static std::array<DeviceFacts, kMaxDevices> facts;
+  static std::array<std::once_flag, kMaxDevices> once;
+  TORCH_CHECK(device >= 0 && device < kMaxDevices, "fxfuse: device index ", device);
+  std::call_once(once[device], [device] {
+    DeviceFacts f;
+    C10_CUDA_CHECK(cudaDeviceGetAttribute(&f.sm_count, cudaDevAttrMultiProcessorCount, device));
+    C10_CUDA_CHECK(cudaDeviceGetAttribute(&f.smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
+    facts[device] = f;
+  });
+  return facts[device];
+#endif
+}
+
+bool on_kernel_device(const Tensor& t) {
+#if defined(FX_EMULATE)
+  return t.is_cpu();
+#else
+  return t.is_cuda();
+#endif
+}
+
+// A parameter as the kernels read it: N (column) or 1 (scalar) contiguous values of a float type,
+// on x's device. nullopt where the reference would raise (wrong size or device).
+std::optional<Tensor> kernel_param(const Tensor& p, bool is_col, int64_t n, const Tensor& x) {
+  if (p.numel() != (is_col ? n : 1)) return std::nullopt;
+  Tensor q = p;
+  if (q.device() != x.device()) {
+    if (!(q.is_cpu() && q.numel() == 1)) return std::nullopt;  // a CPU scalar, as eager allows
+    q = q.to(x.device());
+  }
+  if (!code_of(q.scalar_type())) q = q.to(at::kFloat);
+  return q.reshape({q.numel()}).contiguous();
+}
+
+using Result = std::optional<std::tuple<Tensor, Tensor>>;
+
+Result run(int64_t info_address, const Tensor& x, const Tensor& weight, const std::optional<Tensor>& bias,
+           const std::vector<Tensor>& params, const std::optional<Tensor>& out_buffer) {
+  if (info_address == 0) return std::nullopt;
+  const auto* info = reinterpret_cast<const FxProgramInfo*>(info_address);
+  TORCH_CHECK(info->abi_version == FX_ABI_VERSION, "fxfuse: program module ABI ", info->abi_version,
+              " != runtime ABI ", FX_ABI_VERSION);
+  if (x.dim() < 1 || weight.dim() != 2 || !on_kernel_device(x)) return std::nullopt;
+  if (scalar_type_of(info->dtype) != x.scalar_type()) return std::nullopt;
+  if (static_cast<int64_t>(params.size()) != info->num_params) return std::nullopt;
+  if (info->channels_dim1 && x.dim() != 2) return std::nullopt;  // the reference decides (dim 1 = channels)
+  const int64_t n = weight.size(0);
+  int64_t m = 1;
+  for (int64_t d = 0; d + 1 < x.dim(); ++d) m *= x.size(d);
+
+  at::AutoDispatchBelowADInplaceOrView below_autograd;
+#if !defined(FX_EMULATE)
+  const c10::cuda::OptionalCUDAGuard device_guard(x.device());
+#endif
+  const DeviceFacts facts = device_facts(x.device().is_cpu() ? 0 : x.get_device());
+  if (!info->supports(m, n, facts.smem_optin)) return std::nullopt;
+
+  std::vector<Tensor> kept;
+  std::vector<FxParam> fx_params;
+  kept.reserve(params.size());
+  fx_params.reserve(params.size());
+  for (size_t i = 0; i < params.size(); ++i) {
+    std::optional<Tensor> q = kernel_param(params[i], info->param_is_col[i] != 0, n, x);
+    if (!q) return std::nullopt;
+    kept.push_back(*q);
+    fx_params.push_back(FxParam{q->data_ptr(), *code_of(q->scalar_type()), 0});
+  }
+
+  Tensor y;
+  {
+    // The GEMM runs in x's dtype, as the reference: no autocast re-dispatch inside the kernel.
+    const c10::impl::ExcludeDispatchKeyGuard no_autocast(c10::autocast_dispatch_keyset);
+    y = at::linear(x, weight, bias);
+  }
+  if (!y.is_contiguous()) y = y.contiguous();
+  if (y.scalar_type() != x.scalar_type()) return std::nullopt;
+
+  std::vector<int64_t> shape(x.sizes().begin(), x.sizes().end() - 1);
+  Tensor out;
+  if (info->out_kind == FX_OUT_ROWS) {
+    shape.push_back(n);
+    out = y;
+  } else {
+    if (info->out_kind == FX_OUT_REDUCED_KEEP) shape.push_back(1);
+    out = at::empty(shape, y.options());
+  }
+  if (out_buffer) {  // tests: a caller-filled buffer shows any element the kernels do not write
+    const Tensor& b = *out_buffer;
+    TORCH_CHECK(b.sizes() == at::IntArrayRef(shape) && b.scalar_type() == y.scalar_type() &&
+                    b.device() == y.device() && b.is_contiguous(),
+                "fxfuse: out buffer of the wrong shape, dtype, device or layout");
+    out = b;
+  }
+  const auto floats = y.options().dtype(at::kFloat);
+  Tensor stats = info->batch_train ? at::empty({2, n}, floats) : at::empty({0}, floats);
+  const int64_t ws_floats = info->workspace_floats(m, n, facts.sm_count);
+  Tensor workspace;
+  if (ws_floats > 0) workspace = at::empty({ws_floats}, floats);
+
+  FxLaunch launch{};
+  launch.y = y.data_ptr();
+  launch.out = out.data_ptr();
+  launch.stats = info->batch_train ? stats.data_ptr<float>() : nullptr;
+  launch.workspace = ws_floats > 0 ? workspace.data_ptr<float>() : nullptr;
+  launch.params = fx_params.data();
+  launch.m = m;
+  launch.n = n;
+  launch.num_params = static_cast<int32_t>(fx_params.size());
+  launch.sm_count = facts.sm_count;
+  launch.smem_optin = facts.smem_optin;
+#if defined(FX_EMULATE)
+  void* stream = nullptr;
+#else
+  void* stream = c10::cuda::getCurrentCUDAStream(x.get_device()).stream();
+#endif
+  const char* error = info->launch(&launch, stream);
+  TORCH_CHECK(error == nullptr, "fxfuse: epilogue kernel launch failed: ", error);
+  return std::make_tuple(out, stats);
+}
+
+}  // namespace
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.doc() = "fxfuse runtime: GEMM + generated epilogue kernels";
+  m.attr("ABI_VERSION") = FX_ABI_VERSION;
+  m.attr("MAX_N") = FX_MAX_N;
+  m.def("run", &run, "GEMM + epilogue; None when the kernels do not cover the call", py::arg("info"),
+        py::arg("x"), py::arg("weight"), py::arg("bias"), py::arg("params"), py::arg("out") = py::none());
+}

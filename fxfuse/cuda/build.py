@@ -1,0 +1,371 @@
+"""JIT builds: the runtime module (once per toolchain) and one program module per (program, dtype).
+
+Builds go through ``torch.utils.cpp_extension.load`` (ninja). Each module lives in
+``<cache>/<key>/`` where the key hashes everything that changes its binary: the program and dtype,
+the contents of csrc/, the codegen version, torch's and CUDA's versions and the target (device
+arch, or the host emulator). A build runs in a private temporary directory under a file lock
+(stale locks are broken) and is renamed into place with an ``ok`` marker, so concurrent processes
+neither corrupt the cache nor build twice, and a crashed build leaves nothing that looks finished.
+
+Targets: ``cuda`` compiles the kernels with nvcc for the current device; ``emulate`` compiles the
+same sources as host C++ with FX_EMULATE (csrc/fx_emulate.h) so machines without a GPU can run
+them on CPU tensors (tests only).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import functools
+import hashlib
+import importlib.util
+import json
+import os
+import shutil
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from types import ModuleType
+
+import torch
+
+from ..ir import Program
+from . import codegen
+from .errors import BuildError
+from .lock import FileLock, LockTimeout
+
+
+def _find_csrc() -> Path:
+    """csrc/ beside the package in a checkout, or fxfuse/csrc where it is installed."""
+    here = Path(__file__).resolve().parents[1]
+    installed = here / "csrc"
+    return installed if (installed / "row_epilogue.cuh").is_file() else here.parent / "csrc"
+
+
+CSRC = _find_csrc()
+SOURCE_SUFFIXES = (".cuh", ".cu", ".cpp", ".h")
+RUNTIME_SOURCE = "runtime.cpp"
+FX_ABI_VERSION = 2  # csrc/fx_abi.h
+ERROR_TAIL_CHARS = 4000
+
+
+@dataclass(frozen=True)
+class Target:
+    """What a module is compiled for."""
+
+    mode: str  # "cuda" or "emulate"
+    tag: str  # "sm_90a", "sm_80", ... or "emulate"
+    nvcc_flags: tuple[str, ...] = ()
+    cuda_home: str | None = None
+
+
+# -- toolchain ------------------------------------------------------------------------------------
+
+
+@functools.lru_cache(maxsize=None)
+def find_cuda_home(need_nvcc: bool = True) -> str | None:
+    """A CUDA installation with headers (and nvcc when asked). torch's own guess is tried after the
+    environment; when nvcc on PATH is a wrapper script its directory is not the toolkit's."""
+    from torch.utils import cpp_extension
+
+    candidates = [os.environ.get("CUDA_HOME"), os.environ.get("CUDA_PATH"), cpp_extension.CUDA_HOME]
+    nvcc = shutil.which("nvcc")
+    if nvcc:
+        candidates.append(str(Path(os.path.realpath(nvcc)).parent.parent))
+    candidates += ["/usr/local/cuda"]
+    for home in candidates:
+        if not home:
+            continue
+        root = Path(home)
+        if not (root / "include" / "cuda_runtime.h").is_file():
+            continue
+        if need_nvcc and not (root / "bin" / "nvcc").is_file():
+            continue
+        return str(root)
+    return None
+
+
+@functools.lru_cache(maxsize=None)
+def nvcc_version(cuda_home: str) -> str:
+    try:
+        out = subprocess.run(
+            [str(Path(cuda_home) / "bin" / "nvcc"), "--version"], capture_output=True, text=True, timeout=60
+        ).stdout
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+    return out.strip().splitlines()[-1] if out.strip() else "unknown"
+
+
+def arch_flags(major: int, minor: int) -> tuple[str, tuple[str, ...]]:
+    """(tag, nvcc flags) for a device of compute capability major.minor. Hopper gets the
+    arch-specific sm_90a; other devices their generic sm_XY."""
+    if (major, minor) == (9, 0):
+        return "sm_90a", ("-gencode=arch=compute_90a,code=sm_90a",)
+    return f"sm_{major}{minor}", (f"-gencode=arch=compute_{major}{minor},code=sm_{major}{minor}",)
+
+
+def cuda_target(device: torch.device | int | None = None) -> Target:
+    home = find_cuda_home(need_nvcc=True)
+    if home is None:
+        raise BuildError("no CUDA toolkit (nvcc and headers) found; set CUDA_HOME")
+    major, minor = torch.cuda.get_device_capability(device)
+    tag, flags = arch_flags(major, minor)
+    return Target("cuda", tag, flags, home)
+
+
+def emulate_target() -> Target:
+    home = find_cuda_home(need_nvcc=False)
+    if home is None:
+        raise BuildError("the emulator needs CUDA's headers (cuda_bf16.h); set CUDA_HOME")
+    return Target("emulate", "emulate", (), home)
+
+
+# -- cache ----------------------------------------------------------------------------------------
+
+
+def cache_root() -> Path:
+    """``$FXFUSE_CACHE_DIR`` or ``~/.cache/fxfuse``."""
+    root = os.environ.get("FXFUSE_CACHE_DIR")
+    return Path(root).expanduser() if root else Path.home() / ".cache" / "fxfuse"
+
+
+def _sources(csrc: Path) -> list[Path]:
+    return sorted(p for p in csrc.iterdir() if p.is_file() and p.suffix in SOURCE_SUFFIXES)
+
+
+def csrc_digest(csrc: Path = CSRC) -> str:
+    """Hash of every source file in csrc/ (names and contents)."""
+    h = hashlib.sha256()
+    for path in _sources(csrc):
+        h.update(path.relative_to(csrc).as_posix().encode())
+        h.update(b"\0")
+        h.update(path.read_bytes())
+        h.update(b"\0")
+    return h.hexdigest()
+
+
+def cache_key(kind: str, payload: str, target: Target, csrc: Path = CSRC) -> str:
+    """The module's cache key: kind, payload (program and dtype), csrc/, codegen version, torch and
+    CUDA versions, and the target."""
+    cuda = nvcc_version(target.cuda_home) if target.mode == "cuda" and target.cuda_home else "-"
+    parts = [
+        kind,
+        payload,
+        csrc_digest(csrc),
+        codegen.CODEGEN_VERSION,
+        torch.__version__,
+        str(torch.version.cuda),
+        cuda,
+        target.mode,
+        target.tag,
+        " ".join(target.nvcc_flags),
+    ]
+    return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:32]
+
+
+# -- building -------------------------------------------------------------------------------------
+
+_process_lock = threading.Lock()  # one build at a time in this process (the file lock spans processes)
+
+
+def _compiler_flags(target: Target) -> dict:
+    if target.mode == "cuda":
+        return dict(
+            extra_cflags=["-O3"],
+            extra_cuda_cflags=["-O3", "--fmad=false", "-lineinfo", *target.nvcc_flags],
+            with_cuda=True,
+        )
+    include = str(Path(target.cuda_home) / "include")
+    return dict(extra_cflags=["-O2", "-DFX_EMULATE", f"-I{include}"], with_cuda=False)
+
+
+def _use_cuda_home(target: Target) -> None:
+    """torch's cpp_extension reads its module-level CUDA_HOME; point it at the toolkit found."""
+    from torch.utils import cpp_extension
+
+    if target.mode == "cuda" and cpp_extension.CUDA_HOME != target.cuda_home:
+        cpp_extension.CUDA_HOME = target.cuda_home
+
+
+def _tail(text: str) -> str:
+    return text if len(text) <= ERROR_TAIL_CHARS else "...\n" + text[-ERROR_TAIL_CHARS:]
+
+
+def _cached_build(key: str, label: str, compile_into) -> tuple[Path, dict, object]:
+    """The finished build directory of ``key`` (building it with ``compile_into(dir) -> (manifest,
+    loaded)`` when absent), its manifest, and what compile_into loaded (None on a cache hit)."""
+    root = cache_root()
+    final = root / key
+    marker = final / "ok"
+    if marker.is_file():
+        return final, json.loads(marker.read_text()), None
+    with _process_lock, _locked(root / f"{key}.lock", label):
+        if marker.is_file():
+            return final, json.loads(marker.read_text()), None
+        work = root / f"{key}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+        work.mkdir(parents=True)
+        print(f"fxfuse: building {label} ...", end="", file=sys.stderr, flush=True)
+        start = time.perf_counter()
+        try:
+            manifest, loaded = compile_into(work)
+        except BaseException as error:
+            print(" failed", file=sys.stderr, flush=True)
+            shutil.rmtree(work, ignore_errors=True)
+            if isinstance(error, BuildError):
+                raise
+            if isinstance(error, Exception):
+                raise BuildError(f"building {label} failed:\n{_tail(str(error))}") from error
+            raise
+        manifest = {**manifest, "label": label, "seconds": round(time.perf_counter() - start, 2)}
+        (work / "ok").write_text(json.dumps(manifest))
+        if final.exists():  # an unfinished directory from an older layout: replace it
+            shutil.rmtree(final, ignore_errors=True)
+        os.replace(work, final)
+        print(f" done in {time.perf_counter() - start:.1f} s", file=sys.stderr, flush=True)
+        return final, manifest, loaded
+
+
+@contextlib.contextmanager
+def _locked(path: Path, label: str):
+    try:
+        lock = FileLock(path)
+        lock.acquire()
+    except LockTimeout as error:
+        raise BuildError(f"building {label}: {error}") from error
+    try:
+        yield
+    finally:
+        lock.release()
+
+
+def _load_extension(name: str, sources: list[Path], directory: Path, target: Target, python_module: bool):
+    from torch.utils import cpp_extension
+
+    _use_cuda_home(target)
+    include = directory / "include"
+    return cpp_extension.load(
+        name=name,
+        sources=[str(s) for s in sources],
+        extra_include_paths=[str(include)],
+        build_directory=str(directory),
+        verbose=False,
+        is_python_module=python_module,
+        **_compiler_flags(target),
+    )
+
+
+def _copy_headers(directory: Path, csrc: Path) -> None:
+    """The build compiles a snapshot of csrc/, the one its key was computed from."""
+    include = directory / "include"
+    include.mkdir(parents=True, exist_ok=True)
+    for path in _sources(csrc):
+        shutil.copy2(path, include / path.name)
+
+
+def short_label(program_text: str, dtype: torch.dtype | None = None, width: int = 72) -> str:
+    text = program_text if len(program_text) <= width else program_text[: width - 3] + "..."
+    return f"{text} [{str(dtype).replace('torch.', '')}]" if dtype is not None else text
+
+
+@dataclass
+class ProgramModule:
+    """A loaded program module: its library handle (kept alive) and its FxProgramInfo address."""
+
+    library: ctypes.CDLL
+    info: int
+    path: Path
+
+
+def build_program(program: Program, dtype: torch.dtype, target: Target, csrc: Path = CSRC) -> ProgramModule:
+    """Generate, compile (or find in the cache) and load ``program`` for ``dtype``."""
+    text = program.to_string()
+    key = cache_key("program", f"{text}\n{dtype}", target, csrc)
+    short = key[:20]
+    entry = f"fx_program_info_{short}"
+    ext = ".cu" if target.mode == "cuda" else ".cpp"
+    try:
+        sources = codegen.generate(program, dtype, f"fxm_{short}", entry, ext)
+    except codegen.UnsupportedProgram as error:
+        raise BuildError(f"unsupported program {text!r} ({dtype}): {error}") from error
+
+    def compile_into(directory: Path):
+        _copy_headers(directory, csrc)
+        for name, content in sources.items():
+            (directory / "include" / name if name.endswith(".cuh") else directory / name).write_text(content)
+        units = [directory / name for name in sources if not name.endswith(".cuh")]
+        path = _load_extension(f"fxp_{short}", units, directory, target, python_module=False)
+        return {"library": Path(path).name, "entry": entry}, None
+
+    directory, manifest, _ = _cached_build(key, short_label(text, dtype), compile_into)
+    path = directory / manifest["library"]
+    try:
+        library = ctypes.CDLL(str(path))
+        function = getattr(library, manifest["entry"])
+    except (OSError, AttributeError) as error:
+        raise BuildError(f"cannot load {path}: {error}") from error
+    function.restype = ctypes.c_void_p
+    info = function()
+    abi = ctypes.c_int32.from_address(info).value
+    if abi != FX_ABI_VERSION:
+        raise BuildError(f"{path}: ABI {abi}, expected {FX_ABI_VERSION}")
+    return ProgramModule(library, info, path)
+
+
+def build_runtime(target: Target, csrc: Path = CSRC) -> ModuleType:
+    """Compile (or find in the cache) and import the runtime module for ``target``."""
+    key = cache_key("runtime", RUNTIME_SOURCE, target, csrc)
+    name = f"fxfuse_runtime_{key[:20]}"
+
+    def compile_into(directory: Path):
+        _copy_headers(directory, csrc)
+        source = directory / RUNTIME_SOURCE
+        shutil.copy2(csrc / RUNTIME_SOURCE, source)
+        module = _load_extension(name, [source], directory, target, python_module=True)
+        return {"library": Path(module.__file__).name, "module": module.__name__}, module
+
+    directory, manifest, module = _cached_build(key, f"runtime ({target.tag})", compile_into)
+    if module is not None:
+        return module
+    return _import(manifest["module"], directory / manifest["library"])
+
+
+def _import(name: str, path: Path) -> ModuleType:
+    try:
+        spec = importlib.util.spec_from_file_location(name, path)
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+    except Exception as error:  # noqa: BLE001 - a broken cache entry or ABI mismatch
+        raise BuildError(f"cannot import {path}: {error}") from error
+    return module
+
+
+@contextlib.contextmanager
+def cache_dir(path: str | os.PathLike):
+    """Temporarily use ``path`` as the cache (tests)."""
+    old = os.environ.get("FXFUSE_CACHE_DIR")
+    os.environ["FXFUSE_CACHE_DIR"] = str(path)
+    try:
+        yield Path(path)
+    finally:
+        if old is None:
+            os.environ.pop("FXFUSE_CACHE_DIR", None)
+        else:
+            os.environ["FXFUSE_CACHE_DIR"] = old
+
+
+def build_in_subprocess(program_text: str, dtype: torch.dtype, target: Target, max_jobs: int) -> str | None:
+    """Build one program module into the shared cache (run in a worker process); the error text
+    or None."""
+    os.environ["MAX_JOBS"] = str(max_jobs)
+    try:
+        if program_text == RUNTIME_SOURCE:
+            build_runtime(target)
+        else:
+            build_program(Program.parse(program_text), dtype, target)
+    except BuildError as error:
+        return str(error)
+    return None

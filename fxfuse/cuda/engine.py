@@ -1,0 +1,139 @@
+"""The per-call path: program module lookup, the runtime's GEMM + epilogue call, the fallback.
+
+An Engine owns the modules built for one kind of target (the GPU, or the host emulator in tests).
+Its ``call`` is the fused op's kernel: one dict lookup and one call into the runtime module; the
+reference runs instead only when the kernels do not cover a call (the runtime returns None: an
+unsupported shape, a training BatchNorm on one row, ...) or when a program could not be built.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import multiprocessing
+import os
+import threading
+import warnings
+from typing import TYPE_CHECKING, Callable
+
+import torch
+
+from .. import reference
+from ..ir import Program
+from .errors import BuildError
+
+if TYPE_CHECKING:
+    from .build import Target
+
+# fxfuse.cuda.build (code generator, toolchain) is imported on first use: importing fxfuse on a
+# machine without a GPU only registers the kernel.
+
+Key = tuple  # (program string, dtype, device index)
+
+
+class Engine:
+    def __init__(self, target_for: Callable[[torch.device], Target]) -> None:
+        self._target_for = target_for
+        self._handles: dict[Key, int] = {}  # 0: no kernels for this key, use the reference
+        self._modules: dict[Key, object] = {}  # ProgramModules: keep the libraries loaded
+        self._run = None
+        self._lock = threading.Lock()
+        self._warned: set[str] = set()
+
+    # -- building ----------------------------------------------------------------------------------
+
+    def prepare(self, program: Program, dtype: torch.dtype, device: torch.device) -> None:
+        """Build (or load from the cache) the runtime and the program module; BuildError if not."""
+        key = (program.to_string(), dtype, _index(device))
+        if self._handles.get(key):
+            return
+        from .build import build_program
+
+        with self._lock:
+            try:
+                run = self._runtime(device)
+                module = build_program(program, dtype, self._target_for(device))
+            except BuildError:
+                raise
+            except Exception as error:  # noqa: BLE001 - e.g. no toolchain: the same outcome
+                raise BuildError(f"{type(error).__name__}: {error}") from error
+            self._modules[key] = module
+            self._handles[key] = module.info
+            self._run = run
+
+    def prepare_many(self, items, device: torch.device, workers: int | None = None) -> dict:
+        """Build many (program, dtype) pairs in parallel processes, then load them; the failures."""
+        from .build import RUNTIME_SOURCE, build_in_subprocess
+
+        pairs = list(dict.fromkeys((program.to_string(), dtype) for program, dtype in items))
+        target = self._target_for(device)
+        cpus = os.cpu_count() or 2
+        workers = max(1, min(workers or max(1, cpus // 2), len(pairs) + 1))
+        jobs = [(RUNTIME_SOURCE, torch.float32)] + pairs
+        context = multiprocessing.get_context("spawn")
+        with concurrent.futures.ProcessPoolExecutor(workers, mp_context=context) as pool:
+            texts, dtypes = zip(*jobs)
+            errors = list(pool.map(build_in_subprocess, texts, dtypes, [target] * len(jobs),
+                                   [max(1, cpus // workers)] * len(jobs)))
+        failed = {pair: BuildError(error) for pair, error in zip(pairs, errors[1:]) if error is not None}
+        for text, dtype in pairs:
+            if (text, dtype) not in failed:
+                try:
+                    self.prepare(Program.parse(text), dtype, device)
+                except BuildError as error:
+                    failed[(text, dtype)] = error
+        return failed
+
+    def _runtime(self, device: torch.device):
+        from .build import build_runtime
+
+        if self._run is None:
+            self._run = build_runtime(self._target_for(device)).run
+        return self._run
+
+    def _resolve(self, program: str, dtype: torch.dtype, device: torch.device) -> int:
+        """Handle of a key seen for the first time: build as a last resort; 0 if that fails."""
+        key = (program, dtype, _index(device))
+        try:
+            self.prepare(Program.parse(program), dtype, device)
+        except BuildError as error:
+            self._warn_once(program, f"fxfuse: no CUDA kernels for {program!r} ({dtype}); using the "
+                            f"reference implementation.\n{error}")
+            self._handles[key] = 0
+        return self._handles[key]
+
+    def _warn_once(self, what: str, message: str) -> None:
+        if what not in self._warned:
+            self._warned.add(what)
+            warnings.warn(message, RuntimeWarning, stacklevel=3)
+
+    # -- calling -----------------------------------------------------------------------------------
+
+    def call(self, program: str, x, weight, bias, params, out=None):
+        """``(out, batch_stats)`` of the fused op; ``out`` (tests) is a buffer to write into."""
+        handle = self._handles.get((program, x.dtype, x.get_device()))
+        if handle is None:
+            handle = self._resolve(program, x.dtype, x.device)
+        run = self._run
+        if handle and run is not None:
+            result = run(handle, x, weight, bias, params, out)
+            if result is not None:
+                return result
+        return fallback(program, x, weight, bias, params)
+
+    def covers(self, program: str, x, weight, bias, params) -> bool:
+        """Whether ``call`` would run the kernels (tests): it does run them once."""
+        handle = self._handles.get((program, x.dtype, x.get_device()))
+        if handle is None:
+            handle = self._resolve(program, x.dtype, x.device)
+        return bool(handle) and self._run(handle, x, weight, bias, params, None) is not None
+
+
+def fallback(program: str, x, weight, bias, params):
+    """The reference on the kernel's tensors, GEMM in x's dtype (no autocast inside the kernel)."""
+    device_type = x.device.type if x.device.type in ("cuda", "cpu") else "cpu"
+    with torch.autocast(device_type, enabled=False):
+        return reference.forward(Program.parse(program), x, weight, bias, list(params))
+
+
+def _index(device: torch.device) -> int:
+    return -1 if device.index is None else device.index

@@ -1,0 +1,136 @@
+"""A harness that evaluates every device function of csrc/epilogue_ops.cuh elementwise.
+
+The same source builds as host C++ (g++, CPU tests) and as CUDA (nvcc, GPU tests), exporting
+``fx_harness(which, a, b, y, n, attr0, attr1, stream)``: y[i] = f_which(a[i][, b[i]], attrs...).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import math
+import shutil
+import subprocess
+from pathlib import Path
+
+import torch
+
+from fxfuse.cuda.build import CSRC
+from fxfuse.vocabulary import POINTWISE
+
+FUNCTIONS = list(POINTWISE.values())
+
+SPECIAL = [math.nan, math.inf, -math.inf, 0.0, -0.0, 1e-30, -1e-30, 1e-45, 1.0, -1.0, 2.5, -2.5, 3.0, -3.0,
+           6.0, -6.0, 19.9, 20.1, 25.0, -25.0, 88.0, 89.0, -88.0, -104.0, 1e4, -1e4, 3.0e38, -3.0e38]
+
+
+def source() -> str:
+    cases = []
+    for i, row in enumerate(FUNCTIONS):
+        operands = ["a", "b"][: row.operands]
+        attrs = ["a0", "a1"][: len(row.attrs)]
+        cases.append(f"    case {i}: return {row.device_fn}({', '.join(operands + attrs)});")
+    return "\n".join(
+        [
+            '#include "epilogue_ops.cuh"',
+            "#if defined(__CUDACC__)",
+            "#include <cuda_runtime.h>",
+            "#endif",
+            "",
+            "FX_FN float fx_harness_apply(int which, float a, float b, float a0, float a1) {",
+            "  (void)b; (void)a0; (void)a1;",
+            "  switch (which) {",
+            *cases,
+            "  }",
+            "  return NAN;",
+            "}",
+            "",
+            "#if defined(__CUDACC__)",
+            "__global__ void fx_harness_kernel(int which, const float* a, const float* b, float* y, long long n,",
+            "                                  float a0, float a1) {",
+            "  const long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x;",
+            "  if (i < n) y[i] = fx_harness_apply(which, a[i], b[i], a0, a1);",
+            "}",
+            'extern "C" int fx_harness(int which, const float* a, const float* b, float* y, long long n,',
+            "                          float a0, float a1, void* stream) {",
+            "  if (n > 0) fx_harness_kernel<<<(unsigned)((n + 255) / 256), 256, 0, (cudaStream_t)stream>>>(",
+            "      which, a, b, y, n, a0, a1);",
+            "  return (int)cudaGetLastError();",
+            "}",
+            "#else",
+            'extern "C" int fx_harness(int which, const float* a, const float* b, float* y, long long n,',
+            "                          float a0, float a1, void*) {",
+            "  for (long long i = 0; i < n; ++i) y[i] = fx_harness_apply(which, a[i], b[i], a0, a1);",
+            "  return 0;",
+            "}",
+            "#endif",
+            "",
+        ]
+    )
+
+
+def build_host(directory: Path, cuda_include: str) -> ctypes.CDLL:
+    """Compile the harness with the host C++ compiler (no FMA contraction, no fast math)."""
+    compiler = shutil.which("g++") or shutil.which("c++")
+    if compiler is None:
+        raise RuntimeError("no host C++ compiler")
+    src = directory / "harness.cpp"
+    src.write_text(source())
+    lib = directory / "harness.so"
+    subprocess.run(
+        [compiler, "-O2", "-ffp-contract=off", "-fno-fast-math", "-shared", "-fPIC", f"-I{CSRC}",
+         f"-I{cuda_include}", str(src), "-o", str(lib)],
+        check=True, capture_output=True, text=True,
+    )
+    return _bind(ctypes.CDLL(str(lib)))
+
+
+def _bind(lib: ctypes.CDLL) -> ctypes.CDLL:
+    lib.fx_harness.restype = ctypes.c_int
+    lib.fx_harness.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p,
+                               ctypes.c_longlong, ctypes.c_float, ctypes.c_float, ctypes.c_void_p]
+    return lib
+
+
+def evaluate(lib: ctypes.CDLL, index: int, a: torch.Tensor, b: torch.Tensor, attrs: tuple, stream=None):
+    y = torch.empty_like(a)
+    attrs = list(attrs) + [0.0] * (2 - len(attrs))
+    code = lib.fx_harness(index, a.data_ptr(), b.data_ptr(), y.data_ptr(), a.numel(), attrs[0], attrs[1], stream)
+    assert code == 0, f"harness error {code}"
+    return y
+
+
+def inputs(device: str, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    """Operand pairs: every special value against every other (NaN/Inf on either side), plus
+    random values of several scales."""
+    g = torch.Generator().manual_seed(seed)
+    special = torch.tensor(SPECIAL, dtype=torch.float32)
+    a_sp = special.repeat_interleave(len(SPECIAL))
+    b_sp = special.repeat(len(SPECIAL))
+    rand = torch.cat([torch.randn(4096, generator=g) * s for s in (0.1, 1.0, 4.0, 30.0)])
+    b_rand = torch.cat([torch.randn(4096, generator=g) * s for s in (0.1, 1.0, 4.0, 30.0)])
+    a = torch.cat([a_sp, rand]).contiguous()
+    b = torch.cat([b_sp, b_rand]).contiguous()
+    return a.to(device), b.to(device)
+
+
+ATTRS = {
+    "leaky_relu": [(0.1,), (0.01,)],
+    "clamp": [(-2.0, 2.0), (-1.0, 1.0), (0.5, -0.5)],
+    "clamp_min": [(0.0,), (-1.5,)],
+    "clamp_max": [(0.0,), (6.0,)],
+    "elu": [(1.0,), (0.3,)],
+    "softplus": [(1.0, 20.0), (2.0, 3.0), (0.5, 10.0)],
+}
+
+
+def cases():
+    """(index, row, attrs) for every function and attribute set."""
+    for i, row in enumerate(FUNCTIONS):
+        for attrs in ATTRS.get(row.name, [()]):
+            assert len(attrs) == len(row.attrs), row.name
+            yield i, row, attrs
+
+
+def reference(row, a: torch.Tensor, b: torch.Tensor, attrs: tuple) -> torch.Tensor:
+    operands = [a, b][: row.operands]
+    return row.reference(*operands, *attrs).float()

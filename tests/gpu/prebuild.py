@@ -1,0 +1,45 @@
+"""Build every module the GPU tests use, in parallel worker processes (a script, not a test).
+
+    python tests/gpu/prebuild.py [--workers 8]
+
+Fills the build cache (FXFUSE_CACHE_DIR or ~/.cache/fxfuse) so that a later pytest run only loads
+modules; useful where one command has a time limit. Prints the failures and exits non-zero if any.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+import torch  # noqa: E402
+
+import fxfuse.cuda as fxcuda  # noqa: E402
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--workers", type=int, default=None)
+    args = parser.parse_args()
+    if not fxcuda.available():
+        print("CUDA or its toolchain is not available")
+        return 2
+    import sanitize
+    import test_cuda_kernels
+
+    pairs = test_cuda_kernels.all_builds() + [(sanitize.PROGRAMS[n], d) for n, d, *_ in sanitize.CALLS]
+    start = time.time()
+    failed = fxcuda.prepare_many(pairs, workers=args.workers)
+    unique = len({(p.to_string(), d) for p, d in pairs})
+    print(f"{unique} modules ready in {time.time() - start:.0f} s on {torch.cuda.get_device_name()}, {len(failed)} failed")
+    for (program, dtype), error in failed.items():
+        print(f"FAILED {program} [{dtype}]\n{error}\n")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

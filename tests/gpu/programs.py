@@ -1,0 +1,182 @@
+"""Programs the GPU tests, the emulator tests and the compile check share, built from the IR."""
+
+from __future__ import annotations
+
+import torch
+
+from fxfuse import expr as E
+from fxfuse.ir import Gemm, Norm, Pointwise, Program, Reduce
+from fxfuse.vocabulary import POINTWISE, call
+
+X = E.X
+p = E.param
+c = E.const
+
+# attribute values for the vocabulary functions that take some
+ATTRS = {
+    "leaky_relu": (0.1,),
+    "clamp": (-0.5, 0.75),
+    "clamp_min": (-0.25,),
+    "clamp_max": (0.5,),
+    "elu": (1.3,),
+    "softplus": (2.0, 3.0),
+}
+
+
+def vocabulary_call(name: str, operand=X):
+    """``name`` applied to ``operand`` (against p0 for the two-operand functions)."""
+    row = POINTWISE[name]
+    operands = [operand] + ([p(0)] if row.operands == 2 else [])
+    return call(name, *operands, *(c(a) for a in ATTRS.get(name, ())))
+
+
+def vocabulary_program(names: list[str]) -> Program:
+    """The sum of ``f(x * 1.5 - 0.25)`` over the functions ``names`` (p0 the second operand of
+    maximum/minimum): one module checks many functions' accuracy (NaN/Inf behaviour is checked
+    per function by the device-function tests)."""
+    arg = E.sub(E.mul(X, c(1.5)), c(0.25))
+    total = None
+    for name in names:
+        term = vocabulary_call(name, arg)
+        total = term if total is None else E.add(total, term)
+    params = ("col",) if any(POINTWISE[n].operands == 2 for n in names) else ()
+    return Program(Gemm(bias=True), (Pointwise(total),), params)
+
+
+def pw(expression) -> Pointwise:
+    return Pointwise(expression)
+
+
+def silu_twice() -> Pointwise:  # x * sigmoid(x): a value used twice
+    return pw(E.mul(X, call("sigmoid", X)))
+
+
+# name -> Program; the suite's chains and the corner cases of every stage kind
+PROGRAMS: dict[str, Program] = {
+    "identity": Program(Gemm(bias=False), ()),
+    "s01_scale_leaky": Program(Gemm(True), (pw(call("leaky_relu", E.mul(X, c(2.0)), c(0.1))),)),
+    "s02_group_leaky_double": Program(
+        Gemm(True),
+        (
+            Norm("group", 1e-5, groups=4, weight=0, bias=1),
+            pw(E.add(call("leaky_relu", X, c(0.01)), call("leaky_relu", X, c(0.01)))),
+        ),
+        ("col", "col"),
+    ),
+    "s04_group_silu_vec_silu": Program(
+        Gemm(True),
+        (
+            Norm("group", 1e-5, groups=8, weight=0, bias=1),
+            pw(
+                E.mul(
+                    E.mul(E.mul(X, call("sigmoid", X)), p(2)),
+                    call("sigmoid", E.mul(E.mul(X, call("sigmoid", X)), p(2))),
+                )
+            ),
+        ),
+        ("col", "col", "col"),
+    ),
+    "s05_logsumexp_chain": Program(
+        Gemm(True),
+        (
+            Reduce("logsumexp", keepdim=True),
+            pw(call("gelu", call("gelu", call("leaky_relu", call("leaky_relu", X, c(0.01)), c(0.01))))),
+        ),
+    ),
+    "s06_group_hardtanh": Program(
+        Gemm(True), (Norm("group", 1e-5, groups=2, weight=0, bias=1), pw(call("clamp", X, c(-2.0), c(2.0)))), ("col", "col")
+    ),
+    "s10_div_gelu": Program(Gemm(True), (pw(call("gelu", E.div(X, c(10.0)))),)),
+    "s11_gelu_softmax": Program(Gemm(True), (pw(call("gelu", X)), Reduce("softmax"))),
+    "s13_sub_mul_relu": Program(Gemm(True), (pw(call("relu", E.mul(E.sub(X, c(2.0)), c(1.5)))),)),
+    "s14_silu_div_clamp_tanh": Program(
+        Gemm(False),
+        (
+            pw(
+                call(
+                    "clamp",
+                    call("tanh", call("clamp", E.div(E.mul(X, call("sigmoid", X)), c(2.0)), c(-1.0), c(1.0))),
+                    c(-1.0),
+                    c(1.0),
+                )
+            ),
+        ),
+    ),
+    "s15_div_sum_mul": Program(Gemm(False), (pw(E.div(X, c(2.0))), Reduce("sum", keepdim=True), pw(E.mul(X, c(1.5))))),
+    "s16_sigmoid_sum": Program(Gemm(True), (pw(call("sigmoid", X)), Reduce("sum", keepdim=True))),
+    "s17_vec_hardtanh_mish_group": Program(
+        Gemm(True),
+        (
+            pw(call("mish", call("clamp", E.add(X, p(0)), c(-1.0), c(1.0)))),
+            Norm("group", 1e-5, groups=4, weight=1, bias=2),
+        ),
+        ("col", "col", "col"),
+    ),
+    "s18_batch_train_scalar_silu": Program(
+        Gemm(True),
+        (
+            Norm("batch", 1e-5, weight=0, bias=1, training=True),
+            pw(E.mul(E.div(E.add(X, p(2)), c(1.0)), call("sigmoid", E.div(E.add(X, p(2)), c(1.0))))),
+        ),
+        ("col", "col", "scalar"),
+    ),
+    "s03_batch_train_gelu_relu": Program(
+        Gemm(True), (Norm("batch", 1e-5, weight=0, bias=1, training=True), pw(call("relu", call("gelu", X)))), ("col", "col")
+    ),
+    "s07_vec_batch_train": Program(
+        Gemm(True), (pw(E.mul(X, p(0))), Norm("batch", 1e-5, weight=1, bias=2, training=True)), ("col", "col", "col")
+    ),
+    "batch_train_after_layer": Program(
+        Gemm(True),
+        (Norm("layer", 1e-5, weight=0, bias=1), Norm("batch", 1e-3, training=True), pw(E.mul(X, c(3.0)))),
+        ("col", "col"),
+    ),
+    "s20_layer_silu": Program(Gemm(True), (Norm("layer", 1e-5, weight=0, bias=1), pw(call("silu", X))), ("col", "col")),
+    "layer_no_affine": Program(Gemm(True), (Norm("layer", 1e-6),)),
+    "s21_rms_silu": Program(Gemm(True), (Norm("rms", 1e-6, weight=0), pw(call("silu", X))), ("col",)),
+    "rms_no_weight": Program(Gemm(False), (Norm("rms", 1e-5),)),
+    "s22_batch_eval_relu": Program(
+        Gemm(True),
+        (Norm("batch", 1e-5, weight=0, bias=1, running_mean=2, running_var=3), pw(call("relu", X))),
+        ("col", "col", "col", "col"),
+    ),
+    "group_odd": Program(Gemm(True), (Norm("group", 1e-5, groups=5, weight=0, bias=1),), ("col", "col")),
+    "group_no_affine_then_layer": Program(Gemm(True), (Norm("group", 1e-5, groups=2), Norm("layer", 1e-5))),
+    "log_softmax_then_pointwise": Program(Gemm(True), (Reduce("log_softmax"), pw(E.mul(X, p(0)))), ("col",)),
+    "scalar_param_pow": Program(
+        Gemm(True), (pw(E.add(E.power(X, c(2.0)), E.div(c(1.0), E.add(call("abs", X), p(0))))),), ("scalar",)
+    ),
+    "powers": Program(
+        Gemm(True),
+        (pw(E.add(E.add(E.power(call("abs", X), c(0.5)), E.power(X, c(3.0))), E.power(E.add(call("abs", X), c(1.0)), c(-1.5)))),),
+    ),
+    "minus_and_negation": Program(Gemm(True), (pw(E.sub(E.neg(X), E.sub(c(2.0), E.mul(c(3.0), X)))),)),
+}
+
+for _kind in ("sum", "mean", "max", "min", "logsumexp"):
+    for _keep in (False, True):
+        PROGRAMS[f"reduce_{_kind}_{'keep' if _keep else 'drop'}"] = Program(
+            Gemm(True), (Reduce(_kind, keepdim=_keep), pw(E.add(E.mul(X, p(0)), c(0.5)))), ("scalar",)
+        )
+
+_names = list(POINTWISE)
+PROGRAMS["vocabulary_1"] = vocabulary_program(_names[: len(_names) // 2])
+PROGRAMS["vocabulary_2"] = vocabulary_program(_names[len(_names) // 2 :])
+
+# programs each test dtype runs in full (the others run in float32 only)
+LOW_PRECISION = ["s01_scale_leaky", "s04_group_silu_vec_silu", "s03_batch_train_gelu_relu", "s11_gelu_softmax",
+                 "s16_sigmoid_sum", "s21_rms_silu", "group_odd"]
+
+
+def make_params(program: Program, n: int, dtype=torch.float32, device="cpu", generator=None) -> list[torch.Tensor]:
+    """Parameters for ``program``: column vectors of N values, scalars as 0-d tensors. Variance-like
+    parameters (BatchNorm running_var) are positive."""
+    positive = {s.running_var for s in program.stages if isinstance(s, Norm) and s.running_var is not None}
+    out = []
+    for i, kind in enumerate(program.params):
+        shape = (n,) if kind == "col" else ()
+        t = torch.randn(shape, generator=generator, dtype=torch.float32)
+        if i in positive:
+            t = t.abs() + 0.5
+        out.append(t.to(dtype=dtype, device=device))
+    return out

@@ -1,0 +1,70 @@
+"""One small call of each kernel template, for compute-sanitizer (a script, not a test).
+
+    python tests/gpu/sanitize.py --build-only          # build the modules first (no sanitizer)
+    compute-sanitizer --tool memcheck  python tests/gpu/sanitize.py
+    compute-sanitizer --tool racecheck python tests/gpu/sanitize.py
+    compute-sanitizer --tool synccheck python tests/gpu/sanitize.py
+
+Covers the row kernel (aligned and unaligned paths, several rows a block, multi-warp rows, group
+norm by chunk and staged in shared memory, row reductions) and the BatchNorm statistics and combine
+kernels. Prints one line per call and exits non-zero on a mismatch with the reference.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+import fxfuse.cuda as fxcuda  # noqa: E402
+from fxfuse import reference  # noqa: E402
+from programs import PROGRAMS, make_params  # noqa: E402
+
+CALLS = [  # (program, dtype, M, N, K)
+    ("s04_group_silu_vec_silu", torch.bfloat16, 5, 256, 16),  # aligned, 8 rows a block, chunk GN
+    ("s04_group_silu_vec_silu", torch.float32, 3, 1000, 16),  # unaligned tail, GN by chunk
+    ("group_odd", torch.float32, 3, 1000, 16),  # GN staged in shared memory
+    ("s11_gelu_softmax", torch.bfloat16, 3, 4096, 16),  # a multi-warp row
+    ("reduce_logsumexp_keep", torch.float16, 7, 1000, 16),  # row reduction, scalar output
+    ("s03_batch_train_gelu_relu", torch.bfloat16, 37, 200, 16),  # BN statistics + combine + row
+    ("s07_vec_batch_train", torch.float32, 9, 1000, 16),  # BN with a pre-BN pointwise, unaligned
+    ("s16_sigmoid_sum", torch.bfloat16, 2, 32768, 16),  # the widest row
+]
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--build-only", action="store_true")
+    args = parser.parse_args()
+    torch.backends.cuda.matmul.allow_tf32 = False
+    for name, dtype, *_ in CALLS:
+        fxcuda.prepare(PROGRAMS[name], dtype)
+    if args.build_only:
+        return 0
+    failures = 0
+    for name, dtype, m, n, k in CALLS:
+        program = PROGRAMS[name]
+        g = torch.Generator().manual_seed(0)
+        x = torch.randn(m, k, generator=g).to("cuda", dtype)
+        w = (torch.randn(n, k, generator=g) / math.sqrt(k)).to("cuda", dtype)
+        b = torch.randn(n, generator=g).to("cuda", dtype) if program.gemm.bias else None
+        params = make_params(program, n, dtype=dtype, device="cuda", generator=g)
+        ref, _ = reference.forward(program, x, w, b, params)
+        buffer = torch.full_like(ref, math.nan)
+        out, _ = fxcuda.engine.call(program.to_string(), x, w, b, params, out=buffer)
+        torch.cuda.synchronize()
+        tol = 1e-4 if dtype == torch.float32 else 1e-2
+        ok = out.data_ptr() == buffer.data_ptr() and torch.allclose(out, ref, rtol=tol, atol=tol, equal_nan=True)
+        failures += not ok
+        print(f"{'ok' if ok else 'MISMATCH':8} {name} {str(dtype)[6:]} {m}x{k}x{n}", flush=True)
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,227 @@
+"""Builds: cache keys, build failures, the file lock and its stale-lock recovery, concurrency."""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from fxfuse.cuda import build
+from fxfuse.cuda.build import BuildError, Target, arch_flags, cache_key, csrc_digest
+from fxfuse.cuda.lock import FileLock, LockTimeout
+from programs import PROGRAMS
+
+TARGET = Target("cuda", "sm_90a", ("-gencode=arch=compute_90a,code=sm_90a",), None)
+
+
+@pytest.fixture
+def csrc_copy(tmp_path):
+    copy = tmp_path / "csrc"
+    shutil.copytree(build.CSRC, copy)
+    return copy
+
+
+def test_cache_key_changes_with_csrc(csrc_copy):
+    before = cache_key("program", "p\ntorch.float32", TARGET, csrc_copy)
+    assert before == cache_key("program", "p\ntorch.float32", TARGET, csrc_copy)
+    path = csrc_copy / "row_epilogue.cuh"
+    path.write_text(path.read_text() + "\n// a change\n")
+    assert cache_key("program", "p\ntorch.float32", TARGET, csrc_copy) != before
+    (csrc_copy / "new_header.cuh").write_text("// new\n")
+    assert csrc_digest(csrc_copy) != csrc_digest(build.CSRC)
+
+
+def test_cache_key_changes_with_program_dtype_and_target():
+    keys = {
+        cache_key("program", "a\ntorch.float32", TARGET),
+        cache_key("program", "b\ntorch.float32", TARGET),
+        cache_key("program", "a\ntorch.bfloat16", TARGET),
+        cache_key("program", "a\ntorch.float32", Target("cuda", "sm_80", ("-gencode=arch=compute_80,code=sm_80",), None)),
+        cache_key("program", "a\ntorch.float32", Target("emulate", "emulate")),
+    }
+    assert len(keys) == 5
+
+
+def test_arch_flags():
+    assert arch_flags(9, 0) == ("sm_90a", ("-gencode=arch=compute_90a,code=sm_90a",))
+    assert arch_flags(8, 6) == ("sm_86", ("-gencode=arch=compute_86,code=sm_86",))
+
+
+def test_cache_dir_from_environment(tmp_path, monkeypatch):
+    monkeypatch.setenv("FXFUSE_CACHE_DIR", str(tmp_path / "c"))
+    assert build.cache_root() == tmp_path / "c"
+    monkeypatch.delenv("FXFUSE_CACHE_DIR")
+    assert build.cache_root() == Path.home() / ".cache" / "fxfuse"
+
+
+# -- the lock ---------------------------------------------------------------------------------------
+
+
+def _dead_pid() -> int:
+    proc = subprocess.Popen([sys.executable, "-c", "pass"])
+    proc.wait()
+    return proc.pid
+
+
+def test_stale_lock_of_a_dead_process_is_broken(tmp_path):
+    lock = tmp_path / "x.lock"
+    lock.write_text(f"{_dead_pid()} {time.time()!r} {os.uname().nodename} deadbeef\n")
+    start = time.monotonic()
+    with FileLock(lock, timeout=5):
+        assert "deadbeef" not in lock.read_text()
+    assert time.monotonic() - start < 2
+    assert not lock.exists()
+
+
+def test_old_lock_of_a_live_process_is_broken(tmp_path):
+    lock = tmp_path / "x.lock"
+    lock.write_text(f"{os.getppid()} {time.time() - 3600!r} {os.uname().nodename} cafe\n")
+    with FileLock(lock, timeout=5, stale_after=600):
+        assert "cafe" not in lock.read_text()
+
+
+def test_garbage_lock_is_broken(tmp_path):
+    lock = tmp_path / "x.lock"
+    lock.write_text("not a lock")
+    with FileLock(lock, timeout=5):
+        pass
+
+
+def test_fresh_lock_of_a_live_process_is_waited_for(tmp_path):
+    lock = tmp_path / "x.lock"
+    lock.write_text(f"{os.getppid()} {time.time()!r} {os.uname().nodename} live\n")
+    with pytest.raises(LockTimeout):
+        with FileLock(lock, timeout=0.5, poll=0.05):
+            pass
+    assert "live" in lock.read_text()  # not ours to remove
+
+
+def test_release_leaves_a_lock_that_was_taken_over(tmp_path):
+    lock = tmp_path / "x.lock"
+    held = FileLock(lock, timeout=5)
+    held.acquire()
+    lock.write_text(f"{os.getppid()} {time.time()!r} {os.uname().nodename} other\n")  # broken + retaken
+    held.release()
+    assert "other" in lock.read_text()
+
+
+def _hold(path: str, seconds: float, queue) -> None:
+    with FileLock(path, timeout=30):
+        queue.put(("in", time.monotonic()))
+        time.sleep(seconds)
+        queue.put(("out", time.monotonic()))
+
+
+def test_lock_excludes_other_processes(tmp_path):
+    ctx = multiprocessing.get_context("spawn")
+    queue = ctx.Queue()
+    procs = [ctx.Process(target=_hold, args=(str(tmp_path / "x.lock"), 0.3, queue)) for _ in range(3)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(60)
+    events = sorted((queue.get(timeout=5) for _ in range(6)), key=lambda e: e[1])
+    assert [e[0] for e in events] == ["in", "out"] * 3  # never two holders at once
+
+
+def _build_once(root: str, counter: str, queue) -> None:
+    os.environ["FXFUSE_CACHE_DIR"] = root
+
+    def compile_into(directory: Path):
+        with open(counter, "a") as f:
+            f.write("built\n")
+        time.sleep(0.5)
+        (directory / "artifact").write_text("ok")
+        return {"library": "artifact"}, None
+
+    path, manifest, _ = build._cached_build("k" * 32, "test", compile_into)
+    queue.put((str(path), manifest["library"]))
+
+
+def test_concurrent_builds_of_one_key_build_once(tmp_path):
+    ctx = multiprocessing.get_context("spawn")
+    queue = ctx.Queue()
+    counter = tmp_path / "count"
+    procs = [ctx.Process(target=_build_once, args=(str(tmp_path / "cache"), str(counter), queue)) for _ in range(3)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(60)
+    results = [queue.get(timeout=5) for _ in range(3)]
+    assert counter.read_text().count("built") == 1
+    assert len({r[0] for r in results}) == 1
+    final = Path(results[0][0])
+    assert (final / "ok").is_file() and (final / "artifact").read_text() == "ok"
+    assert not list((tmp_path / "cache").glob("*.tmp-*"))
+
+
+def test_failed_build_leaves_nothing_and_raises(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("FXFUSE_CACHE_DIR", str(tmp_path))
+
+    def compile_into(directory: Path):
+        raise RuntimeError("Error building extension 'x':\n" + "noise\n" * 2000 + "x.cu(1): error: the real message")
+
+    with pytest.raises(BuildError, match="the real message"):
+        build._cached_build("f" * 32, "broken program", compile_into)
+    assert not (tmp_path / ("f" * 32)).exists() and not list(tmp_path.glob("*.tmp-*"))
+    assert "fxfuse: building broken program ... failed" in capsys.readouterr().err
+
+
+# -- real builds through torch.utils.cpp_extension (host compiler, emulate target) ------------------
+
+
+@pytest.fixture
+def emulate_target():
+    if not (shutil.which("g++") or shutil.which("c++")) or build.find_cuda_home(need_nvcc=False) is None:
+        pytest.skip("needs a host C++ compiler and CUDA's headers")
+    return build.emulate_target()
+
+
+def test_broken_source_raises_build_error_with_the_compiler_message(tmp_path, monkeypatch, csrc_copy, emulate_target):
+    monkeypatch.setenv("FXFUSE_CACHE_DIR", str(tmp_path / "cache"))
+    path = csrc_copy / "row_epilogue.cuh"
+    path.write_text(path.read_text() + "\nthis is not C++;\n")
+    with pytest.raises(BuildError) as info:
+        build.build_program(PROGRAMS["s01_scale_leaky"], torch.float32, emulate_target, csrc=csrc_copy)
+    assert "error" in str(info.value).lower() and "this is not C++" in str(info.value)
+
+
+def test_build_prints_one_progress_line_and_is_cached(tmp_path, monkeypatch, capsys, emulate_target):
+    monkeypatch.setenv("FXFUSE_CACHE_DIR", str(tmp_path / "cache"))
+    program = PROGRAMS["s13_sub_mul_relu"]
+    first = build.build_program(program, torch.float32, emulate_target)
+    err = capsys.readouterr().err
+    assert err.count("fxfuse: building ") == 1 and " done in " in err and "[float32]" in err
+    again = build.build_program(program, torch.float32, emulate_target)
+    assert capsys.readouterr().err == ""
+    assert again.path == first.path and again.info == first.info
+
+
+def test_unsupported_program_raises_build_error(emulate_target):
+    from fxfuse import expr as E
+    from fxfuse.ir import Gemm, Pointwise, Program, Reduce
+
+    program = Program(Gemm(True), (Reduce("sum"), Pointwise(E.mul(E.X, E.param(0)))), ("col",))
+    with pytest.raises(BuildError, match="unsupported program"):
+        build.build_program(program, torch.float32, emulate_target)
+
+
+def test_prepare_many_builds_in_worker_processes(emulate_target):
+    from fxfuse import expr as E
+    from fxfuse.cuda.engine import Engine
+    from fxfuse.ir import Gemm, Pointwise, Program, Reduce
+
+    engine = Engine(lambda device: emulate_target)
+    bad = Program(Gemm(True), (Reduce("sum"), Pointwise(E.mul(E.X, E.param(0)))), ("col",))
+    items = [(PROGRAMS["s13_sub_mul_relu"], torch.float32), (PROGRAMS["s10_div_gelu"], torch.float32), (bad, torch.float32)]
+    failed = engine.prepare_many(items, torch.device("cpu"), workers=2)
+    assert list(failed) == [(bad.to_string(), torch.float32)]
+    x, w, b = torch.randn(3, 8), torch.randn(16, 8), torch.randn(16)
+    assert engine.covers(PROGRAMS["s10_div_gelu"].to_string(), x, w, b, [])

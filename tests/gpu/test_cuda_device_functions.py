@@ -1,0 +1,50 @@
+"""The device functions on the GPU (CUDA's math library) against torch's CUDA kernels: NaN/Inf
+behaviour exactly, values to a couple of float32 ulps."""
+
+from __future__ import annotations
+
+import ctypes
+
+import pytest
+import torch
+
+import harness
+from fxfuse.cuda import build
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+
+
+@pytest.fixture(scope="module")
+def lib(tmp_path_factory):
+    from torch.utils import cpp_extension
+
+    target = build.cuda_target()
+    directory = tmp_path_factory.mktemp("cuda_harness")
+    (directory / "harness.cu").write_text(harness.source())
+    build._use_cuda_home(target)
+    path = cpp_extension.load(
+        name="fxfuse_cuda_harness",
+        sources=[str(directory / "harness.cu")],
+        extra_include_paths=[str(build.CSRC)],
+        extra_cuda_cflags=["-O3", "--fmad=false", *target.nvcc_flags],
+        build_directory=str(directory),
+        is_python_module=False,
+        with_cuda=True,
+    )
+    return harness._bind(ctypes.CDLL(path))
+
+
+@pytest.mark.parametrize("case", list(harness.cases()), ids=lambda c: f"{c[1].name}{list(c[2])}")
+def test_device_function_matches_torch_cuda(lib, case):
+    index, row, attrs = case
+    a, b = harness.inputs("cuda")
+    got = harness.evaluate(lib, index, a, b, attrs, stream=torch.cuda.current_stream().cuda_stream)
+    want = harness.reference(row, a, b, attrs)
+    torch.cuda.synchronize()
+    bad = torch.isnan(got) != torch.isnan(want)
+    assert not bad.any(), (
+        f"NaN mismatch at a={a[bad][:8].tolist()} b={b[bad][:8].tolist()}: "
+        f"got {got[bad][:8].tolist()}, torch {want[bad][:8].tolist()}"
+    )
+    ok = ~torch.isnan(want)
+    torch.testing.assert_close(got[ok], want[ok], rtol=4e-6, atol=1e-6, msg=lambda m: f"{row.name}{attrs}: {m}")

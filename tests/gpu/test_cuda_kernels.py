@@ -1,0 +1,212 @@
+"""The CUDA kernels of fxfuse::linear_epilogue against the reference (needs a CUDA device).
+
+Every program of programs.py in float32 (TF32 off, atol = rtol = 1e-4) and the suite's low-precision
+ones in bfloat16/float16 (1e-2), over 5 random draws, against fxfuse.reference.forward on the same
+CUDA inputs (and float32 against the CPU reference too). Outputs are written into NaN-filled
+buffers so every element must be written, and each call asserts the kernels ran (no fallback).
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+import fxfuse.cuda as fxcuda
+from fxfuse import reference
+from fxfuse.ir import Norm
+from programs import LOW_PRECISION, PROGRAMS, make_params
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+
+DEVICE = "cuda"
+TOL = {torch.float32: 1e-4, torch.bfloat16: 1e-2, torch.float16: 1e-2}
+SHAPES = [(7, 1000, 300), (1, 1000, 64), (16, 8192, 64), (33, 256, 32), (5, 3, 16)]
+DRAWS = 5
+
+
+def all_builds():
+    pairs = [(PROGRAMS[name], dtype) for name, dtype, *_ in (c.values for c in cases())]
+    pairs += [(PROGRAMS[n], d) for n in WIDE for d in (torch.float32, torch.bfloat16)]
+    pairs += [(PROGRAMS["minus_and_negation"], torch.float16)]
+    return pairs
+
+
+@pytest.fixture(scope="module", autouse=True)
+def cuda_setup():
+    if not fxcuda.available():
+        pytest.skip("no CUDA toolchain (nvcc + ninja)")
+    failed = fxcuda.prepare_many([p for p in all_builds() if p[0] is not PROGRAMS["minus_and_negation"]])
+    assert not failed, "\n".join(f"{k}: {v}" for k, v in failed.items())
+    tf32 = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = False
+    yield
+    torch.backends.cuda.matmul.allow_tf32 = tf32
+
+
+def op(program_text, x, w, b, params):
+    return torch.ops.fxfuse.linear_epilogue(program_text, x, w, b, params)
+
+
+def inputs(program, dtype, m, n, k, seed, layout="contiguous"):
+    g = torch.Generator().manual_seed(seed)
+    shape = {"transposed": (k, m), "3d": (3, m, k)}.get(layout, (m, k))
+    x = torch.randn(shape, generator=g).to(device=DEVICE, dtype=dtype)
+    if layout == "transposed":
+        x = x.t()  # a non-contiguous view
+    w = (torch.randn(n, k, generator=g) / math.sqrt(k)).to(device=DEVICE, dtype=dtype)
+    b = torch.randn(n, generator=g).to(device=DEVICE, dtype=dtype) if program.gemm.bias else None
+    params = make_params(program, n, dtype=dtype, generator=g, device=DEVICE)
+    return x, w, b, params
+
+
+def check(program, dtype, x, w, b, params, cpu_too=False):
+    """The kernels (into a NaN buffer) and the registered op against the reference."""
+    text = program.to_string()
+    ref_out, ref_stats = reference.forward(program, x, w, b, params)
+    buffer = torch.full_like(ref_out, math.nan)
+    out, stats = fxcuda.engine.call(text, x, w, b, params, out=buffer)
+    assert out.data_ptr() == buffer.data_ptr(), "the kernels did not run (fallback to the reference)"
+    tol = TOL[dtype]
+    torch.testing.assert_close(out, ref_out, rtol=tol, atol=tol, equal_nan=True)
+    if ref_stats.numel():
+        torch.testing.assert_close(stats, ref_stats, rtol=tol, atol=tol, equal_nan=True)
+    op_out, op_stats = op(text, x, w, b, params)  # the dispatcher path
+    assert op_out.shape == ref_out.shape and op_out.dtype == ref_out.dtype and op_out.is_cuda
+    torch.testing.assert_close(op_out, ref_out, rtol=tol, atol=tol, equal_nan=True)
+    assert op_stats.shape == ref_stats.shape
+    if cpu_too:
+        cpu = lambda t: None if t is None else t.cpu()  # noqa: E731
+        cpu_out, cpu_stats = reference.forward(program, cpu(x), cpu(w), cpu(b), [p.cpu() for p in params])
+        torch.testing.assert_close(out.cpu(), cpu_out, rtol=tol, atol=tol, equal_nan=True)
+        if cpu_stats.numel():
+            torch.testing.assert_close(stats.cpu(), cpu_stats, rtol=tol, atol=tol, equal_nan=True)
+
+
+def groups_divide(program, n):
+    return all(n % s.groups == 0 for s in program.stages if isinstance(s, Norm) and s.kind == "group")
+
+
+def cases():
+    for name, program in PROGRAMS.items():
+        dtypes = [torch.float32] + ([torch.bfloat16, torch.float16] if name in LOW_PRECISION else [])
+        for dtype in dtypes:
+            for m, n, k in SHAPES:
+                if groups_divide(program, n) and not (program.batch_norm_training and m < 2):
+                    yield pytest.param(name, dtype, m, n, k, id=f"{name}-{str(dtype)[6:]}-{m}x{k}x{n}")
+
+
+@pytest.mark.parametrize("name,dtype,m,n,k", list(cases()))
+def test_kernels_match_reference(name, dtype, m, n, k):
+    program = PROGRAMS[name]
+    fxcuda.prepare(program, dtype)
+    for seed in range(DRAWS):
+        check(program, dtype, *inputs(program, dtype, m, n, k, seed), cpu_too=dtype == torch.float32 and seed == 0)
+
+
+WIDE = ["s16_sigmoid_sum", "s04_group_silu_vec_silu", "s11_gelu_softmax", "s21_rms_silu", "s03_batch_train_gelu_relu",
+        "group_odd"]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("name", WIDE)
+def test_wide_rows(name, dtype):
+    """N = 32768 with M = 128 (S16's shape); 32765 for the odd group sizes."""
+    program = PROGRAMS[name]
+    n = 32765 if name == "group_odd" else 32768
+    for seed in range(2):
+        check(program, dtype, *inputs(program, dtype, 128, n, 64, seed))
+
+
+@pytest.mark.parametrize("layout", ["transposed", "3d"])
+@pytest.mark.parametrize("name", ["s02_group_leaky_double", "s20_layer_silu", "reduce_logsumexp_drop", "reduce_sum_keep"])
+def test_input_layouts(name, layout):
+    program = PROGRAMS[name]
+    for seed in range(DRAWS):
+        check(program, torch.float32, *inputs(program, torch.float32, 7, 1000, 300, seed, layout))
+
+
+@pytest.mark.parametrize(
+    "name",
+    ["s02_group_leaky_double", "s20_layer_silu", "s21_rms_silu", "s11_gelu_softmax", "log_softmax_then_pointwise",
+     "reduce_max_drop", "reduce_min_keep", "reduce_logsumexp_keep", "s03_batch_train_gelu_relu", "s22_batch_eval_relu",
+     "group_odd", "vocabulary_1", "vocabulary_2"],
+)
+def test_nan_inf_propagate(name):
+    program = PROGRAMS[name]
+    x, w, b, params = inputs(program, torch.float32, 6, 1000, 8, 2)
+    x[1, 3] = math.nan
+    w[7, 0] = math.inf
+    w[500, 2] = math.nan
+    if b is not None:
+        b[11] = -math.inf
+    check(program, torch.float32, x, w, b, params)
+
+
+def test_batch_norm_one_row_raises_like_eager():
+    program = PROGRAMS["s03_batch_train_gelu_relu"]
+    x, w, b, params = inputs(program, torch.float32, 1, 64, 8, 0)
+    with pytest.raises(ValueError, match="Expected more than 1 value per channel when training"):
+        op(program.to_string(), x, w, b, params)
+
+
+def test_batch_stats_equal_var_mean_and_are_deterministic():
+    program = PROGRAMS["s07_vec_batch_train"]
+    x, w, b, params = inputs(program, torch.float32, 4097, 1000, 64, 3)
+    out1, stats1 = op(program.to_string(), x, w, b, params)
+    out2, stats2 = op(program.to_string(), x, w, b, params)
+    assert torch.equal(out1, out2) and torch.equal(stats1, stats2)  # fixed reduction order
+    pre = torch.nn.functional.linear(x, w, b) * params[0]
+    var, mean = torch.var_mean(pre, dim=0, correction=1)
+    torch.testing.assert_close(stats1, torch.stack([mean, var]), rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("name", ["s01_scale_leaky", "s04_group_silu_vec_silu", "s03_batch_train_gelu_relu",
+                                  "reduce_logsumexp_keep", "s18_batch_train_scalar_silu"])
+def test_opcheck(name):
+    program = PROGRAMS[name]
+    x, w, b, params = inputs(program, torch.float32, 8, 256, 64, 0)
+    torch.library.opcheck(torch.ops.fxfuse.linear_epilogue.default, (program.to_string(), x, w, b, params))
+
+
+@pytest.mark.parametrize("name", ["s04_group_silu_vec_silu", "s03_batch_train_gelu_relu", "s16_sigmoid_sum"])
+def test_cuda_graph_capture_and_replay(name):
+    """No host sync, current stream, caching allocator: the op captures into a CUDA graph."""
+    program = PROGRAMS[name]
+    text = program.to_string()
+    x, w, b, params = inputs(program, torch.bfloat16, 64, 4096, 256, 0)
+    fxcuda.prepare(program, torch.bfloat16)
+    static_x = x.clone()
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for _ in range(2):
+            op(text, static_x, w, b, params)
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        static_out, static_stats = op(text, static_x, w, b, params)
+    for seed in range(3):
+        new_x = torch.randn(x.shape, generator=torch.Generator().manual_seed(seed + 10)).to(x)
+        static_x.copy_(new_x)
+        graph.replay()
+        ref_out, ref_stats = reference.forward(program, new_x, w, b, params)
+        torch.testing.assert_close(static_out, ref_out, rtol=1e-2, atol=1e-2)
+        if ref_stats.numel():
+            torch.testing.assert_close(static_stats, ref_stats, rtol=1e-2, atol=1e-2)
+
+
+def test_autocast_gemm_runs_in_the_input_dtype():
+    """Inside the kernel the GEMM is not re-autocast: the output dtype is x's, as the fake says."""
+    program = PROGRAMS["s01_scale_leaky"]
+    x, w, b, params = inputs(program, torch.float32, 8, 256, 64, 0)
+    with torch.autocast("cuda", dtype=torch.bfloat16):
+        out, _ = op(program.to_string(), x, w, b, params)
+    assert out.dtype == torch.float32
+
+
+def test_unprepared_program_builds_on_first_call():
+    program = PROGRAMS["minus_and_negation"]
+    x, w, b, params = inputs(program, torch.float16, 4, 128, 32, 0)
+    check(program, torch.float16, x, w, b, params)

@@ -1,0 +1,46 @@
+"""The device functions (csrc/epilogue_ops.cuh), compiled as host C++, against torch on CPU.
+
+Checks the formulas themselves, NaN/Inf behaviour above all, on special values and random data.
+The same harness runs on the GPU in test_device_functions.py (CUDA's math library there).
+"""
+
+from __future__ import annotations
+
+import shutil
+
+import pytest
+import torch
+
+import harness
+from fxfuse.cuda.build import find_cuda_home
+
+# Inputs where torch's CPU kernel differs from its CUDA kernel (which the device functions follow)
+CPU_DIFFERS = {
+    # CPU's vectorised gelu gives NaN at inf and overflows near FLT_MAX; CUDA computes
+    # x * 0.5 * (1 + erf(x / sqrt 2)) = x there
+    "gelu": lambda a: a.abs() > 1e38,
+}
+
+
+@pytest.fixture(scope="module")
+def lib(tmp_path_factory):
+    home = find_cuda_home(need_nvcc=False)
+    if home is None or not (shutil.which("g++") or shutil.which("c++")):
+        pytest.skip("needs a host C++ compiler and CUDA's headers (cuda_bf16.h)")
+    return harness.build_host(tmp_path_factory.mktemp("harness"), f"{home}/include")
+
+
+@pytest.mark.parametrize("case", list(harness.cases()), ids=lambda c: f"{c[1].name}{list(c[2])}")
+def test_device_function_matches_torch(lib, case):
+    index, row, attrs = case
+    a, b = harness.inputs("cpu")
+    got = harness.evaluate(lib, index, a, b, attrs)
+    want = harness.reference(row, a, b, attrs)
+    if row.name in CPU_DIFFERS:
+        keep = ~CPU_DIFFERS[row.name](a)
+        got, want, a, b = got[keep], want[keep], a[keep], b[keep]
+    nan_got, nan_want = torch.isnan(got), torch.isnan(want)
+    bad = nan_got != nan_want
+    assert not bad.any(), f"NaN mismatch at a={a[bad][:8].tolist()} b={b[bad][:8].tolist()}: got {got[bad][:8].tolist()}, torch {want[bad][:8].tolist()}"
+    ok = ~nan_want
+    torch.testing.assert_close(got[ok], want[ok], rtol=2e-6, atol=1e-6, msg=lambda m: f"{row.name}{attrs}: {m}")

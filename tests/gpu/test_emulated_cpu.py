@@ -1,0 +1,218 @@
+"""The shipped kernels and runtime, run by the host emulator on CPU tensors, against the reference.
+
+Everything but the CUDA-specific lines runs here: the generated program modules (compiled as host
+C++ with FX_EMULATE: every CUDA thread a fiber, barriers and shuffles checked for divergence), the
+launch plans, the runtime binding (GEMM, parameters, outputs, workspace). Each call writes into a
+NaN-filled buffer, so an element the kernels skip shows up, and asserts the kernels ran (no
+fallback). Builds are cached (FXFUSE_CACHE_DIR or ~/.cache/fxfuse); the first run compiles a few
+dozen small modules (set FXFUSE_SKIP_EMULATOR=1 to skip this file).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import os
+import shutil
+
+import pytest
+import torch
+
+from fxfuse import reference
+from fxfuse.cuda.build import BuildError, emulate_target
+from fxfuse.cuda.engine import Engine
+from fxfuse.ir import Norm
+from programs import LOW_PRECISION, PROGRAMS, make_params
+
+SHAPES = [(7, 1000, 300), (1, 64, 16), (5, 256, 16), (3, 4096, 8), (4, 3, 8), (6, 24, 5)]
+EXTRA = ["s16_sigmoid_sum", "s04_group_silu_vec_silu", "group_odd", "s03_batch_train_gelu_relu"]  # widest rows
+TOL = {torch.float32: 1e-4, torch.bfloat16: 1e-2, torch.float16: 1e-2}
+
+
+@pytest.fixture(scope="module")
+def engine():
+    if os.environ.get("FXFUSE_SKIP_EMULATOR"):
+        pytest.skip("FXFUSE_SKIP_EMULATOR is set")
+    if not (shutil.which("g++") or shutil.which("c++")):
+        pytest.skip("needs a host C++ compiler")
+    try:
+        target = emulate_target()
+    except BuildError as error:
+        pytest.skip(str(error))
+    engine = Engine(lambda device: target)
+    pairs = {(PROGRAMS[c.values[0]], c.values[1]) for c in cases()}
+    pairs |= {(PROGRAMS[name], dtype) for name in EXTRA for dtype in (torch.float32, torch.bfloat16)}
+    failed = engine.prepare_many(sorted(pairs, key=str), torch.device("cpu"))  # parallel builds
+    assert not failed, failed
+    return engine
+
+
+def groups_divide(program, n: int) -> bool:
+    return all(n % s.groups == 0 for s in program.stages if isinstance(s, Norm) and s.kind == "group")
+
+
+def inputs(program, dtype, m, n, k, seed, layout="contiguous"):
+    g = torch.Generator().manual_seed(seed)
+    if layout == "transposed":
+        x = torch.randn(k, m, generator=g).t()
+    elif layout == "3d":
+        x = torch.randn(2, m, k, generator=g)
+    else:
+        x = torch.randn(m, k, generator=g)
+    w = torch.randn(n, k, generator=g) / math.sqrt(k)
+    b = torch.randn(n, generator=g) if program.gemm.bias else None
+    params = make_params(program, n, dtype=dtype, generator=g)
+    cast = (lambda t: None if t is None else t.to(dtype))
+    return cast(x), cast(w), cast(b), params
+
+
+@contextlib.contextmanager
+def norms_as_on_cuda(dtype):
+    """torch's CPU norms of bfloat16/float16 tensors form some intermediates in that dtype (CPU
+    batch_norm's scale and shift, e.g.), its CUDA kernels compute in float32 and round the result.
+    The kernels follow CUDA; on CPU the oracle's norms do the same: float32 math on the input
+    rounded to ``dtype``, output rounded to ``dtype``."""
+    original = reference._norm
+    if dtype == torch.float32:
+        yield
+        return
+
+    def norm(stage, v, params, out_dtype):
+        out, stats = original(stage, v.to(out_dtype).float(), [q.float() for q in params], torch.float32)
+        return out.to(out_dtype).float(), stats
+
+    reference._norm = norm
+    try:
+        yield
+    finally:
+        reference._norm = original
+
+
+def run_and_compare(engine, program, dtype, x, w, b, params, misaligned=False):
+    text = program.to_string()
+    with norms_as_on_cuda(dtype):
+        ref_out, ref_stats = reference.forward(program, x, w, b, params)
+    numel = ref_out.numel()
+    storage = torch.full((numel + 1,), math.nan, dtype=dtype)
+    buffer = (storage[1:] if misaligned else storage[:numel]).view(ref_out.shape)
+    out, stats = engine.call(text, x, w, b, params, out=buffer)
+    assert out.data_ptr() == buffer.data_ptr(), "the kernels did not run (fallback to the reference)"
+    tol = TOL[dtype]
+    torch.testing.assert_close(out.float(), ref_out.float(), rtol=tol, atol=tol, equal_nan=True)
+    assert stats.shape == ref_stats.shape and stats.dtype == torch.float32
+    if ref_stats.numel():
+        torch.testing.assert_close(stats, ref_stats, rtol=tol, atol=tol, equal_nan=True)
+    return out, stats
+
+
+def cases():
+    for name, program in PROGRAMS.items():
+        dtypes = [torch.float32] + ([torch.bfloat16, torch.float16] if name in LOW_PRECISION else [])
+        for dtype in dtypes:
+            for m, n, k in SHAPES:
+                if not groups_divide(program, n) or (program.batch_norm_training and m < 2):
+                    continue
+                yield pytest.param(name, dtype, m, n, k, id=f"{name}-{str(dtype)[6:]}-{m}x{k}x{n}")
+
+
+@pytest.mark.parametrize("name,dtype,m,n,k", list(cases()))
+def test_program_matches_reference(engine, name, dtype, m, n, k):
+    program = PROGRAMS[name]
+    for seed in range(2):
+        run_and_compare(engine, program, dtype, *inputs(program, dtype, m, n, k, seed))
+
+
+@pytest.mark.parametrize("name", ["s04_group_silu_vec_silu", "s21_rms_silu", "s11_gelu_softmax", "s03_batch_train_gelu_relu"])
+def test_unaligned_path_on_aligned_shapes(engine, name):
+    """An output that is not 16-byte aligned takes the scalar (unaligned) kernels."""
+    program = PROGRAMS[name]
+    run_and_compare(engine, program, torch.float32, *inputs(program, torch.float32, 5, 256, 16, 0), misaligned=True)
+
+
+@pytest.mark.parametrize("name", EXTRA)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_widest_rows(engine, name, dtype):
+    """N = 32768: 512 threads a row, 64 values a thread (32765 for the odd group sizes)."""
+    program = PROGRAMS[name]
+    n = 32765 if name == "group_odd" else 32768
+    run_and_compare(engine, program, dtype, *inputs(program, dtype, 2, n, 4, 0))
+
+
+@pytest.mark.parametrize("layout", ["transposed", "3d"])
+@pytest.mark.parametrize("name", ["s02_group_leaky_double", "s20_layer_silu", "reduce_logsumexp_drop", "reduce_sum_keep"])
+def test_input_layouts(engine, name, layout):
+    program = PROGRAMS[name]
+    if layout == "3d" and name == "s02_group_leaky_double":
+        # torch's group norm takes dim 1 of a 3-D input as channels: the reference runs (and raises)
+        with pytest.raises(RuntimeError, match="divisible by num_groups"):
+            engine.call(program.to_string(), *inputs(program, torch.float32, 5, 1000, 12, 1, layout))
+        return
+    run_and_compare(engine, program, torch.float32, *inputs(program, torch.float32, 5, 1000, 12, 1, layout))
+
+
+@pytest.mark.parametrize(
+    "name",
+    ["s02_group_leaky_double", "s20_layer_silu", "s21_rms_silu", "s11_gelu_softmax", "log_softmax_then_pointwise",
+     "reduce_max_drop", "reduce_min_keep", "reduce_logsumexp_keep", "s03_batch_train_gelu_relu", "s22_batch_eval_relu",
+     "group_odd", "vocabulary_2"],  # vocabulary_1 has gelu, whose CPU kernel differs at inf
+)
+def test_nan_inf_propagate(engine, name):
+    """NaN in an input row, NaN/Inf in weight rows and bias: every stage propagates as torch does."""
+    program = PROGRAMS[name]
+    x, w, b, params = inputs(program, torch.float32, 6, 1000, 8, 2)
+    x[1, 3] = math.nan
+    w[7, 0] = math.inf
+    w[500, 2] = math.nan
+    if b is not None:
+        b[11] = -math.inf
+    run_and_compare(engine, program, torch.float32, x, w, b, params)
+
+
+def test_all_minus_inf_rows(engine):
+    """logsumexp of a row of -inf is -inf; max of it -inf; softmax of it NaN (as torch)."""
+    for name in ["reduce_logsumexp_drop", "reduce_max_keep", "s11_gelu_softmax"]:
+        program = PROGRAMS[name]
+        x, w, b, params = inputs(program, torch.float32, 3, 64, 4, 0)
+        b = torch.full_like(b, -math.inf)
+        w = torch.zeros_like(w)
+        run_and_compare(engine, program, torch.float32, x, w, b, params)
+
+
+def test_batch_norm_training_one_row_raises_like_eager(engine):
+    program = PROGRAMS["s03_batch_train_gelu_relu"]
+    x, w, b, params = inputs(program, torch.float32, 1, 64, 8, 0)
+    with pytest.raises(ValueError, match="Expected more than 1 value per channel when training"):
+        engine.call(program.to_string(), x, w, b, params)
+
+
+def test_group_norm_indivisible_raises_like_eager(engine):
+    program = PROGRAMS["s02_group_leaky_double"]
+    x, w, b, params = inputs(program, torch.float32, 3, 66, 8, 0)
+    with pytest.raises(RuntimeError):
+        engine.call(program.to_string(), x, w, b, params)
+
+
+def test_batch_stats_equal_var_mean(engine):
+    program = PROGRAMS["s07_vec_batch_train"]
+    x, w, b, params = inputs(program, torch.float32, 37, 200, 16, 3)
+    _, stats = run_and_compare(engine, program, torch.float32, x, w, b, params)
+    pre = torch.nn.functional.linear(x, w, b) * params[0]
+    var, mean = torch.var_mean(pre, dim=0, correction=1)
+    torch.testing.assert_close(stats, torch.stack([mean, var]), rtol=1e-5, atol=1e-5)
+
+
+def test_many_rows_batch_norm(engine):
+    """More rows than the statistics kernel has chunks: chunks of several rows, Chan combine."""
+    program = PROGRAMS["s18_batch_train_scalar_silu"]
+    run_and_compare(engine, program, torch.float32, *inputs(program, torch.float32, 300, 16, 4, 4))
+
+
+def test_params_in_other_dtypes_and_shapes(engine):
+    """Pointwise parameters in bfloat16 or float64, shaped (1, N) or (1,): read as p.float()."""
+    program = PROGRAMS["s17_vec_hardtanh_mish_group"]
+    x, w, b, params = inputs(program, torch.float32, 9, 48, 8, 5)
+    params = [params[0].to(torch.bfloat16).reshape(1, 48), params[1], params[2]]
+    run_and_compare(engine, program, torch.float32, x, w, b, params)
+    program = PROGRAMS["scalar_param_pow"]
+    x, w, b, params = inputs(program, torch.float32, 9, 48, 8, 6)
+    run_and_compare(engine, program, torch.float32, x, w, b, [params[0].double().reshape(1)])
