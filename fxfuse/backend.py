@@ -17,7 +17,7 @@ from torch.fx import Graph, GraphModule
 
 from . import op as _op  # noqa: F401  (registers torch.ops.fxfuse.*)
 from .canonicalize import canonicalize
-from .match import Chain, match_all
+from .match import Chain, example_value, match_all
 from .report import record
 from .rewrite import rewrite
 
@@ -60,7 +60,7 @@ def _build(chains: list[Chain]) -> list[Chain]:
     whose build fails is left to Inductor, with the reason in the report."""
     wanted = {}
     for chain in chains:
-        value = _example(chain.x)
+        value = example_value(chain.x)
         if chain.program is not None and isinstance(value, torch.Tensor) and value.device.type == "cuda":
             wanted[(chain.program.to_string(), value.dtype)] = chain.program
     if not wanted:
@@ -74,12 +74,8 @@ def _build(chains: list[Chain]) -> list[Chain]:
     return [_unfused_if_failed(chain, failed) for chain in chains]
 
 
-def _example(node) -> object:
-    return None if node is None else node.meta.get("example_value", node.meta.get("val"))
-
-
 def _unfused_if_failed(chain: Chain, failed: dict) -> Chain:
-    value = _example(chain.x)
+    value = example_value(chain.x)
     error = failed.get((chain.program.to_string(), value.dtype)) if chain.program else None
     if error is None:
         return chain

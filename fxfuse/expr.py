@@ -165,17 +165,24 @@ def evaluate(
     symbols: Callable[[sympy.Symbol], object],
     function: Callable[[EpilogueFunction, list], object],
 ):
-    """Evaluate ``expr`` in the order it was written.
+    """Evaluate ``expr`` in the order it was written, each distinct subtree once.
 
     ``symbols`` gives the value of a symbol; ``function`` applies a vocabulary function to its
-    evaluated tensor operands followed by its scalar attributes (as floats).
+    evaluated tensor operands followed by its scalar attributes (as floats). Values are anything with
+    Python arithmetic: torch tensors in the reference, C expressions in the CUDA code generator.
     """
+    memo: dict[sympy.Expr, object] = {}
 
     def ev(e: sympy.Expr):
         if isinstance(e, sympy.Symbol):
             return symbols(e)
         if e.is_Number or e in (sympy.oo, -sympy.oo, sympy.nan):
             return float(e)
+        if e not in memo:
+            memo[e] = composite(e)
+        return memo[e]
+
+    def composite(e: sympy.Expr):
         if isinstance(e, EpilogueFunction):
             n = e.row.operands
             return function(e, [ev(a) for a in e.args[:n]] + [float(a) for a in e.args[n:]])

@@ -288,7 +288,7 @@ class _Matcher:
         a, b = op.operands
         other = b if a is self.gemm else a if b is self.gemm else None
         value = example_value(other)
-        if not isinstance(value, torch.Tensor) or other in (self.gemm,) or self._is_downstream(other):
+        if not isinstance(value, torch.Tensor) or self._is_downstream(other):
             return False
         if tuple(value.shape) != (self.n,) or value.dtype != self.dtype or value.device != self.device:
             return False

@@ -13,6 +13,7 @@ import torch
 from torch.fx import Graph, Node
 
 from .match import BatchNormUpdate, Chain
+from .patterns.gemm import transposed_weight
 
 FUSED_OP = torch.ops.fxfuse.linear_epilogue.default
 
@@ -38,19 +39,8 @@ def _replace(graph: Graph, chain: Chain) -> None:
     for node in reversed(chain.nodes):
         graph.erase_node(node)
     for node in maybe_dead:  # W.t() / W.T views that only the GEMM read
-        if not node.users and _is_pure_view(node):
+        if not node.users and transposed_weight(node) is not None:
             graph.erase_node(node)
-
-
-def _is_pure_view(node: Node) -> bool:
-    return (node.op, node.target) in (
-        ("call_method", "t"),
-        ("call_function", torch.t),
-        ("call_function", getattr),
-        ("call_method", "transpose"),
-        ("call_function", torch.transpose),
-        ("call_method", "permute"),
-    )
 
 
 def _update_running_stats(graph: Graph, fused: Node, update: BatchNormUpdate) -> None:

@@ -11,8 +11,8 @@ GPU for the same calls:
 * ``tensor / constant`` is ``tensor * (1 / constant)`` in float32, as torch's CUDA division by a CPU
   scalar; ``constant / tensor`` is ``reciprocal(tensor) * constant`` (``Tensor.__rtruediv__``);
 * ``tensor ** c`` takes torch's special cases (2, 3, 0.5, -1, -2, -0.5, 0, 1), else ``powf``;
-* every composite node becomes one ``const float tK`` temporary, memoised by structure, so a value
-  used twice (``x * sigmoid(x)``) is computed once.
+* every composite node becomes one ``const float tK`` temporary; ``fxfuse.expr.evaluate`` visits
+  each distinct subtree once, so a value used twice (``x * sigmoid(x)``) is computed once.
 """
 
 from __future__ import annotations
@@ -75,81 +75,42 @@ class Printed:
 
 
 class _Printer:
+    """Emits one ``const float`` temporary per composite value; ``fxfuse.expr.evaluate`` does the
+    walk (the reference's own, so the order of operations is the same) over ``_CValue``s."""
+
     def __init__(self, x_name: str, prefix: str) -> None:
         self.x_name = x_name
         self.prefix = prefix
         self.lines: list[str] = []
-        self.memo: dict[sympy.Expr, Value] = {}
         self.params: set[int] = set()
 
-    # -- values --------------------------------------------------------------------------------
-
-    def temp(self, text: str) -> str:
+    def temp(self, text: str) -> "_CValue":
         name = f"{self.prefix}{len(self.lines)}"
         self.lines.append(f"const float {name} = {text};")
-        return name
+        return _CValue(self, name)
 
     @staticmethod
     def c(value: Value) -> str:
-        return float_literal(value) if isinstance(value, float) else value
+        if isinstance(value, complex):
+            raise UnsupportedExpression(f"constant {value} is not a real number")
+        return float_literal(value) if isinstance(value, float) else str(value)
 
-    # -- the walk (mirrors fxfuse.expr.evaluate) --------------------------------------------------
+    def symbol(self, e: sympy.Symbol) -> "_CValue":
+        if e == E.X:
+            return _CValue(self, self.x_name)
+        index = E.param_index(e)
+        if index is None:
+            raise UnsupportedExpression(f"unknown symbol {e.name!r}")
+        self.params.add(index)
+        return _CValue(self, f"p{index}")
 
-    def value(self, e: sympy.Expr) -> Value:
-        if isinstance(e, sympy.Symbol):
-            if e == E.X:
-                return self.x_name
-            index = E.param_index(e)
-            if index is None:
-                raise UnsupportedExpression(f"unknown symbol {e.name!r}")
-            self.params.add(index)
-            return f"p{index}"
-        if e.is_Number or e in (sympy.oo, -sympy.oo, sympy.nan):
-            return float(e)
-        if e in self.memo:
-            return self.memo[e]
-        result = self.composite(e)
-        self.memo[e] = result
-        return result
-
-    def composite(self, e: sympy.Expr) -> Value:
-        if isinstance(e, EpilogueFunction):
-            return self.function(e)
-        if isinstance(e, sympy.Add):
-            acc = self.value(e.args[0])
-            for term in e.args[1:]:
-                if E.is_negation(term):
-                    acc = self.binary(acc, "-", self.value(term.args[1]))
-                else:
-                    acc = self.binary(acc, "+", self.value(term))
-            return acc
-        if isinstance(e, sympy.Mul):
-            if E.is_negation(e):
-                return self.negate(self.value(e.args[1]))
-            acc = self.value(e.args[0])
-            for factor in e.args[1:]:
-                if E.is_reciprocal(factor):
-                    acc = self.binary(acc, "/", self.value(factor.args[0]))
-                else:
-                    acc = self.binary(acc, "*", self.value(factor))
-            return acc
-        if isinstance(e, sympy.Pow):
-            return self.power(self.value(e.args[0]), self.value(e.args[1]))
-        raise UnsupportedExpression(f"cannot print {sympy.srepr(e)}")
-
-    def function(self, e: EpilogueFunction) -> Value:
+    def function(self, e: EpilogueFunction, args: list) -> "_CValue":
         row = e.row
-        operands = [self.c(self.value(a)) for a in e.args[: row.operands]]
-        attrs = []
-        for a in e.args[row.operands :]:
-            if not (a.is_Number or a in (sympy.oo, -sympy.oo, sympy.nan)):
-                raise UnsupportedExpression(f"{row.name}: attribute {a} is not a constant")
-            attrs.append(float_literal(float(a)))
+        operands = [self.c(a) for a in args[: row.operands]]
+        attrs = [float_literal(a) for a in args[row.operands :]]
         return self.temp(f"{row.device_fn}({', '.join(operands + attrs)})")
 
-    def binary(self, a: Value, op: str, b: Value) -> Value:
-        if isinstance(a, float) and isinstance(b, float):
-            return _fold(a, op, b)
+    def binary(self, a: Value, op: str, b: Value) -> "_CValue":
         if op == "/" and isinstance(b, float):  # torch (CUDA): a * (1 / b), 1 / b in float32
             return self.temp(f"{a} * {float_literal(float32_reciprocal(b))}")
         if op == "/" and isinstance(a, float):  # Tensor.__rtruediv__: reciprocal(b) * a
@@ -157,14 +118,7 @@ class _Printer:
             return self.temp(f"{recip} * {float_literal(a)}")
         return self.temp(f"{self.c(a)} {op} {self.c(b)}")
 
-    def negate(self, a: Value) -> Value:
-        if isinstance(a, float):
-            return -a
-        return self.temp(f"-{a}")
-
-    def power(self, base: Value, exponent: Value) -> Value:
-        if isinstance(base, float) and isinstance(exponent, float):
-            return _fold(base, "**", exponent)
+    def power(self, base: Value, exponent: Value) -> "_CValue":
         if isinstance(exponent, float):
             special = {
                 0.0: "1.0f",
@@ -181,28 +135,35 @@ class _Printer:
         return self.temp(f"powf({self.c(base)}, {self.c(exponent)})")
 
 
-def _fold(a: float, op: str, b: float) -> float:
-    """Constant arithmetic as the reference's Python floats do it."""
-    try:
-        if op == "+":
-            return a + b
-        if op == "-":
-            return a - b
-        if op == "*":
-            return a * b
-        if op == "/":
-            return a / b
-        result = a**b
-    except (ZeroDivisionError, OverflowError) as error:
-        raise UnsupportedExpression(f"constant {a} {op} {b}: {error}") from None
-    if not isinstance(result, float):
-        raise UnsupportedExpression(f"constant {a} ** {b} is not a real number")
-    return result
+class _CValue:
+    """A C float expression; Python arithmetic on it emits temporaries (constants stay Python
+    floats and fold in double, as the reference's Python floats do)."""
+
+    def __init__(self, printer: _Printer, text: str) -> None:
+        self.printer, self.text = printer, text
+
+    def __str__(self) -> str:
+        return self.text
+
+    def __add__(self, other): return self.printer.binary(self, "+", other)
+    def __radd__(self, other): return self.printer.binary(other, "+", self)
+    def __sub__(self, other): return self.printer.binary(self, "-", other)
+    def __rsub__(self, other): return self.printer.binary(other, "-", self)
+    def __mul__(self, other): return self.printer.binary(self, "*", other)
+    def __rmul__(self, other): return self.printer.binary(other, "*", self)
+    def __truediv__(self, other): return self.printer.binary(self, "/", other)
+    def __rtruediv__(self, other): return self.printer.binary(other, "/", self)
+    def __neg__(self): return self.printer.temp(f"-{self}")
+    def __pow__(self, other): return self.printer.power(self, other)
+    def __rpow__(self, other): return self.printer.power(other, self)
 
 
 def print_expr(expression: sympy.Expr, x_name: str = "x", prefix: str = "t") -> Printed:
     """C statements computing ``expression`` with ``x`` named ``x_name``; temporaries are named
     ``<prefix><k>``, parameters ``p<i>`` (the caller declares them)."""
     printer = _Printer(x_name, prefix)
-    result = printer.value(expression)
+    try:
+        result = E.evaluate(expression, printer.symbol, printer.function)
+    except (ZeroDivisionError, OverflowError) as error:
+        raise UnsupportedExpression(f"constant arithmetic in {expression}: {error}") from None
     return Printed(printer.lines, _Printer.c(result), printer.params)
