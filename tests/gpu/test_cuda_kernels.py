@@ -124,7 +124,14 @@ def test_wide_rows(name, dtype):
 def test_input_layouts(name, layout):
     program = PROGRAMS[name]
     for seed in range(DRAWS):
-        check(program, torch.float32, *inputs(program, torch.float32, 7, 1000, 300, seed, layout))
+        args = inputs(program, torch.float32, 7, 1000, 300, seed, layout)
+        if layout == "3d" and any(getattr(s, "kind", None) == "group" for s in program.stages):
+            # group_norm of a 3-D value normalises dim 1: the matcher never fuses it, and a direct
+            # call raises eager's error rather than computing a feature norm.
+            with pytest.raises(RuntimeError, match="divisible by num_groups"):
+                op(program.to_string(), *args)
+            continue
+        check(program, torch.float32, *args)
 
 
 @pytest.mark.parametrize(
