@@ -1,23 +1,60 @@
 #!/usr/bin/env bash
-# One call on a GPU machine: install fxfuse, run the GPU tests, then the benchmark; logs in $OUT.
-#   bash bench/device_run.sh [tests|bench|all] [pytest args...]
+# One call on a GPU machine: install fxfuse, build every module, then the stages asked for; logs
+# in $OUT.
+#   bash bench/device_run.sh STAGES [bench args...]
+# STAGES, comma-separated: tests (tests/gpu, the suite tests in parallel shards), profile (the
+# epilogue breakdown and an ncu summary of each kernel), bench (bench/bench.py), sanitize.
 set -uo pipefail
-what=${1:-all}; shift || true
+stages=${1:-tests,profile,bench}; shift || true
 OUT=${OUT:-$PWD/out}; mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 FXFUSE_CACHE_DIR=${FXFUSE_CACHE_DIR:-/tmp/fxfuse-cache}
+export FXFUSE_SKIP_EMULATOR=1  # the host-emulator tests run in CPU CI
+has() { [[ ",$stages," == *",$1,"* ]]; }
 python3 -m pip install -q --no-deps --no-build-isolation -e . >"$OUT/install.log" 2>&1 \
   || { cat "$OUT/install.log"; exit 1; }
 { nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv
   python3 -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda)"; } | tee "$OUT/env.txt"
 # Build every module first, in parallel (a build per chain at compile time is sequential).
-python3 tests/gpu/prebuild.py 2>&1 | grep -v "^fxfuse: building" | tee "$OUT/prebuild.log"
-python3 bench/prebuild_suite.py 2>&1 | grep -v "^fxfuse: building" | tee -a "$OUT/prebuild.log"
-export FXFUSE_SKIP_EMULATOR=1  # the host-emulator tests run in CPU CI
+{ python3 tests/gpu/prebuild.py; python3 bench/prebuild_suite.py; } 2>&1 | grep -v "^fxfuse: building" \
+  | tee "$OUT/prebuild.log"
 status=0
-if [ "$what" = tests ] || [ "$what" = all ]; then
-  python3 -m pytest tests/gpu -q -rs "$@" 2>&1 | tee "$OUT/gpu_tests.log"; status=${PIPESTATUS[0]}
+if has tests; then
+  # The kernel tests, and the suite-model tests in shards (each compiles many models; the GPU is
+  # far from busy), all at once.
+  timeout 420 python3 -m pytest tests/gpu -q -rs --ignore=tests/gpu/test_suite_cuda.py \
+    -p no:cacheprovider >"$OUT/gpu_kernels.log" 2>&1 & pids=($!)
+  shards=("small and bf16" "small and fp32" "small and fp16" "not small")
+  for i in "${!shards[@]}"; do
+    timeout 420 python3 -m pytest tests/gpu/test_suite_cuda.py -q -rs -k "${shards[$i]}" \
+      -p no:cacheprovider >"$OUT/gpu_suite_$i.log" 2>&1 & pids+=($!)
+  done
+  for p in "${pids[@]}"; do wait "$p" || status=1; done
+  tail -n 3 "$OUT"/gpu_kernels.log "$OUT"/gpu_suite_*.log
+  grep -h "^FAILED\|^ERROR" "$OUT"/gpu_kernels.log "$OUT"/gpu_suite_*.log | head -40
 fi
-if [ "$what" = bench ] || [ "$what" = all ]; then
-  python3 bench/bench.py --json "$OUT/bench.json" --png "$OUT/bench.png" 2>&1 | tee "$OUT/bench.log"
+if has sanitize; then
+  python3 tests/gpu/sanitize.py 2>&1 | tail -n 20 | tee "$OUT/sanitize.log"
+fi
+if has profile; then
+  python3 bench/epilogue_breakdown.py 2>&1 | tee "$OUT/breakdown.log"
+  ncu --kernel-name regex:"apply_kernel|stats_kernel|combine_kernel" --section SpeedOfLight \
+    --section Occupancy --section LaunchStats --csv --page details \
+    python3 bench/epilogue_breakdown.py --once >"$OUT/ncu.csv" 2>"$OUT/ncu.err"
+  python3 - "$OUT/ncu.csv" <<'EOF' | tee "$OUT/ncu_summary.txt"
+import csv, sys
+keep = ("Duration", "Memory Throughput", "DRAM Throughput", "Compute (SM) Throughput", "Registers Per Thread",
+        "Achieved Occupancy", "Theoretical Occupancy", "Block Size", "Grid Size", "Dynamic Shared Memory Per Block")
+rows = {}
+lines = [l for l in open(sys.argv[1]) if l.startswith('"')]
+for r in csv.DictReader(lines):
+    key = (r["ID"], r["Kernel Name"].split("(")[0][:60])
+    if r["Metric Name"] in keep:
+        rows.setdefault(key, {})[r["Metric Name"]] = r["Metric Value"] + " " + r["Metric Unit"]
+for (i, name), m in rows.items():
+    print(i, name, " | ".join(f"{k}={m.get(k, '?')}" for k in keep))
+EOF
+fi
+if has bench; then
+  python3 bench/bench.py --json "$OUT/bench.json" --png "$OUT/bench.png" "$@" 2>&1 | tee "$OUT/bench.log"
 fi
 exit "$status"

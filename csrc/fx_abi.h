@@ -8,12 +8,19 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#define FX_ABI_VERSION 2
+#define FX_ABI_VERSION 3
 
 // Widest row the row kernel holds in registers (64 floats a thread, 512 threads a row).
 #define FX_MAX_N 32768
 
 enum FxDtype : int32_t { FX_F32 = 0, FX_BF16 = 1, FX_F16 = 2 };
+
+// FxLaunch.flags: how the eager implementation of this torch build rounds, where builds differ.
+enum FxFlags : int32_t {
+  // group_norm of a bfloat16/float16 input normalises with its mean and 1/std rounded to that
+  // dtype (torch's CUDA kernel up to 2.11) instead of keeping them in float32
+  FX_GROUP_NORM_ROUNDS_STATS = 1
+};
 
 enum FxOutKind : int32_t {
   FX_OUT_ROWS = 0,         // (M, N): same shape as the GEMM output (written in place or to out)
@@ -22,7 +29,7 @@ enum FxOutKind : int32_t {
 };
 
 struct FxParam {
-  const void* ptr;  // N values for a column parameter, 1 for a scalar; contiguous, on the device
+  const void* ptr;  // N values for a column parameter, 1 for a scalar; contiguous, 16-byte aligned
   int32_t dtype;    // FxDtype
   int32_t pad;
 };
@@ -38,7 +45,7 @@ struct FxLaunch {
   int32_t num_params;
   int32_t sm_count;
   int32_t smem_optin;     // the device's opt-in shared memory per block, bytes
-  int32_t pad;
+  int32_t flags;          // FxFlags
 };
 
 struct FxProgramInfo {

@@ -155,14 +155,14 @@ struct Thread {
   }
 };
 
-// Emulates kernel<<<grid, block, smem_bytes>>>: body(thread, dynamic smem, static smem[32]).
+// Emulates kernel<<<grid, block, smem_bytes>>>: body(thread, dynamic smem, static smem[FX_RED_FLOATS]).
 template <class Body>
 void emulate_launch(int64_t grid, int block, size_t smem_bytes, const Body& body) {
   emu::Block b;
   b.bdim = block;
   b.gdim = (int)grid;
   std::vector<float> dyn(smem_bytes / sizeof(float) + 1);
-  std::vector<float> red(32);
+  std::vector<float> red(FX_RED_FLOATS);
   for (int64_t g = 0; g < grid; ++g) {
     b.bid = (int)g;
     for (float& f : dyn) f = NAN;

@@ -6,6 +6,7 @@
 // run the exact kernel code that ships, indexing, tails and reductions included.
 #pragma once
 
+#include <math.h>
 #include <stdint.h>
 #include <string.h>
 
@@ -21,7 +22,19 @@
 #define FX_HOST_DEVICE inline
 #endif
 
+// Shared-memory floats a block has for cross-warp reductions (16 warps x 16 items at most)
+#define FX_RED_FLOATS 256
+
 namespace fx {
+
+// 1 / sqrt(x) as eager's CUDA norms compute it (rsqrt); the host emulator rounds correctly
+FX_DEVICE float fx_rsqrt(float x) {
+#if defined(__CUDA_ARCH__)
+  return rsqrtf(x);
+#else
+  return 1.0f / sqrtf(x);
+#endif
+}
 
 FX_DEVICE float bits_to_float(uint32_t b) {
 #if defined(__CUDA_ARCH__)

@@ -147,6 +147,43 @@ FX_DEVICE float load_param(const void* p, int32_t dtype, int64_t i) {
   return load_ro(static_cast<const float*>(p) + i);
 }
 
+// VEC values of a parameter from element c on (c a multiple of VEC; the pointer 16-byte aligned):
+// one or two 16-byte loads instead of VEC scalar ones.
+template <int VEC>
+FX_DEVICE void load_param_vec(const void* p, int32_t dtype, int64_t c, float* out) {
+  if (dtype == FX_F32) {
+    const float4* q = reinterpret_cast<const float4*>(static_cast<const float*>(p) + c);
+#pragma unroll
+    for (int j = 0; j < VEC / 4; ++j) {
+      const float4 f = load_ro(q + j);
+      out[4 * j] = f.x;
+      out[4 * j + 1] = f.y;
+      out[4 * j + 2] = f.z;
+      out[4 * j + 3] = f.w;
+    }
+    return;
+  }
+  const unsigned short* h = static_cast<const unsigned short*>(p) + c;
+  uint32_t w[VEC / 2];
+  if constexpr (VEC == 8) {
+    const uint4 q = load_ro(reinterpret_cast<const uint4*>(h));
+    w[0] = q.x;
+    w[1] = q.y;
+    w[2] = q.z;
+    w[3] = q.w;
+  } else {
+    const uint2 q = load_ro(reinterpret_cast<const uint2*>(h));
+    w[0] = q.x;
+    w[1] = q.y;
+  }
+  const bool bf16 = dtype == FX_BF16;
+#pragma unroll
+  for (int k = 0; k < VEC / 2; ++k) {
+    out[2 * k] = bf16 ? bf16_bits_to_float(w[k] & 0xffffu) : f16_bits_to_float(w[k] & 0xffffu);
+    out[2 * k + 1] = bf16 ? bf16_bits_to_float(w[k] >> 16) : f16_bits_to_float(w[k] >> 16);
+  }
+}
+
 // ---------------------------------------------------------------------------------------------
 // Kernel arguments (one struct for every kernel of a program; passed by value)
 
@@ -167,6 +204,7 @@ struct Args {
   int32_t rt;            // threads a row
   int32_t rpc;           // rows a block
   int32_t scratch_stride;  // shared-memory floats a row (group norm)
+  int32_t flags;           // FxFlags
 };
 
 struct OpAdd {
@@ -189,7 +227,7 @@ struct Row {
 
   const A& a;
   const Thread& t;
-  float* red;      // 32 floats of shared memory for cross-warp reductions
+  float* red;      // FX_RED_FLOATS floats of shared memory for cross-warp reductions
   float* scratch;  // this row's scratch_stride floats of dynamic shared memory
   int lt;          // thread index within the row
   int lr;          // row index within the block
@@ -242,12 +280,36 @@ struct Row {
   }
 
   template <int K>
-  FX_DEVICE float col_param(int c) const {
-    return load_param(a.pptr[K], a.pdtype[K], c);
-  }
-  template <int K>
   FX_DEVICE float scalar_param() const {
     return load_param(a.pptr[K], a.pdtype[K], 0);
+  }
+
+  // Column parameter K at chunk i's VEC columns, clamped to the row like map()'s columns: one or
+  // two 16-byte loads when the row is aligned (the runtime aligns parameters to 16 bytes).
+  template <int K>
+  FX_DEVICE void col_chunk(int i, float (&p)[VEC]) const {
+    chunk_of(a.pptr[K], a.pdtype[K], i, p);
+  }
+
+  FX_DEVICE void chunk_of(const void* ptr, int32_t dtype, int i, float (&p)[VEC]) const {
+    const int c0 = col(i, 0);
+    if constexpr (ALIGNED) {
+      load_param_vec<VEC>(ptr, dtype, c0 < a.n ? c0 : a.n - VEC, p);
+    } else {
+#pragma unroll
+      for (int e = 0; e < VEC; ++e) {
+        const int c = c0 + e;
+        p[e] = load_param(ptr, dtype, c < a.n ? c : a.n - 1);
+      }
+    }
+  }
+
+  // f(chunk i's VEC values, i) for every chunk: the generated pointwise stages, which load each
+  // column parameter once a chunk
+  template <class F>
+  FX_DEVICE void map_chunks(F f) {
+#pragma unroll
+    for (int i = 0; i < ITEMS; ++i) f(v[i], i);
   }
 
   // v = f(v, column) on every element slot. Slots past the row's end (and rows past M) compute on
@@ -319,12 +381,38 @@ struct Row {
     map([m, log_s](float x, int) { return (x - m) - log_s; });
   }
 
-  // A norm's epilogue: (normalised value) * w + b, rounded to T as eager's norm of a T input returns
-  template <int W, int B>
-  FX_DEVICE float affine(float y, int c) const {
-    if constexpr (W >= 0) y = y * col_param<W>(c);
-    if constexpr (B >= 0) y = y + col_param<B>(c);
-    return round_to<T>(y);
+  // Every norm ends here: v = (v - shift) * scale * w + b, rounded to T as eager's norm of a T
+  // input returns it. `shift_scale(i, shift, scale)` fills chunk i's VEC shifts and scales.
+  template <int W, int B, class F>
+  FX_DEVICE void normalise(F shift_scale) {
+#pragma unroll
+    for (int i = 0; i < ITEMS; ++i) {
+      float shift[VEC], scale[VEC], w[VEC], b[VEC];
+      shift_scale(i, shift, scale);
+      if constexpr (W >= 0) col_chunk<W>(i, w);
+      if constexpr (B >= 0) col_chunk<B>(i, b);
+#pragma unroll
+      for (int e = 0; e < VEC; ++e) {
+        float y = (v[i][e] - shift[e]) * scale[e];
+        if constexpr (W >= 0) y = y * w[e];
+        if constexpr (B >= 0) y = y + b[e];
+        v[i][e] = round_to<T>(y);
+      }
+    }
+  }
+
+  // shift and scale the same for a whole chunk
+  template <int W, int B, class F>
+  FX_DEVICE void normalise_by_chunk(F shift_scale_of_chunk) {
+    normalise<W, B>([&](int i, float* shift, float* scale) {
+      float sh, sc;
+      shift_scale_of_chunk(i, sh, sc);
+#pragma unroll
+      for (int e = 0; e < VEC; ++e) {
+        shift[e] = sh;
+        scale[e] = sc;
+      }
+    });
   }
 
   // A norm's input: the value rounded to T (eager's norm sees a T tensor)
@@ -338,10 +426,12 @@ struct Row {
     round_input();
     const float n = static_cast<float>(a.n);
     const float mean = reduce_sum() / n;
-    map([mean](float x, int) { return x - mean; });
-    const float var = reduce(0.0f, OpAdd(), [](float x) { return x * x; }) / n;
-    const float rstd = 1.0f / sqrtf(var + eps);
-    map([this, rstd](float x, int c) { return affine<W, B>(x * rstd, c); });
+    const float var = reduce(0.0f, OpAdd(), [mean](float x) { return (x - mean) * (x - mean); }) / n;
+    const float rstd = fx_rsqrt(var + eps);
+    normalise_by_chunk<W, B>([mean, rstd](int, float& sh, float& sc) {
+      sh = mean;
+      sc = rstd;
+    });
   }
 
   // F.rms_norm: x * rsqrt(mean(x^2) + eps) * w
@@ -349,42 +439,122 @@ struct Row {
   FX_DEVICE void rms_norm(float eps) {
     round_input();
     const float ms = reduce(0.0f, OpAdd(), [](float x) { return x * x; }) / static_cast<float>(a.n);
-    const float r = 1.0f / sqrtf(ms + eps);
-    map([this, r](float x, int c) { return affine<W, -1>(x * r, c); });
+    const float r = fx_rsqrt(ms + eps);
+    normalise_by_chunk<W, -1>([r](int, float& sh, float& sc) {
+      sh = 0.0f;
+      sc = r;
+    });
   }
 
   // Group norm over groups of n/G consecutive columns of the row, two passes (mean, then the mean
-  // of squared deviations) like the other norms. When a group is whole 16-byte chunks, each chunk's
-  // partial sum goes to shared memory and one thread a group adds its group's slots in order.
-  // Otherwise the row itself is staged in shared memory and one thread a group normalises it there
-  // (the rare case: a group size that is not a multiple of 16 bytes of T).
+  // of squared deviations) in fp32 like eager's CUDA kernel, whose eps is a T and which (up to
+  // torch 2.11) normalises with mean and 1/std rounded to T: FX_GROUP_NORM_ROUNDS_STATS.
+  //  - a group of `lanes` whole chunks held by consecutive threads (lanes a power of two dividing
+  //    the row's threads; every suite shape): shuffle sums, no shared memory;
+  //  - other whole-chunk groups: per-chunk partial sums in shared memory, one thread a group;
+  //  - a group size that is not a multiple of 16 bytes of T: the row staged in shared memory.
   template <int G, int W, int B>
   FX_DEVICE void group_norm(float eps) {
     round_input();
+    const float eps_t = round_to<T>(eps);
     const int gs = a.n / G;
-    if (gs % VEC == 0) {
-      group_norm_by_chunk<G, W, B>(eps, gs);
+    const int lanes = gs / VEC;
+    if (gs % VEC == 0 && (lanes & (lanes - 1)) == 0 && a.rt % lanes == 0) {
+      group_norm_by_lanes<W, B>(eps_t, gs, lanes);
+    } else if (gs % VEC == 0) {
+      group_norm_by_chunk<G, W, B>(eps_t, gs);
     } else {
-      group_norm_staged<G, W, B>(eps, gs);
+      group_norm_staged<G, W, B>(eps_t, gs);
     }
+  }
+
+  FX_DEVICE void group_stats(float& mean, float& rstd) const {
+    if (a.flags & FX_GROUP_NORM_ROUNDS_STATS) {
+      mean = round_to<T>(mean);
+      rstd = round_to<T>(rstd);
+    }
+  }
+
+  // s[i] = the sum of s[i] over the `lanes` consecutive threads holding chunk i's group (lanes a
+  // power of two; above 32, whole warps through shared memory), in a fixed order.
+  FX_DEVICE void group_sums(float (&s)[ITEMS], int lanes) const {
+    const int width = lanes < 32 ? lanes : 32;
+    for (int off = width >> 1; off > 0; off >>= 1)
+#pragma unroll
+      for (int i = 0; i < ITEMS; ++i) s[i] += t.shfl_xor(s[i], off);
+    if (lanes <= 32) return;
+    const int warps = t.bdim() >> 5;
+    const int warp = t.tid() >> 5;
+    if ((t.tid() & 31) == 0)
+#pragma unroll
+      for (int i = 0; i < ITEMS; ++i) red[i * warps + warp] = s[i];
+    t.sync();
+    const int per = lanes >> 5;
+    const int first = warp / per * per;
+#pragma unroll
+    for (int i = 0; i < ITEMS; ++i) {
+      float r = red[i * warps + first];
+      for (int w = 1; w < per; ++w) r += red[i * warps + first + w];
+      s[i] = r;
+    }
+    t.sync();
+  }
+
+  template <int W, int B>
+  FX_DEVICE void group_norm_by_lanes(float eps, int gs, int lanes) {
+    const float count = static_cast<float>(gs);
+    float mean[ITEMS], rstd[ITEMS];
+#pragma unroll
+    for (int i = 0; i < ITEMS; ++i) {
+      float s = 0.0f;
+#pragma unroll
+      for (int e = 0; e < VEC; ++e) s += v[i][e];
+      mean[i] = col(i, 0) < a.n ? s : 0.0f;  // whole groups lie past the end (n % gs == 0)
+    }
+    group_sums(mean, lanes);
+#pragma unroll
+    for (int i = 0; i < ITEMS; ++i) {
+      mean[i] /= count;
+      float s = 0.0f;
+#pragma unroll
+      for (int e = 0; e < VEC; ++e) s += (v[i][e] - mean[i]) * (v[i][e] - mean[i]);
+      rstd[i] = col(i, 0) < a.n ? s : 0.0f;
+    }
+    group_sums(rstd, lanes);
+#pragma unroll
+    for (int i = 0; i < ITEMS; ++i) {
+      rstd[i] = fx_rsqrt(rstd[i] / count + eps);
+      group_stats(mean[i], rstd[i]);
+    }
+    normalise_by_chunk<W, B>([&](int i, float& sh, float& sc) {
+      sh = mean[i];
+      sc = rstd[i];
+    });
   }
 
   template <int G, int W, int B>
   FX_DEVICE void group_norm_by_chunk(float eps, int gs) {
     const int per_group = gs / VEC;
     const float count = static_cast<float>(gs);
-    chunk_partials([](float x) { return x; });
+    float mean[ITEMS], rstd[ITEMS];
+    chunk_partials([](float x, int) { return x; });
     t.sync();
     chunk_combine<G>(per_group, [count](float s) { return s / count; });
     t.sync();
-    chunk_apply(gs, per_group, [](float x, float mean, int) { return x - mean; });
+    chunk_group_values(gs, per_group, mean);
     t.sync();
-    chunk_partials([](float x) { return x * x; });
+    chunk_partials([&mean](float x, int i) { return (x - mean[i]) * (x - mean[i]); });
     t.sync();
-    chunk_combine<G>(per_group, [count, eps](float s) { return 1.0f / sqrtf(s / count + eps); });
+    chunk_combine<G>(per_group, [count, eps](float s) { return fx_rsqrt(s / count + eps); });
     t.sync();
-    chunk_apply(gs, per_group, [this](float x, float rstd, int c) { return affine<W, B>(x * rstd, c); });
+    chunk_group_values(gs, per_group, rstd);
     t.sync();
+#pragma unroll
+    for (int i = 0; i < ITEMS; ++i) group_stats(mean[i], rstd[i]);
+    normalise_by_chunk<W, B>([&](int i, float& sh, float& sc) {
+      sh = mean[i];
+      sc = rstd[i];
+    });
   }
 
   template <class F>
@@ -396,7 +566,7 @@ struct Row {
       if (c0 < a.n) {
         float s = 0.0f;
 #pragma unroll
-        for (int e = 0; e < VEC; ++e) s += f(v[i][e]);
+        for (int e = 0; e < VEC; ++e) s += f(v[i][e], i);
         scratch[c0 / VEC] = s;
       }
     }
@@ -412,16 +582,13 @@ struct Row {
     }
   }
 
-  // v = f(v, the value in the first slot of v's group, column); chunks past the end use the last
+  // out[i] = the value chunk_combine left for chunk i's group; chunks past the end use the last
   // chunk's group (n % VEC == 0 here), as map() clamps columns
-  template <class F>
-  FX_DEVICE void chunk_apply(int gs, int per_group, F f) {
+  FX_DEVICE void chunk_group_values(int gs, int per_group, float (&out)[ITEMS]) const {
 #pragma unroll
     for (int i = 0; i < ITEMS; ++i) {
       const int c0 = col(i, 0) < a.n ? col(i, 0) : a.n - VEC;
-      const float g = scratch[(c0 / gs) * per_group];
-#pragma unroll
-      for (int e = 0; e < VEC; ++e) v[i][e] = f(v[i][e], g, c0 + e);
+      out[i] = scratch[(c0 / gs) * per_group];
     }
   }
 
@@ -441,28 +608,36 @@ struct Row {
         float* x = scratch + g * gs;
         float s = 0.0f;
         for (int k = 0; k < gs; ++k) s += x[k];
-        const float mean = s / count;
+        float mean = s / count;
         float ss = 0.0f;
-        for (int k = 0; k < gs; ++k) {
-          const float d = x[k] - mean;
-          ss += d * d;
-        }
-        const float rstd = 1.0f / sqrtf(ss / count + eps);
+        for (int k = 0; k < gs; ++k) ss += (x[k] - mean) * (x[k] - mean);
+        float rstd = fx_rsqrt(ss / count + eps);
+        group_stats(mean, rstd);
         for (int k = 0; k < gs; ++k) x[k] = (x[k] - mean) * rstd;
       }
     }
     t.sync();
-    map([this](float, int c) { return affine<W, B>(scratch[c], c); });
+    map([this](float, int c) { return scratch[c]; });
     t.sync();
+    normalise_by_chunk<W, B>([](int, float& sh, float& sc) {
+      sh = 0.0f;
+      sc = 1.0f;
+    });
   }
 
   // BatchNorm with running statistics: (x - rm) / sqrt(rv + eps) * w + b
   template <int W, int B, int RM, int RV>
   FX_DEVICE void batch_norm_eval(float eps) {
     round_input();
-    map([this, eps](float x, int c) {
-      const float rstd = 1.0f / sqrtf(col_param<RV>(c) + eps);
-      return affine<W, B>((x - col_param<RM>(c)) * rstd, c);
+    normalise<W, B>([this, eps](int i, float* shift, float* scale) {
+      float rm[VEC], rv[VEC];
+      col_chunk<RM>(i, rm);
+      col_chunk<RV>(i, rv);
+#pragma unroll
+      for (int e = 0; e < VEC; ++e) {
+        shift[e] = rm[e];
+        scale[e] = 1.0f / sqrtf(rv[e] + eps);
+      }
     });
   }
 
@@ -470,8 +645,15 @@ struct Row {
   template <int W, int B>
   FX_DEVICE void batch_norm_train() {
     round_input();
-    map([this](float x, int c) {
-      return affine<W, B>((x - load_ro(a.bn_mean + c)) * load_ro(a.bn_rstd + c), c);
+    normalise<W, B>([this](int i, float* shift, float* scale) {
+      float m[VEC], r[VEC];
+      chunk_of(a.bn_mean, FX_F32, i, m);
+      chunk_of(a.bn_rstd, FX_F32, i, r);
+#pragma unroll
+      for (int e = 0; e < VEC; ++e) {
+        shift[e] = m[e];
+        scale[e] = r[e];
+      }
     });
   }
 };
@@ -567,7 +749,7 @@ FX_DEVICE void merge(Moments& acc, int64_t nb, float mb, float m2b) {
 }
 
 constexpr int kCombineColumns = 32;  // a block: 32 columns x (block / 32) ranges of chunks
-constexpr int kCombineBlock = 256;
+constexpr int kCombineBlock = 512;
 
 // Per column: merge the chunks' moments in order, in kCombineBlock / 32 fixed consecutive ranges
 // then the ranges in order; write the (2, n) stats output [mean, unbiased var] and the mean and
@@ -584,8 +766,18 @@ FX_DEVICE void combine_body(const Args<Prog::kParamSlots>& a, const Thread& t, M
   const int64_t k1 = k0 + per < used ? k0 + per : used;
   Moments acc{0, 0.0f, 0.0f};
   if (c < a.n) {
-    for (int64_t k = k0; k < k1; ++k)
-      merge(acc, (a.m - 1 - k) / a.chunks + 1, a.part_mean[k * a.n + c], a.part_m2[k * a.n + c]);
+    constexpr int kDepth = 4;  // loads in flight a thread: the merges wait on memory otherwise
+    for (int64_t k = k0; k < k1; k += kDepth) {
+      float mb[kDepth], m2b[kDepth];
+#pragma unroll
+      for (int j = 0; j < kDepth; ++j) {
+        mb[j] = k + j < k1 ? a.part_mean[(k + j) * a.n + c] : 0.0f;
+        m2b[j] = k + j < k1 ? a.part_m2[(k + j) * a.n + c] : 0.0f;
+      }
+#pragma unroll
+      for (int j = 0; j < kDepth; ++j)
+        if (k + j < k1) merge(acc, (a.m - 1 - (k + j)) / a.chunks + 1, mb[j], m2b[j]);
+    }
   }
   parts[t.tid()] = acc;
   t.sync();
@@ -617,7 +809,7 @@ extern __shared__ float fx_dynamic_smem[];
 template <class Prog, typename T, int ITEMS, bool ALIGNED>
 __global__ void __launch_bounds__(kMaxBlock)
     apply_kernel(const __grid_constant__ Args<Prog::kParamSlots> a) {
-  __shared__ float red[32];
+  __shared__ float red[FX_RED_FLOATS];
   const Thread t;
   apply_body<Prog, T, ITEMS, ALIGNED>(a, t, fx_dynamic_smem, red);
 }
@@ -625,7 +817,7 @@ __global__ void __launch_bounds__(kMaxBlock)
 template <class Prog, typename T, int ITEMS, bool ALIGNED>
 __global__ void __launch_bounds__(kMaxBlock)
     stats_kernel(const __grid_constant__ Args<Prog::kParamSlots> a) {
-  __shared__ float red[32];
+  __shared__ float red[FX_RED_FLOATS];
   const Thread t;
   stats_body<Prog, T, ITEMS, ALIGNED>(a, t, fx_dynamic_smem, red);
 }
@@ -822,6 +1014,7 @@ struct Launcher {
     a.rt = p.rt;
     a.rpc = p.rpc;
     a.scratch_stride = static_cast<int32_t>(Prog::scratch_floats(L->n, VEC));
+    a.flags = L->flags;
     const bool out_vec = Prog::kOutKind != FX_OUT_ROWS || reinterpret_cast<uintptr_t>(L->out) % 16 == 0;
     const bool aligned = L->n % VEC == 0 && reinterpret_cast<uintptr_t>(L->y) % 16 == 0 && out_vec;
     switch (p.items) {

@@ -89,13 +89,15 @@ std::optional<Tensor> kernel_param(const Tensor& p, bool is_col, int64_t n, cons
     q = q.to(x.device());
   }
   if (!code_of(q.scalar_type())) q = q.to(at::kFloat);
-  return q.reshape({q.numel()}).contiguous();
+  q = q.reshape({q.numel()}).contiguous();
+  if (reinterpret_cast<uintptr_t>(q.data_ptr()) % 16 != 0) q = q.clone();  // the kernels load 16 bytes
+  return q;
 }
 
 using Result = std::optional<std::tuple<Tensor, Tensor>>;
 
 Result run(int64_t info_address, const Tensor& x, const Tensor& weight, const std::optional<Tensor>& bias,
-           const std::vector<Tensor>& params, const std::optional<Tensor>& out_buffer) {
+           const std::vector<Tensor>& params, int64_t flags, const std::optional<Tensor>& out_buffer) {
   if (info_address == 0) return std::nullopt;
   const auto* info = reinterpret_cast<const FxProgramInfo*>(info_address);
   TORCH_CHECK(info->abi_version == FX_ABI_VERSION, "fxfuse: program module ABI ", info->abi_version,
@@ -168,6 +170,7 @@ Result run(int64_t info_address, const Tensor& x, const Tensor& weight, const st
   launch.num_params = static_cast<int32_t>(fx_params.size());
   launch.sm_count = facts.sm_count;
   launch.smem_optin = facts.smem_optin;
+  launch.flags = static_cast<int32_t>(flags);
 #if defined(FX_EMULATE)
   void* stream = nullptr;
 #else
@@ -184,6 +187,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.doc() = "fxfuse runtime: GEMM + generated epilogue kernels";
   m.attr("ABI_VERSION") = FX_ABI_VERSION;
   m.attr("MAX_N") = FX_MAX_N;
+  m.attr("GROUP_NORM_ROUNDS_STATS") = static_cast<int>(FX_GROUP_NORM_ROUNDS_STATS);
   m.def("run", &run, "GEMM + epilogue; None when the kernels do not cover the call", py::arg("info"),
-        py::arg("x"), py::arg("weight"), py::arg("bias"), py::arg("params"), py::arg("out") = py::none());
+        py::arg("x"), py::arg("weight"), py::arg("bias"), py::arg("params"), py::arg("flags") = 0, py::arg("out") = py::none());
 }

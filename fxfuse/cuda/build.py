@@ -21,6 +21,7 @@ import hashlib
 import importlib.util
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -49,7 +50,7 @@ def _find_csrc() -> Path:
 CSRC = _find_csrc()
 SOURCE_SUFFIXES = (".cuh", ".cu", ".cpp", ".h")
 RUNTIME_SOURCE = "runtime.cpp"
-FX_ABI_VERSION = 2  # csrc/fx_abi.h
+FX_ABI_VERSION = int(re.search(r"#define FX_ABI_VERSION (\d+)", (CSRC / "fx_abi.h").read_text()).group(1))
 ERROR_TAIL_CHARS = 4000
 
 

@@ -16,7 +16,7 @@ import torch
 from ..ir import Norm, Pointwise, Program, Reduce, Stage
 from .printer import UnsupportedExpression, float_literal, print_expr
 
-CODEGEN_VERSION = "1"
+CODEGEN_VERSION = "2"
 
 ELEMENT_TYPES = {
     torch.float32: "float",
@@ -215,30 +215,35 @@ def _emit_stages(program: Program, stages: tuple[Stage, ...], store: bool) -> li
     return lines
 
 
-def _param_decls(program: Program, used: set[int], kind: str) -> list[str]:
-    decls = []
-    for index in sorted(used):
+def _param_indices(program: Program, used: set[int], kind: str) -> list[int]:
+    for index in used:
         if index >= len(program.params):
             raise UnsupportedExpression(f"p{index} is not a parameter of the program")
-        if program.params[index] != kind:
-            continue
-        if kind == "col":
-            decls.append(f"const float p{index} = r.template col_param<{index}>(c);")
-        else:
-            decls.append(f"const float p{index} = r.template scalar_param<{index}>();")
-    return decls
+    return [i for i in sorted(used) if program.params[i] == kind]
+
+
+def _scalar_decls(program: Program, used: set[int]) -> list[str]:
+    return [f"const float p{i} = r.template scalar_param<{i}>();" for i in _param_indices(program, used, "scalar")]
 
 
 def _emit_map(program: Program, stage: Pointwise) -> list[str]:
+    """One pass over the row's chunks: column parameters are loaded once a chunk (16 bytes at a
+    time), then the expression runs on each of the chunk's elements."""
     printed = print_expr(stage.expr)
+    cols = _param_indices(program, printed.params, "col")
     return [
         "{",
-        *_indent(_param_decls(program, printed.params, "scalar"), 2),
-        "  r.map([&](float x, int c) {",
-        "    (void)c;",
-        *_indent(_param_decls(program, printed.params, "col"), 4),
-        *_indent(printed.lines, 4),
-        f"    return {printed.result};",
+        *_indent(_scalar_decls(program, printed.params), 2),
+        "  r.map_chunks([&](auto& v, int i) {",
+        "    (void)i;",
+        *[line for k in cols for line in (f"    float p{k}v[R::VEC];", f"    r.template col_chunk<{k}>(i, p{k}v);")],
+        "#pragma unroll",
+        "    for (int e = 0; e < R::VEC; ++e) {",
+        "      const float x = v[e];",
+        *[f"      const float p{k} = p{k}v[e];" for k in cols],
+        *_indent(printed.lines, 6),
+        f"      v[e] = {printed.result};",
+        "    }",
         "  });",
         "}",
     ]
@@ -252,7 +257,7 @@ def _emit_scalar_pointwise(program: Program, stage: Pointwise) -> list[str]:
     return [
         "{",
         "  const float x = s;",
-        *_indent(_param_decls(program, printed.params, "scalar"), 2),
+        *_indent(_scalar_decls(program, printed.params), 2),
         *_indent(printed.lines, 2),
         f"  s = {printed.result};",
         "}",

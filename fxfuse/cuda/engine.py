@@ -36,6 +36,7 @@ class Engine:
         self._handles: dict[Key, int] = {}  # 0: no kernels for this key, use the reference
         self._modules: dict[Key, object] = {}  # ProgramModules: keep the libraries loaded
         self._run = None
+        self._flags = 0  # FxFlags: eager's rounding on this target, found when the runtime loads
         self._lock = threading.Lock()
         self._warned: set[str] = set()
 
@@ -87,7 +88,9 @@ class Engine:
         from .build import build_runtime
 
         if self._run is None:
-            self._run = build_runtime(self._target_for(device)).run
+            runtime = build_runtime(self._target_for(device))
+            self._flags = runtime.GROUP_NORM_ROUNDS_STATS if group_norm_rounds_stats(device) else 0
+            self._run = runtime.run
         return self._run
 
     def _resolve(self, program: str, dtype: torch.dtype, device: torch.device) -> int:
@@ -115,7 +118,7 @@ class Engine:
             handle = self._resolve(program, x.dtype, x.device)
         run = self._run
         if handle and run is not None:
-            result = run(handle, x, weight, bias, params, out)
+            result = run(handle, x, weight, bias, params, self._flags, out)
             if result is not None:
                 return result
         return fallback(program, x, weight, bias, params)
@@ -125,7 +128,31 @@ class Engine:
         handle = self._handles.get((program, x.dtype, x.get_device()))
         if handle is None:
             handle = self._resolve(program, x.dtype, x.device)
-        return bool(handle) and self._run(handle, x, weight, bias, params, None) is not None
+        return bool(handle) and self._run(handle, x, weight, bias, params, self._flags, None) is not None
+
+
+def group_norm_rounds_stats(device: torch.device) -> bool:
+    """Whether eager's group_norm of a bfloat16 input on ``device`` normalises with its mean and
+    1/std rounded to bfloat16 (torch's CUDA kernel did up to 2.11) rather than kept in float32.
+
+    The kernels must round where eager rounds: in a bf16 chain one flipped ulp after the norm can
+    grow past 1e-2 (S04). Asked of eager itself once, on an input where the two differ."""
+    g = torch.Generator().manual_seed(0)
+    x = (torch.randn(64, 256, generator=g) * 3 + 1).to(device=device, dtype=torch.bfloat16)
+    eps = float(torch.tensor(1e-5, dtype=torch.bfloat16))
+    y = torch.nn.functional.group_norm(x, 8, eps=1e-5).float()
+    xf = x.float().view(64, 8, 32)
+    var, mean = torch.var_mean(xf, dim=-1, correction=0, keepdim=True)
+    rstd = torch.rsqrt(var + eps)
+
+    def distance(mean, rstd):
+        z = ((xf - mean) * rstd).view(64, 256).to(torch.bfloat16).float()
+        return (z - y).abs().sum().item()
+
+    def bf16(t):
+        return t.to(torch.bfloat16).float()
+
+    return distance(bf16(mean), bf16(rstd)) < distance(mean, rstd)
 
 
 def fallback(program: str, x, weight, bias, params):

@@ -215,7 +215,7 @@ def test_batch_norm_training_splits_prefix_and_rest():
     header = codegen.generate(program, torch.float32, "fxm_b", "e")["program.cuh"]
     prefix = header[header.index("prefix(R& r)") : header.index("rest(R& r)")]
     rest = header[header.index("rest(R& r)") :]
-    assert "col_param<0>" in prefix and "batch_norm_train" not in prefix
+    assert "col_chunk<0>" in prefix and "batch_norm_train" not in prefix
     assert "batch_norm_train<1, -1>()" in rest and "fx_relu" in rest
     assert "kBatchTrain = true" in header and "kBatchEps = 9.999999747378752e-06f" in header
 

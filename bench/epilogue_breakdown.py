@@ -1,0 +1,119 @@
+"""Where a fused op's time goes: the GEMM alone vs the fused op, per suite program, and the
+epilogue's achieved bandwidth against its byte floor.
+
+    python bench/epilogue_breakdown.py [--rows S01,S02] [--dtype bf16] [--once]
+
+Each suite row is traced on the GPU; every fused program is then called directly
+(``torch.ops.fxfuse.linear_epilogue``) on fresh tensors of the traced shapes, so the numbers hold
+the kernels alone (no Dynamo, no Inductor). ``--once`` calls each op once and prints nothing else:
+the mode to run under a profiler (``ncu --kernel-name regex:apply_kernel|stats_kernel|combine_kernel``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import torch  # noqa: E402
+from tabulate import tabulate  # noqa: E402
+
+import fxfuse.cuda as fxcuda  # noqa: E402
+from examples import suite  # noqa: E402
+from fxfuse.canonicalize import canonicalize  # noqa: E402
+from fxfuse.match import example_value, match_all  # noqa: E402
+
+DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+CALLS = 50
+
+
+def traced_calls(row, dtype):
+    """(program, x, weight, bias, params) of every fused chain of ``row`` at full size."""
+    found = []
+
+    def collect(gm, example_inputs, **kwargs):
+        for chain in match_all(gm.graph, canonicalize(gm.graph), allow_cpu=False):
+            if chain.program is None:
+                continue
+
+            def fresh(node, positive=False):
+                value = example_value(node)
+                if value is None:
+                    return None
+                t = torch.randn(tuple(value.shape), device="cuda", dtype=value.dtype)
+                return t.abs() + 0.5 if positive else t
+
+            found.append((chain.program, fresh(chain.x), fresh(chain.weight) / 64, fresh(chain.bias),
+                          [fresh(p, positive=True) for p in chain.params]))
+        return gm.forward
+
+    torch._dynamo.reset()
+    model, inputs = suite.build(row, "full", "cuda", dtype)
+    with torch.no_grad():
+        torch.compile(model, backend=collect)(*inputs)
+    return found
+
+
+def event_us(fn, calls: int = CALLS) -> float:
+    """Median over 5 rounds of the mean GPU time of ``calls`` back-to-back calls, in µs."""
+    fn()
+    torch.cuda.synchronize()
+    samples = []
+    for _ in range(5):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(calls):
+            fn()
+        end.record()
+        end.synchronize()
+        samples.append(start.elapsed_time(end) * 1000 / calls)
+    return sorted(samples)[2]
+
+
+def epilogue_bytes(program, m: int, n: int, element: int) -> int:
+    """Read the GEMM output once and write the result once; a training BatchNorm reads it twice."""
+    out = m * n if program.reduction is None else m
+    reads = 2 if program.batch_norm_training else 1
+    return reads * m * n * element + out * element
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--rows", default="S01,S02,S03,S04,S06,S08,S11,S16,S17,S20,S21")
+    parser.add_argument("--dtype", default="bf16", choices=DTYPES)
+    parser.add_argument("--once", action="store_true")
+    parser.add_argument("--bandwidth-gbs", type=float, default=4300.0, help="copy bandwidth for the floor")
+    args = parser.parse_args()
+    dtype = DTYPES[args.dtype]
+    table = []
+    for row in suite.select(args.rows.split(",")):
+        for program, x, w, b, params in traced_calls(row, dtype):
+            fxcuda.prepare(program, dtype)
+            text = program.to_string()
+
+            def fused(text=text, x=x, w=w, b=b, params=params):
+                return torch.ops.fxfuse.linear_epilogue(text, x, w, b, params)
+
+            if args.once:
+                fused()
+                continue
+            gemm_us = event_us(lambda x=x, w=w, b=b: torch.nn.functional.linear(x, w, b))
+            fused_us = event_us(fused)
+            m, n = x.numel() // x.shape[-1], w.shape[0]
+            nbytes = epilogue_bytes(program, m, n, x.element_size())
+            floor_us = nbytes / (args.bandwidth_gbs * 1e3)
+            epi = fused_us - gemm_us
+            table.append([row.id, f"{m}x{w.shape[1]}->{n}", f"{gemm_us:.1f}", f"{fused_us:.1f}", f"{epi:.1f}",
+                          f"{floor_us:.1f}", f"{nbytes / max(epi, 1e-3) / 1e3:.0f}", f"{fused_us / gemm_us:.3f}"])
+    torch.cuda.synchronize()
+    if table:
+        print(f"{torch.cuda.get_device_name()}  torch {torch.__version__}  dtype {args.dtype}")
+        print(tabulate(table, headers=["row", "shape", "GEMM us", "fused us", "epilogue us", "floor us",
+                                       "epilogue GB/s", "fused/GEMM"]))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
