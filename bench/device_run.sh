@@ -7,43 +7,55 @@
 set -uo pipefail
 stages=${1:-tests,profile,bench}; shift || true
 OUT=${OUT:-$PWD/out}; mkdir -p "$OUT"
+LOGS=$(mktemp -d)  # per-process logs; $OUT gets a few merged files
 export PYTHONUNBUFFERED=1 FXFUSE_CACHE_DIR=${FXFUSE_CACHE_DIR:-/tmp/fxfuse-cache}
 export FXFUSE_SKIP_EMULATOR=1  # the host-emulator tests run in CPU CI
 has() { [[ ",$stages," == *",$1,"* ]]; }
-python3 -m pip install -q --no-deps --no-build-isolation -e . >"$OUT/install.log" 2>&1 \
-  || { cat "$OUT/install.log"; exit 1; }
+python3 -m pip install -q --no-deps --no-build-isolation -e . >"$LOGS/install.log" 2>&1 \
+  || { cat "$LOGS/install.log"; exit 1; }
 { nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv
   python3 -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda)"; } | tee "$OUT/env.txt"
 # Build every module first, in parallel (a build per chain at compile time is sequential).
 { python3 tests/gpu/prebuild.py; python3 bench/prebuild_suite.py; } 2>&1 | grep -v "^fxfuse: building" \
   | tee "$OUT/prebuild.log"
 status=0
+sanitize_pid=
+if has sanitize; then  # beside the tests: neither is timed
+  ( python3 tests/gpu/sanitize.py --build-only; rc=0
+    for tool in memcheck racecheck synccheck; do
+      timeout 240 compute-sanitizer --tool "$tool" --error-exitcode 3 python3 tests/gpu/sanitize.py \
+        >"$LOGS/sanitize_$tool.log" 2>&1 || rc=1
+    done; exit $rc ) & sanitize_pid=$!
+fi
 if has tests; then
   # The kernel tests, and the suite-model tests in shards (each compiles many models; the GPU is
   # far from busy), all at once.
   timeout 420 python3 -m pytest tests/gpu -q -rs --ignore=tests/gpu/test_suite_cuda.py \
-    -p no:cacheprovider >"$OUT/gpu_kernels.log" 2>&1 & pids=($!)
+    -p no:cacheprovider >"$LOGS/gpu_kernels.log" 2>&1 & pids=($!)
   shards=("small and bf16" "small and fp32" "small and fp16" "not small")
   for i in "${!shards[@]}"; do
     timeout 420 python3 -m pytest tests/gpu/test_suite_cuda.py -q -rs -k "${shards[$i]}" \
-      -p no:cacheprovider >"$OUT/gpu_suite_$i.log" 2>&1 & pids+=($!)
+      -p no:cacheprovider >"$LOGS/gpu_suite_$i.log" 2>&1 & pids+=($!)
   done
   for p in "${pids[@]}"; do wait "$p" || status=1; done
-  tail -n 3 "$OUT"/gpu_kernels.log "$OUT"/gpu_suite_*.log
-  grep -h "^FAILED\|^ERROR" "$OUT"/gpu_kernels.log "$OUT"/gpu_suite_*.log | head -40
+  cat "$LOGS"/gpu_kernels.log "$LOGS"/gpu_suite_*.log >"$OUT/gpu_tests.log"
+  tail -n 3 "$LOGS"/gpu_kernels.log "$LOGS"/gpu_suite_*.log
+  grep -h "^FAILED\|^ERROR" "$OUT/gpu_tests.log" | head -40
 fi
-if has sanitize; then
-  python3 tests/gpu/sanitize.py 2>&1 | tail -n 20 | tee "$OUT/sanitize.log"
+if [ -n "$sanitize_pid" ]; then
+  wait "$sanitize_pid" || status=1
+  for f in "$LOGS"/sanitize_*.log; do echo "== $f"; cat "$f"; done >"$OUT/sanitize.log"
+  grep -h "^==\|ERROR SUMMARY\|MISMATCH" "$OUT/sanitize.log"
 fi
 if has profile; then
   python3 bench/epilogue_breakdown.py 2>&1 | tee "$OUT/breakdown.log"
   ncu --kernel-name regex:"apply_kernel|stats_kernel|combine_kernel" --section SpeedOfLight \
-    --section Occupancy --section LaunchStats --csv --page details \
-    python3 bench/epilogue_breakdown.py --once >"$OUT/ncu.csv" 2>"$OUT/ncu.err"
-  python3 - "$OUT/ncu.csv" <<'EOF' | tee "$OUT/ncu_summary.txt"
+    --section Occupancy --section LaunchStats --section ComputeWorkloadAnalysis --section InstructionStats --csv --page details \
+    python3 bench/epilogue_breakdown.py --once >"$LOGS/ncu.csv" 2>"$LOGS/ncu.err"
+  python3 - "$LOGS/ncu.csv" <<'EOF' | tee "$OUT/ncu_summary.txt"
 import csv, sys
-keep = ("Duration", "Memory Throughput", "DRAM Throughput", "Compute (SM) Throughput", "Registers Per Thread",
-        "Achieved Occupancy", "Theoretical Occupancy", "Block Size", "Grid Size", "Dynamic Shared Memory Per Block")
+keep = ("Duration", "DRAM Throughput", "Compute (SM) Throughput", "Executed Instructions", "Issue Slots Busy",
+        "Registers Per Thread", "Achieved Occupancy", "Theoretical Occupancy", "Block Size", "Grid Size")
 rows = {}
 lines = [l for l in open(sys.argv[1]) if l.startswith('"')]
 for r in csv.DictReader(lines):

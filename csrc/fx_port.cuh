@@ -36,6 +36,16 @@ FX_DEVICE float fx_rsqrt(float x) {
 #endif
 }
 
+// x * y + z rounded once, where eager's CUDA kernels contract (the norms' affine step); the
+// kernels build with --fmad=false so that no other operation is contracted
+FX_DEVICE float fx_fma(float x, float y, float z) {
+#if defined(__CUDA_ARCH__)
+  return __fmaf_rn(x, y, z);
+#else
+  return fmaf(x, y, z);
+#endif
+}
+
 FX_DEVICE float bits_to_float(uint32_t b) {
 #if defined(__CUDA_ARCH__)
   return __uint_as_float(b);

@@ -381,8 +381,9 @@ struct Row {
     map([m, log_s](float x, int) { return (x - m) - log_s; });
   }
 
-  // Every norm ends here: v = (v - shift) * scale * w + b, rounded to T as eager's norm of a T
-  // input returns it. `shift_scale(i, shift, scale)` fills chunk i's VEC shifts and scales.
+  // Every norm ends here: v = (v - shift) * scale * w + b (the last two as one fma, as eager's CUDA
+  // norms compile), rounded to T as eager's norm of a T input returns it.
+  // `shift_scale(i, shift, scale)` fills chunk i's VEC shifts and scales.
   template <int W, int B, class F>
   FX_DEVICE void normalise(F shift_scale) {
 #pragma unroll
@@ -394,8 +395,13 @@ struct Row {
 #pragma unroll
       for (int e = 0; e < VEC; ++e) {
         float y = (v[i][e] - shift[e]) * scale[e];
-        if constexpr (W >= 0) y = y * w[e];
-        if constexpr (B >= 0) y = y + b[e];
+        if constexpr (W >= 0 && B >= 0) {
+          y = fx_fma(y, w[e], b[e]);  // eager: (x - mean) * rstd * w + b, contracted
+        } else if constexpr (W >= 0) {
+          y = y * w[e];
+        } else if constexpr (B >= 0) {
+          y = y + b[e];
+        }
         v[i][e] = round_to<T>(y);
       }
     }

@@ -4,6 +4,10 @@
 // it. Built once per toolchain; program modules (csrc/row_epilogue.cuh) are reached through the
 // FxProgramInfo address Python hands in.
 //
+// The CUDA build registers the op's CUDA kernel with the dispatcher (TORCH_LIBRARY_IMPL below), so
+// a compiled graph's call reaches the kernels with no Python in between; Python only fills the
+// table of prepared programs and handles what the table does not cover.
+//
 // run() returns None when the kernels do not cover the call (an unsupported shape, a batch of one
 // for a training BatchNorm, mismatched parameters, ...): the caller then runs the reference, which
 // raises eager's error where eager raises one. With FX_EMULATE the same code drives the host
@@ -13,7 +17,9 @@
 #include <array>
 #include <mutex>
 #include <optional>
+#include <string>
 #include <tuple>
+#include <unordered_map>
 #include <vector>
 
 #if !defined(FX_EMULATE)
@@ -97,7 +103,7 @@ std::optional<Tensor> kernel_param(const Tensor& p, bool is_col, int64_t n, cons
 using Result = std::optional<std::tuple<Tensor, Tensor>>;
 
 Result run(int64_t info_address, const Tensor& x, const Tensor& weight, const std::optional<Tensor>& bias,
-           const std::vector<Tensor>& params, int64_t flags, const std::optional<Tensor>& out_buffer) {
+           at::TensorList params, int64_t flags, const std::optional<Tensor>& out_buffer) {
   if (info_address == 0) return std::nullopt;
   const auto* info = reinterpret_cast<const FxProgramInfo*>(info_address);
   TORCH_CHECK(info->abi_version == FX_ABI_VERSION, "fxfuse: program module ABI ", info->abi_version,
@@ -181,13 +187,92 @@ Result run(int64_t info_address, const Tensor& x, const Tensor& weight, const st
   return std::make_tuple(out, stats);
 }
 
+Result run_py(int64_t info_address, const Tensor& x, const Tensor& weight, const std::optional<Tensor>& bias,
+              const std::vector<Tensor>& params, int64_t flags, const std::optional<Tensor>& out_buffer) {
+  return run(info_address, x, weight, bias, params, flags, out_buffer);
+}
+
+// The op's kernel for the dispatcher: programs prepared in this process (Python registers each
+// module's address here) run without any Python; anything else (a program not built yet, a call
+// the kernels do not cover) goes to the Python engine, which builds or runs the reference.
+class ProgramTable {
+ public:
+  void add(const std::string& program, int32_t dtype, int32_t device, int64_t info) {
+    const std::lock_guard<std::mutex> guard(mutex_);
+    table_[key(program, dtype, device)] = info;
+  }
+  int64_t find(c10::string_view program, int32_t dtype, int32_t device) {
+    const std::string k = key(program, dtype, device);
+    const std::lock_guard<std::mutex> guard(mutex_);
+    const auto it = table_.find(k);
+    return it == table_.end() ? 0 : it->second;
+  }
+  void set_fallback(py::object fallback, int64_t flags) {
+    const std::lock_guard<std::mutex> guard(mutex_);
+    fallback_ = fallback.release().ptr();  // kept for the life of the process
+    flags_ = flags;
+  }
+  PyObject* fallback() const { return fallback_; }
+  int64_t flags() const { return flags_; }
+
+ private:
+  static std::string key(c10::string_view program, int32_t dtype, int32_t device) {
+    std::string k(program.data(), program.size());
+    k.push_back('\0');
+    k.push_back(static_cast<char>(dtype));
+    k.append(std::to_string(device));
+    return k;
+  }
+  std::mutex mutex_;
+  std::unordered_map<std::string, int64_t> table_;
+  PyObject* fallback_ = nullptr;
+  int64_t flags_ = 0;
+};
+
+ProgramTable& programs() {
+  static ProgramTable* table = new ProgramTable();  // never destroyed: kernels may run at exit
+  return *table;
+}
+
+std::tuple<Tensor, Tensor> linear_epilogue_kernel(c10::string_view program, const Tensor& x, const Tensor& weight,
+                                                  const std::optional<Tensor>& bias, at::TensorList params) {
+  ProgramTable& table = programs();
+  const std::optional<int32_t> dtype = code_of(x.scalar_type());
+  if (dtype) {
+    const int64_t info = table.find(program, *dtype, x.is_cpu() ? -1 : x.get_device());
+    if (info != 0) {
+      Result result = run(info, x, weight, bias, params, table.flags(), std::nullopt);
+      if (result) return *result;
+    }
+  }
+  TORCH_CHECK(table.fallback() != nullptr, "fxfuse: runtime used before the engine registered its fallback");
+  py::gil_scoped_acquire gil;
+  py::handle fallback(table.fallback());
+  py::object out = fallback(std::string(program.data(), program.size()), x, weight, bias,
+                            std::vector<Tensor>(params.begin(), params.end()));
+  return out.cast<std::tuple<Tensor, Tensor>>();
+}
+
 }  // namespace
+
+#if !defined(FX_EMULATE)
+TORCH_LIBRARY_IMPL(fxfuse, CUDA, m) { m.impl("linear_epilogue", &linear_epilogue_kernel); }
+#endif
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.doc() = "fxfuse runtime: GEMM + generated epilogue kernels";
   m.attr("ABI_VERSION") = FX_ABI_VERSION;
   m.attr("MAX_N") = FX_MAX_N;
   m.attr("GROUP_NORM_ROUNDS_STATS") = static_cast<int>(FX_GROUP_NORM_ROUNDS_STATS);
-  m.def("run", &run, "GEMM + epilogue; None when the kernels do not cover the call", py::arg("info"),
+  m.def(
+      "register_program",
+      [](const std::string& program, int32_t dtype, int32_t device, int64_t info) {
+        programs().add(program, dtype, device, info);
+      },
+      "Route the op's CUDA calls of (program, dtype code, device index) to a program module");
+  m.def(
+      "set_fallback", [](py::object fallback, int64_t flags) { programs().set_fallback(fallback, flags); },
+      "The Python callable for calls the registered programs do not cover, and the FxFlags to launch with");
+  m.def("run", &run_py, "GEMM + epilogue; None when the kernels do not cover the call", py::arg("info"),
         py::arg("x"), py::arg("weight"), py::arg("bias"), py::arg("params"), py::arg("flags") = 0, py::arg("out") = py::none());
 }

@@ -2,7 +2,8 @@
 
 One schema serves every program: the program's string form is the first argument, so a compiled
 graph (or a cached one, in another process) needs nothing registered beyond this module. The CPU
-kernel is the reference; the fake kernel derives shapes from the Program, so batch dims may be
+kernel is the reference; CUDA calls go to fxfuse.cuda (its runtime module registers a C++ kernel
+for the CUDA key once loaded); the fake kernel derives shapes from the Program, so batch dims may be
 symbolic. The op returns ``(out, batch_stats)``: batch_stats is the (2, N) float32 mean and unbiased
 variance of a training-mode BatchNorm stage, which the rewritten graph folds into the running
 statistics with ordinary ops (empty when the program has no such stage).
@@ -23,6 +24,10 @@ def linear_epilogue(
     program: str, x: Tensor, weight: Tensor, bias: Tensor | None, params: list[Tensor]
 ) -> tuple[Tensor, Tensor]:
     """``program``'s chain applied to ``x @ weight.T + bias``."""
+    if x.is_cuda:  # until the CUDA runtime registers its C++ kernel for this op
+        from . import cuda
+
+        return cuda.call(program, x, weight, bias, params)
     return reference.forward(Program.parse(program), x, weight, bias, params)
 
 
@@ -78,6 +83,3 @@ def _backward(ctx, grad_out, grad_stats):
 
 linear_epilogue.register_autograd(_backward, setup_context=_setup_context)
 
-
-# The CUDA kernel (generated epilogues after cuBLAS) registers itself; nothing happens without CUDA.
-from . import cuda as _cuda  # noqa: E402,F401

@@ -7,7 +7,8 @@ Public API:
   calls it at compile time, never inside CUDA graph capture); raises ``BuildError``;
 * ``prepare_many([(program, dtype), ...])`` -- the same for many, compiled in parallel processes;
 * ``BuildError`` -- the program cannot be compiled (unsupported, or the compiler failed);
-* importing this package registers the op's CUDA kernel (on CUDA builds of torch). A call whose
+* the op's CUDA kernel lives in the runtime module (C++, registered with the dispatcher when the
+  first program is prepared); before that ``fxfuse.op`` sends CUDA calls to ``call``. A call whose
   program was not prepared builds it on first use; a call the kernels do not cover (shapes, a
   training BatchNorm on one row, ...) runs the reference, which raises eager's errors.
 
@@ -15,8 +16,6 @@ Importing costs nothing on a CPU-only machine: no CUDA initialisation, no compil
 """
 
 from __future__ import annotations
-
-import warnings
 
 import torch
 
@@ -64,24 +63,6 @@ def prepare_many(items, workers: int | None = None) -> dict:
     return engine.prepare_many(items, torch.device("cuda", torch.cuda.current_device()), workers)
 
 
-def _cuda_kernel(program, x, weight, bias, params):
+def call(program: str, x, weight, bias, params):
+    """The op on CUDA tensors until the runtime's C++ kernel takes over the CUDA dispatch key."""
     return engine.call(program, x, weight, bias, params)
-
-
-_registered = False
-
-
-def _register() -> None:
-    global _registered
-    if _registered or not torch.version.cuda:
-        return
-    from .. import op  # noqa: F401 - defines fxfuse::linear_epilogue
-
-    torch.library.register_kernel("fxfuse::linear_epilogue", "cuda", _cuda_kernel)
-    _registered = True
-
-
-try:
-    _register()
-except Exception as error:  # noqa: BLE001 - never break `import fxfuse` over the CUDA path
-    warnings.warn(f"fxfuse: CUDA kernel not registered: {error}", RuntimeWarning, stacklevel=2)

@@ -1,9 +1,11 @@
 """The per-call path: program module lookup, the runtime's GEMM + epilogue call, the fallback.
 
 An Engine owns the modules built for one kind of target (the GPU, or the host emulator in tests).
-Its ``call`` is the fused op's kernel: one dict lookup and one call into the runtime module; the
-reference runs instead only when the kernels do not cover a call (the runtime returns None: an
-unsupported shape, a training BatchNorm on one row, ...) or when a program could not be built.
+Every prepared program is registered with the runtime module, whose C++ kernel serves the op's
+CUDA calls without Python. ``call`` is the path for everything else (and the tests'): it builds a
+program on first use as a last resort, and runs the reference when the kernels do not cover a call
+(the runtime returns None: an unsupported shape, a training BatchNorm on one row, ...) or when a
+program could not be built.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ if TYPE_CHECKING:
 # machine without a GPU only registers the kernel.
 
 Key = tuple  # (program string, dtype, device index)
+DTYPE_CODES = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}  # FxDtype, csrc/fx_abi.h
 
 
 class Engine:
@@ -36,6 +39,7 @@ class Engine:
         self._handles: dict[Key, int] = {}  # 0: no kernels for this key, use the reference
         self._modules: dict[Key, object] = {}  # ProgramModules: keep the libraries loaded
         self._run = None
+        self._runtime_module = None
         self._flags = 0  # FxFlags: eager's rounding on this target, found when the runtime loads
         self._lock = threading.Lock()
         self._warned: set[str] = set()
@@ -59,6 +63,7 @@ class Engine:
                 raise BuildError(f"{type(error).__name__}: {error}") from error
             self._modules[key] = module
             self._handles[key] = module.info
+            self._runtime_module.register_program(key[0], DTYPE_CODES[dtype], key[2], module.info)
             self._run = run
 
     def prepare_many(self, items, device: torch.device, workers: int | None = None) -> dict:
@@ -90,6 +95,8 @@ class Engine:
         if self._run is None:
             runtime = build_runtime(self._target_for(device))
             self._flags = runtime.GROUP_NORM_ROUNDS_STATS if group_norm_rounds_stats(device) else 0
+            runtime.set_fallback(self.call, self._flags)
+            self._runtime_module = runtime
             self._run = runtime.run
         return self._run
 

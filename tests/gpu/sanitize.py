@@ -6,7 +6,7 @@
     compute-sanitizer --tool synccheck python tests/gpu/sanitize.py
 
 Covers the row kernel (aligned and unaligned paths, several rows a block, multi-warp rows, group
-norm by chunk and staged in shared memory, row reductions) and the BatchNorm statistics and combine
+norm by lane shuffles, by warps, by chunk and staged in shared memory, row reductions) and the BatchNorm statistics and combine
 kernels. Prints one line per call and exits non-zero on a mismatch with the reference.
 """
 
@@ -27,9 +27,10 @@ from fxfuse import reference  # noqa: E402
 from programs import PROGRAMS, make_params  # noqa: E402
 
 CALLS = [  # (program, dtype, M, N, K)
-    ("s04_group_silu_vec_silu", torch.bfloat16, 5, 256, 16),  # aligned, 8 rows a block, chunk GN
-    ("s04_group_silu_vec_silu", torch.float32, 3, 1000, 16),  # unaligned tail, GN by chunk
-    ("group_odd", torch.float32, 3, 1000, 16),  # GN staged in shared memory
+    ("s04_group_silu_vec_silu", torch.bfloat16, 5, 256, 16),  # aligned, 8 rows a block, GN by lane shuffles
+    ("s02_group_leaky_double", torch.float32, 3, 4096, 16),  # GN by warps (a group of 256 threads)
+    ("s04_group_silu_vec_silu", torch.float32, 3, 1000, 16),  # unaligned tail, GN staged (group of 125)
+    ("group_odd", torch.float32, 3, 1000, 16),  # GN by chunk partials in shared memory (group of 200)
     ("s11_gelu_softmax", torch.bfloat16, 3, 4096, 16),  # a multi-warp row
     ("reduce_logsumexp_keep", torch.float16, 7, 1000, 16),  # row reduction, scalar output
     ("s03_batch_train_gelu_relu", torch.bfloat16, 37, 200, 16),  # BN statistics + combine + row

@@ -219,6 +219,18 @@ def test_autocast_gemm_runs_in_the_input_dtype():
     assert out.dtype == torch.float32
 
 
+def test_the_dispatcher_runs_the_runtime_kernel():
+    """Once a program is prepared, the op's CUDA dispatch key holds the runtime's C++ kernel (no
+    Python per call) and gives the same result as the engine."""
+    program = PROGRAMS["s01_scale_leaky"]
+    fxcuda.prepare(program, torch.float32)
+    assert torch._C._dispatch_has_kernel_for_dispatch_key("fxfuse::linear_epilogue", "CUDA")
+    x, w, b, params = inputs(program, torch.float32, 8, 256, 64, 0)
+    direct, _ = fxcuda.engine.call(program.to_string(), x, w, b, params)
+    dispatched, _ = op(program.to_string(), x, w, b, params)
+    assert torch.equal(direct, dispatched)
+
+
 def test_unprepared_program_builds_on_first_call():
     program = PROGRAMS["minus_and_negation"]
     x, w, b, params = inputs(program, torch.float16, 4, 128, 32, 0)
