@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import torch
 
+from .. import op as _op  # noqa: F401 - defines the op whose CUDA kernel the runtime registers
 from ..ir import Program
 from .engine import Engine
 from .errors import BuildError
