@@ -18,11 +18,14 @@ from torch.fx import Graph, GraphModule
 from . import op as _op  # noqa: F401  (registers torch.ops.fxfuse.*)
 from .canonicalize import canonicalize
 from .match import Chain, example_value, match_all
+from .policy import POLICIES, inductor_is_faster
 from .report import record
 from .rewrite import rewrite
 
 FXFUSE_OPTIONS = {
     "allow_cpu": "fuse CPU tensors too (the reference kernel; for tests and CPU-only machines)",
+    "policy": "'fastest' (default): leave a chain to Inductor where Inductor measured faster "
+              "(fxfuse/policy.py); 'always': fuse every chain",
 }
 
 
@@ -31,7 +34,10 @@ def fxfuse_backend(gm: GraphModule, example_inputs, mode: str | None = None, opt
     inductor_options = dict(options or {})
     ours = {k: inductor_options.pop(k) for k in list(inductor_options) if k in FXFUSE_OPTIONS}
     allow_cpu = bool(ours.get("allow_cpu", os.environ.get("FXFUSE_ALLOW_CPU") == "1"))
-    fused = fuse(gm, allow_cpu)
+    policy = ours.get("policy", os.environ.get("FXFUSE_POLICY", "fastest"))
+    if policy not in POLICIES:
+        raise ValueError(f"fxfuse: policy must be one of {POLICIES}, not {policy!r}")
+    fused = fuse(gm, allow_cpu, policy)
     from torch._inductor import list_mode_options
     from torch._inductor.compile_fx import compile_fx
 
@@ -39,12 +45,15 @@ def fxfuse_backend(gm: GraphModule, example_inputs, mode: str | None = None, opt
     return compile_fx(fused, example_inputs, config_patches=config)
 
 
-def fuse(gm: GraphModule, allow_cpu: bool = False) -> GraphModule:
+def fuse(gm: GraphModule, allow_cpu: bool = False, policy: str = "fastest") -> GraphModule:
     """A copy of ``gm`` with every fusable chain replaced by the fused op (recorded in the report)."""
     graph = Graph()
     graph.output(graph.graph_copy(gm.graph, {}))
     try:
-        chains = _build(match_all(graph, canonicalize(graph), allow_cpu))
+        chains = match_all(graph, canonicalize(graph), allow_cpu)
+        if policy == "fastest":
+            chains = [_unfused_if_slower(chain) for chain in chains]
+        chains = _build(chains)
         rewrite(graph, chains)
         graph.lint()
     except Exception as error:  # never fail the user's compile
@@ -72,6 +81,18 @@ def _build(chains: list[Chain]) -> list[Chain]:
     except Exception as error:
         failed = {key: error for key in wanted}
     return [_unfused_if_failed(chain, failed) for chain in chains]
+
+
+def _unfused_if_slower(chain: Chain) -> Chain:
+    if chain.program is None:
+        return chain
+    gemm_out = example_value(chain.gemm)
+    if not isinstance(gemm_out, torch.Tensor):
+        return chain
+    reason = inductor_is_faster(chain.program, gemm_out)
+    if reason is None:
+        return chain
+    return replace(chain, status="not_fused", fused=[], program=None, nodes=[], reason=reason)
 
 
 def _unfused_if_failed(chain: Chain, failed: dict) -> Chain:

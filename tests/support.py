@@ -13,7 +13,9 @@ TOLERANCE = {torch.float64: 1e-7, torch.float32: 1e-4, torch.bfloat16: 1e-2, tor
 
 
 def compile_fxfuse(model: torch.nn.Module, **options):
-    return torch.compile(model, backend="fxfuse", options={"allow_cpu": True, **options})
+    """fxfuse with the reference kernel on CPU, and every chain fused (policy "always"): the tests
+    specify what fusion does, also where the default policy would leave a chain to Inductor."""
+    return torch.compile(model, backend="fxfuse", options={"allow_cpu": True, "policy": "always", **options})
 
 
 def check_against_eager(

@@ -1,0 +1,42 @@
+"""Which fused chains fxfuse hands back to Inductor because Inductor runs them faster.
+
+"Never slower than Inductor": where the measured kernels lose, the chain is not fused and the
+report says why. The rule is the benchmark's finding (BENCHMARKS.md, H200, torch 2.11): on CUDA,
+every chain with a norm stage (group, layer, RMS or batch norm) over at least 2^20 elements ran
+1.07-1.19x Inductor's GPU time in bfloat16 and 1.00-1.09x in float32 / TF32 — those epilogue
+kernels are issue-bound at 2-5x their byte floor — while pointwise and row-reduction chains (S01,
+S11, S16), and norm chains at decode sizes (M = 16), ran at or below Inductor's time.
+``options={"policy": "always"}`` (or FXFUSE_POLICY=always) fuses every chain regardless.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from .ir import Norm, Program
+
+POLICIES = ("fastest", "always")
+NORM_ELEMENTS_TO_INDUCTOR = 1 << 20  # M x N from which norm chains measured slower than Inductor
+
+
+def _size_hint(size) -> int:
+    """An int for a (possibly symbolic) size: its value, or the hint Dynamo traced it with."""
+    try:
+        return int(size)
+    except Exception:  # noqa: BLE001 - an unbacked or unhinted symbol: assume a large batch
+        hint = getattr(getattr(size, "node", None), "hint", None)
+        return int(hint) if hint is not None else NORM_ELEMENTS_TO_INDUCTOR
+
+
+def inductor_is_faster(program: Program, gemm_out: torch.Tensor) -> str | None:
+    """The reason to leave this chain to Inductor, or None to fuse it (policy "fastest");
+    ``gemm_out`` is the GEMM's output value (its example value)."""
+    if gemm_out.device.type != "cuda" or not any(isinstance(s, Norm) for s in program.stages):
+        return None
+    elements = math.prod(_size_hint(s) for s in gemm_out.shape)
+    if elements < NORM_ELEMENTS_TO_INDUCTOR:
+        return None
+    return (f"Inductor is faster: norm epilogues over {elements} elements measured 1.0-1.2x "
+            "Inductor's time on CUDA (BENCHMARKS.md); policy='always' fuses them")
