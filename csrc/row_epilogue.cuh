@@ -184,24 +184,6 @@ FX_DEVICE void load_param_vec(const void* p, int32_t dtype, int64_t c, float* ou
   }
 }
 
-// A Welford state as torch's WelfordOps keeps it (mean, sum of squared deviations, count), with
-// its combine written as torch's compiles (two fused multiply-adds).
-struct Welford {
-  float mean;
-  float m2;
-  float nf;
-  // WelfordOps::reduce of one value into the empty state
-  static FX_DEVICE Welford of(float x) { return Welford{x, x * (x - x), 1.0f}; }
-  static FX_DEVICE Welford combine(const Welford& a, const Welford& b) {
-    if (a.nf == 0.0f) return b;
-    if (b.nf == 0.0f) return a;
-    const float delta = b.mean - a.mean;
-    const float count = a.nf + b.nf;
-    const float nb_over_n = b.nf / count;
-    return Welford{fx_fma(delta, nb_over_n, a.mean), fx_fma(delta * delta * a.nf, nb_over_n, a.m2 + b.m2), count};
-  }
-};
-
 // ---------------------------------------------------------------------------------------------
 // Kernel arguments (one struct for every kernel of a program; passed by value)
 
@@ -526,10 +508,6 @@ struct Row {
 
   template <int W, int B>
   FX_DEVICE void group_norm_by_lanes(float eps, int gs, int lanes) {
-    if ((a.flags & FX_GROUP_NORM_ROUNDS_STATS) && gs <= 32) {
-      group_norm_as_eager_warp<W, B>(eps, gs, lanes);
-      return;
-    }
     const float count = static_cast<float>(gs);
     float mean[ITEMS], rstd[ITEMS];
 #pragma unroll
@@ -554,44 +532,6 @@ struct Row {
       rstd[i] = fx_rsqrt(rstd[i] / count + eps);
       group_stats(mean[i], rstd[i]);
     }
-    normalise_by_chunk<W, B>([&](int i, float& sh, float& sc) {
-      sh = mean[i];
-      sc = rstd[i];
-    });
-  }
-
-  // Eager's own statistics for a group of at most 32 values (torch's CUDA group norm up to 2.11):
-  // one value a lane of a warp, Welford states combined by a shuffle-down tree (offsets 16 ... 1),
-  // lane 0's result. Here a group is `lanes` threads of VEC values (value j at thread j / VEC, slot
-  // j % VEC): the tree's wide levels are shuffles between threads, its last log2(VEC) levels run
-  // in registers, and every thread computes lane 0's combine order, so all hold its result bit
-  // for bit. In a bf16 chain a one-ulp difference in a rounded statistic can grow past 1e-2.
-  template <int W, int B>
-  FX_DEVICE void group_norm_as_eager_warp(float eps, int gs, int lanes) {
-    float mean[ITEMS], rstd[ITEMS];
-#pragma unroll
-    for (int i = 0; i < ITEMS; ++i) {
-      Welford w[VEC];
-#pragma unroll
-      for (int e = 0; e < VEC; ++e) w[e] = Welford::of(v[i][e]);
-      for (int off = gs >> 1; off >= VEC; off >>= 1) {
-        const int lx = off / VEC;
-        const bool upper = (lt & lx) != 0;
-#pragma unroll
-        for (int e = 0; e < VEC; ++e) {
-          const Welford other{t.shfl_xor(w[e].mean, lx), t.shfl_xor(w[e].m2, lx), t.shfl_xor(w[e].nf, lx)};
-          w[e] = upper ? Welford::combine(other, w[e]) : Welford::combine(w[e], other);
-        }
-      }
-#pragma unroll
-      for (int off = VEC >> 1; off >= 1; off >>= 1)
-#pragma unroll
-        for (int e = 0; e < off; ++e) w[e] = Welford::combine(w[e], w[e + off]);
-      mean[i] = w[0].mean;
-      rstd[i] = fx_rsqrt(w[0].m2 / w[0].nf + eps);
-      group_stats(mean[i], rstd[i]);
-    }
-    (void)lanes;
     normalise_by_chunk<W, B>([&](int i, float& sh, float& sc) {
       sh = mean[i];
       sc = rstd[i];
