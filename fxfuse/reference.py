@@ -1,8 +1,8 @@
 """The reference implementation of a Program in plain torch ops.
 
 It is the fused op's CPU kernel and the oracle of the CUDA kernels: the GEMM in the input dtype (as
-cuBLAS returns it), then the epilogue in float32 with the rounding points the IR marks (where eager
-rounds), norms computed as eager computes them for the input dtype. Each vocabulary function and
+cuBLAS returns it), then the epilogue in eager's opmath type (float32; float64 for float64 inputs,
+which gradcheck uses) with the rounding points the IR marks (where eager rounds), norms computed as eager computes them for the input dtype. Each vocabulary function and
 norm is eager PyTorch's own function, so NaN/Inf behaviour and errors (a training-mode BatchNorm
 over one row, say) are eager's.
 """
@@ -32,12 +32,13 @@ def forward(
     y = F.linear(x, weight, bias)
     out_dtype = y.dtype
     n = weight.shape[0]
+    opmath = torch.float64 if out_dtype == torch.float64 else torch.float32
     values = [
-        p.float().reshape(n) if kind == "col" else p.float().reshape(())
+        p.to(opmath).reshape(n) if kind == "col" else p.to(opmath).reshape(())
         for p, kind in zip(params, program.params)
     ]
     stats = y.new_empty(EMPTY_STATS_SHAPE, dtype=torch.float32)
-    v = y.float()
+    v = y.to(opmath)
     for stage in program.stages:
         if isinstance(stage, Pointwise):
             v = _pointwise(stage, v, values)
@@ -62,7 +63,7 @@ def _pointwise(stage: Pointwise, v: torch.Tensor, values: list[torch.Tensor]) ->
 
 def _norm(stage: Norm, v: torch.Tensor, params: list[torch.Tensor], dtype: torch.dtype):
     """The norm as eager computes it for a ``dtype`` input (its input is already rounded to
-    ``dtype`` at this point, so this is eager's own arithmetic), returned in float32."""
+    ``dtype`` at this point, so this is eager's own arithmetic), returned in ``v``'s dtype."""
     n = v.shape[-1]
 
     def p(index):
@@ -83,8 +84,8 @@ def _norm(stage: Norm, v: torch.Tensor, params: list[torch.Tensor], dtype: torch
         out = F.batch_norm(x, None, None, weight, bias, True, 0.0, stage.eps)
         with torch.no_grad():
             var, mean = torch.var_mean(v.detach(), dim=0, correction=1)
-        return out.float(), torch.stack([mean, var])
-    return out.float(), None
+        return out.to(v.dtype), torch.stack([mean, var]).float()
+    return out.to(v.dtype), None
 
 
 def _reduce(stage: Reduce, v: torch.Tensor) -> torch.Tensor:
