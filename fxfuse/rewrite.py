@@ -19,18 +19,19 @@ FUSED_OP = torch.ops.fxfuse.linear_epilogue.default
 
 
 def rewrite(graph: Graph, chains: list[Chain]) -> None:
+    replaced: dict[Node, Node] = {}  # a rewritten chain's last node -> the fused op's output
     for chain in chains:
         if chain.program is not None:
-            _replace(graph, chain)
+            replaced[chain.nodes[-1]] = _replace(graph, chain, replaced)
 
 
-def _replace(graph: Graph, chain: Chain) -> None:
+def _replace(graph: Graph, chain: Chain, replaced: dict[Node, Node]) -> Node:
+    """The fused op in place of ``chain``; its output. A chain may read the value of an earlier
+    rewritten chain (one fused block feeding the next GEMM): ``replaced`` maps it."""
     last = chain.nodes[-1]
+    x, weight, bias, *params = (replaced.get(a, a) for a in (chain.x, chain.weight, chain.bias, *chain.params))
     with graph.inserting_before(last.next):  # new nodes keep their creation order
-        fused = graph.call_function(
-            FUSED_OP,
-            (chain.program.to_string(), chain.x, chain.weight, chain.bias, list(chain.params)),
-        )
+        fused = graph.call_function(FUSED_OP, (chain.program.to_string(), x, weight, bias, params))
         out = graph.call_function(operator.getitem, (fused, 0))
         if chain.batch_norm_update is not None:
             _update_running_stats(graph, fused, chain.batch_norm_update)
@@ -41,6 +42,7 @@ def _replace(graph: Graph, chain: Chain) -> None:
     for node in maybe_dead:  # W.t() / W.T views that only the GEMM read
         if not node.users and transposed_weight(node) is not None:
             graph.erase_node(node)
+    return out
 
 
 def _update_running_stats(graph: Graph, fused: Node, update: BatchNormUpdate) -> None:
