@@ -180,3 +180,12 @@ def make_params(program: Program, n: int, dtype=torch.float32, device="cpu", gen
             t = t.abs() + 0.5
         out.append(t.to(dtype=dtype, device=device))
     return out
+
+
+def poison(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None) -> None:
+    """NaN in an input row, Inf and NaN in two weight rows, -Inf in the bias (in place; N > 500)."""
+    x[1, 3] = float("nan")
+    w[7, 0] = float("inf")
+    w[500, 2] = float("nan")
+    if b is not None:
+        b[11] = float("-inf")

@@ -16,7 +16,7 @@ import torch
 import fxfuse.cuda as fxcuda
 from fxfuse import reference
 from fxfuse.ir import Norm
-from programs import LOW_PRECISION, PROGRAMS, make_params
+from programs import LOW_PRECISION, PROGRAMS, make_params, poison
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 
@@ -149,11 +149,7 @@ def test_input_layouts(name, layout):
 def test_nan_inf_propagate(name):
     program = PROGRAMS[name]
     x, w, b, params = inputs(program, torch.float32, 6, 1000, 8, 2)
-    x[1, 3] = math.nan
-    w[7, 0] = math.inf
-    w[500, 2] = math.nan
-    if b is not None:
-        b[11] = -math.inf
+    poison(x, w, b)
     check(program, torch.float32, x, w, b, params)
 
 

@@ -22,7 +22,7 @@ from fxfuse import reference
 from fxfuse.cuda.build import BuildError, emulate_target
 from fxfuse.cuda.engine import Engine
 from fxfuse.ir import Norm
-from programs import LOW_PRECISION, PROGRAMS, make_params
+from programs import LOW_PRECISION, PROGRAMS, make_params, poison
 
 SHAPES = [(7, 1000, 300), (1, 64, 16), (5, 256, 16), (3, 4096, 8), (4, 3, 8), (6, 24, 5)]
 EXTRA = ["s16_sigmoid_sum", "s04_group_silu_vec_silu", "group_odd", "s03_batch_train_gelu_relu"]  # widest rows
@@ -160,11 +160,7 @@ def test_nan_inf_propagate(engine, name):
     """NaN in an input row, NaN/Inf in weight rows and bias: every stage propagates as torch does."""
     program = PROGRAMS[name]
     x, w, b, params = inputs(program, torch.float32, 6, 1000, 8, 2)
-    x[1, 3] = math.nan
-    w[7, 0] = math.inf
-    w[500, 2] = math.nan
-    if b is not None:
-        b[11] = -math.inf
+    poison(x, w, b)
     run_and_compare(engine, program, torch.float32, x, w, b, params)
 
 
