@@ -8,7 +8,7 @@ Public API:
 * ``prepare_many([(program, dtype), ...])`` -- the same for many, compiled in parallel processes;
 * ``BuildError`` -- the program cannot be compiled (unsupported, or the compiler failed);
 * the op's CUDA kernel lives in the runtime module (C++, registered with the dispatcher when the
-  first program is prepared); before that ``fxfuse.op`` sends CUDA calls to ``call``. A call whose
+  first program is prepared); before that ``fxfuse.op`` sends CUDA calls to ``engine.call``. A call whose
   program was not prepared builds it on first use; a call the kernels do not cover (shapes, a
   training BatchNorm on one row, ...) runs the reference, which raises eager's errors.
 
@@ -62,8 +62,3 @@ def prepare_many(items, workers: int | None = None) -> dict:
     if not torch.cuda.is_available():
         raise BuildError("CUDA is not available")
     return engine.prepare_many(items, torch.device("cuda", torch.cuda.current_device()), workers)
-
-
-def call(program: str, x, weight, bias, params):
-    """The op on CUDA tensors until the runtime's C++ kernel takes over the CUDA dispatch key."""
-    return engine.call(program, x, weight, bias, params)

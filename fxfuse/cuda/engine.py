@@ -38,8 +38,7 @@ class Engine:
         self._target_for = target_for
         self._handles: dict[Key, int] = {}  # 0: no kernels for this key, use the reference
         self._modules: dict[Key, object] = {}  # ProgramModules: keep the libraries loaded
-        self._run = None
-        self._runtime_module = None
+        self._runtime_module = None  # built once, on the first prepare
         self._flags = 0  # FxFlags: eager's rounding on this target, found when the runtime loads
         self._lock = threading.Lock()
         self._warned: set[str] = set()
@@ -55,7 +54,7 @@ class Engine:
 
         with self._lock:
             try:
-                run = self._runtime(device)
+                runtime = self._runtime(device)
                 module = build_program(program, dtype, self._target_for(device))
             except BuildError:
                 raise
@@ -63,8 +62,7 @@ class Engine:
                 raise BuildError(f"{type(error).__name__}: {error}") from error
             self._modules[key] = module
             self._handles[key] = module.info
-            self._runtime_module.register_program(key[0], DTYPE_CODES[dtype], key[2], module.info)
-            self._run = run
+            runtime.register_program(key[0], DTYPE_CODES[dtype], key[2], module.info)
 
     def prepare_many(self, items, device: torch.device, workers: int | None = None) -> dict:
         """Build many (program, dtype) pairs in parallel processes, then load them; the failures."""
@@ -92,13 +90,12 @@ class Engine:
     def _runtime(self, device: torch.device):
         from .build import build_runtime
 
-        if self._run is None:
+        if self._runtime_module is None:
             runtime = build_runtime(self._target_for(device))
             self._flags = runtime.GROUP_NORM_ROUNDS_STATS if group_norm_rounds_stats(device) else 0
             runtime.set_fallback(self.call, self._flags)
             self._runtime_module = runtime
-            self._run = runtime.run
-        return self._run
+        return self._runtime_module
 
     def _resolve(self, program: str, dtype: torch.dtype, device: torch.device) -> int:
         """Handle of a key seen for the first time: build as a last resort; 0 if that fails."""
@@ -123,9 +120,9 @@ class Engine:
         handle = self._handles.get((program, x.dtype, x.get_device()))
         if handle is None:
             handle = self._resolve(program, x.dtype, x.device)
-        run = self._run
-        if handle and run is not None:
-            result = run(handle, x, weight, bias, params, self._flags, out)
+        runtime = self._runtime_module
+        if handle and runtime is not None:
+            result = runtime.run(handle, x, weight, bias, params, self._flags, out)
             if result is not None:
                 return result
         return fallback(program, x, weight, bias, params)
@@ -135,7 +132,7 @@ class Engine:
         handle = self._handles.get((program, x.dtype, x.get_device()))
         if handle is None:
             handle = self._resolve(program, x.dtype, x.device)
-        return bool(handle) and self._run(handle, x, weight, bias, params, self._flags, None) is not None
+        return bool(handle) and self._runtime_module.run(handle, x, weight, bias, params, self._flags, None) is not None
 
 
 def group_norm_rounds_stats(device: torch.device) -> bool:
