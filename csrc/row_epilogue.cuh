@@ -9,17 +9,23 @@
 // warp is contiguous and coalesced. Rows live in registers from load to store: v[ITEMS][VEC].
 // A block holds `rpc` rows (several when a row needs fewer than 256 threads) and walks the rows
 // with a block-uniform stride, so every barrier is reached by every thread; rows past M are
-// "inactive": they load nothing, store nothing, and still take part in barriers.
+// "inactive": they load nothing, store nothing, and still take part in barriers. A row-local
+// program (no statistic wider than a warp: pointwise chains, group norms of small groups, batch
+// norms) cuts wide rows into `segs` segments of one chunk a thread instead: many small blocks.
 //
 // Statistics are fp32: warp shuffles, then one slot a warp in shared memory, summed in a fixed
-// order (deterministic). Group norm writes per-chunk partial sums of its row to shared memory and
-// lets one thread a group add them in order. BatchNorm training runs three kernels: column
+// order (deterministic). Group norms of up to 32 values follow eager's own Welford tree, bit for
+// bit; larger groups whose chunks sit in a power of two of threads sum by shuffles, others write
+// per-chunk partial sums of their row to shared memory and let one thread a group add them in
+// order. BatchNorm training runs three kernels: column
 // moments per chunk of rows (Welford, on the values the preceding stages produce), a fixed-order
 // Chan combine per column, then the row kernel.
 #pragma once
 
 #include <math.h>
 #include <stdint.h>
+
+#include <type_traits>
 
 #include "epilogue_ops.cuh"
 #include "fx_abi.h"
@@ -184,6 +190,15 @@ FX_DEVICE void load_param_vec(const void* p, int32_t dtype, int64_t c, float* ou
   }
 }
 
+// Whether each group of a group norm over n columns is whole 16-byte chunks held by a power of two
+// of at most 32 consecutive threads of a row (any plan's threads a row are a multiple of that
+// count): its statistics take warp shuffles only.
+FX_HOST_DEVICE bool group_in_lanes(int64_t n, int64_t groups, int vec) {
+  const int64_t gs = n / groups;
+  const int64_t lanes = gs / vec;
+  return gs % vec == 0 && lanes <= 32 && (lanes & (lanes - 1)) == 0;
+}
+
 // ---------------------------------------------------------------------------------------------
 // Kernel arguments (one struct for every kernel of a program; passed by value)
 
@@ -201,8 +216,9 @@ struct Args {
   int64_t m;
   int64_t chunks;
   int32_t n;
-  int32_t rt;            // threads a row
-  int32_t rpc;           // rows a block
+  int32_t rt;            // threads a row (a row segment)
+  int32_t rpc;           // rows (row segments) a block
+  int32_t segs;          // segments a row: 1, or more where a row-local program splits wide rows
   int32_t scratch_stride;  // shared-memory floats a row (group norm)
   int32_t flags;           // FxFlags
 };
@@ -229,16 +245,31 @@ struct Row {
   const Thread& t;
   float* red;      // FX_RED_FLOATS floats of shared memory for cross-warp reductions
   float* scratch;  // this row's scratch_stride floats of dynamic shared memory
-  int lt;          // thread index within the row
-  int lr;          // row index within the block
+  int lt;          // thread index within the row (segment)
+  int lr;          // row (segment) index within the block
   int64_t row;
+  int first;       // the segment's first column
   bool active;
   float v[ITEMS][VEC];
 
-  FX_DEVICE Row(const A& a_, const Thread& t_, float* red_, float* scratch_, int lt_, int lr_, int64_t row_)
-      : a(a_), t(t_), red(red_), scratch(scratch_), lt(lt_), lr(lr_), row(row_), active(row_ < a_.m) {}
+  // Unit `unit` of the grid's walk: row unit / segs, segment unit % segs (a segment is rt threads
+  // of ITEMS chunks: whole groups of a row-local program, see Launcher::apply_plan).
+  FX_DEVICE Row(const A& a_, const Thread& t_, float* red_, float* scratch_, int lt_, int lr_, int64_t unit)
+      : a(a_), t(t_), red(red_), scratch(scratch_), lt(lt_), lr(lr_), row(a_.segs == 1 ? unit : unit / a_.segs),
+        first(a_.segs == 1 ? 0 : static_cast<int>(unit % a_.segs) * a_.rt * ITEMS * VEC), active(row < a_.m) {}
 
-  FX_DEVICE int col(int i, int e) const { return (i * a.rt + lt) * VEC + e; }
+  FX_DEVICE int col(int i, int e) const { return first + (i * a.rt + lt) * VEC + e; }
+
+  // Become `o` (a row of the same slot loaded ahead: for_each_row's prefetch)
+  FX_DEVICE void take(const Row& o) {
+    row = o.row;
+    first = o.first;
+    active = o.active;
+#pragma unroll
+    for (int i = 0; i < ITEMS; ++i)
+#pragma unroll
+      for (int e = 0; e < VEC; ++e) v[i][e] = o.v[i][e];
+  }
 
   FX_DEVICE void load() {
     const int64_t base = row * a.n;
@@ -421,7 +452,8 @@ struct Row {
     });
   }
 
-  // A norm's input: the value rounded to T (eager's norm sees a T tensor)
+  // A norm's input: the value rounded to T (eager's norm sees a T tensor). The code generator
+  // calls it before a norm whose input is not already a T value (fxfuse/cuda/codegen.py).
   FX_DEVICE void round_input() {
     if constexpr (DType<T>::kCode != FX_F32) map([](float x, int) { return round_to<T>(x); });
   }
@@ -429,7 +461,6 @@ struct Row {
   // F.layer_norm over the row: biased variance (two-pass), (x - mean) * rstd * w + b
   template <int W, int B>
   FX_DEVICE void layer_norm(float eps) {
-    round_input();
     const float n = static_cast<float>(a.n);
     const float mean = reduce_sum() / n;
     const float var = reduce(0.0f, OpAdd(), [mean](float x) { return (x - mean) * (x - mean); }) / n;
@@ -443,7 +474,6 @@ struct Row {
   // F.rms_norm: x * rsqrt(mean(x^2) + eps) * w
   template <int W>
   FX_DEVICE void rms_norm(float eps) {
-    round_input();
     const float ms = reduce(0.0f, OpAdd(), [](float x) { return x * x; }) / static_cast<float>(a.n);
     const float r = fx_rsqrt(ms + eps);
     normalise_by_chunk<W, -1>([r](int, float& sh, float& sc) {
@@ -461,11 +491,10 @@ struct Row {
   //  - a group size that is not a multiple of 16 bytes of T: the row staged in shared memory.
   template <int G, int W, int B>
   FX_DEVICE void group_norm(float eps) {
-    round_input();
     const float eps_t = round_to<T>(eps);
     const int gs = a.n / G;
     const int lanes = gs / VEC;
-    if (gs % VEC == 0 && (lanes & (lanes - 1)) == 0 && a.rt % lanes == 0) {
+    if (group_in_lanes(a.n, G, VEC) || (gs % VEC == 0 && (lanes & (lanes - 1)) == 0 && a.rt % lanes == 0)) {
       group_norm_by_lanes<W, B>(eps_t, gs, lanes);
     } else if (gs % VEC == 0) {
       group_norm_by_chunk<G, W, B>(eps_t, gs);
@@ -508,6 +537,10 @@ struct Row {
 
   template <int W, int B>
   FX_DEVICE void group_norm_by_lanes(float eps, int gs, int lanes) {
+    if (gs <= 32) {
+      group_norm_as_eager_warp<W, B>(eps, gs, lanes);
+      return;
+    }
     const float count = static_cast<float>(gs);
     float mean[ITEMS], rstd[ITEMS];
 #pragma unroll
@@ -536,6 +569,69 @@ struct Row {
       sh = mean[i];
       sc = rstd[i];
     });
+  }
+
+  // Eager's own statistics for a group of at most 32 values (torch's CUDA group norm, a group of
+  // fewer than 512 values: one warp, value j in lane j, lanes past the group empty): Welford
+  // states combined by a shuffle-down tree, offsets 16 ... 1, lane 0's result. Here value j of a
+  // group sits in thread j / VEC, slot j % VEC: the tree's levels of offset >= VEC are butterflies
+  // between threads, the rest run in registers, and every thread of the group ends with lane 0's
+  // state bit for bit (the lower side of each pair is combined first, as lane 0 combines). Levels
+  // at or above the group size only meet empty lanes (no-ops). A one-ulp difference in a statistic
+  // rounded to bf16 can grow past 1e-2 through a bf16 chain (S04), so the order is eager's.
+  template <int W, int B>
+  FX_DEVICE void group_norm_as_eager_warp(float eps, int gs, int lanes) {
+    float mean[ITEMS], rstd[ITEMS];
+    const int r = lt % lanes;  // this thread's place in its group
+#pragma unroll
+    for (int i = 0; i < ITEMS; ++i) {
+      float m[VEC], s[VEC];
+#pragma unroll
+      for (int e = 0; e < VEC; ++e) welford_leaf(v[i][e], m[e], s[e]);
+      float count = 1.0f;  // values behind each side of the next combine (a power of two)
+      for (int lx = lanes >> 1; lx >= 1; lx >>= 1, count *= 2.0f) {
+        const bool lower = (r & lx) == 0;
+#pragma unroll
+        for (int e = 0; e < VEC; ++e) {
+          const float om = t.shfl_xor(m[e], lx);
+          const float os = t.shfl_xor(s[e], lx);
+          if (lower) {
+            welford_combine(m[e], s[e], om, os, count);
+          } else {
+            float lm = om, ls = os;
+            welford_combine(lm, ls, m[e], s[e], count);
+            m[e] = lm;
+            s[e] = ls;
+          }
+        }
+      }
+#pragma unroll
+      for (int off = VEC >> 1; off >= 1; off >>= 1, count *= 2.0f)
+#pragma unroll
+        for (int e = 0; e < off; ++e) welford_combine(m[e], s[e], m[e + off], s[e + off], count);
+      mean[i] = m[0];
+      rstd[i] = fx_rsqrt(s[0] / static_cast<float>(gs) + eps);
+      group_stats(mean[i], rstd[i]);
+    }
+    normalise_by_chunk<W, B>([&](int i, float& sh, float& sc) {
+      sh = mean[i];
+      sc = rstd[i];
+    });
+  }
+
+  // WelfordOps::reduce of one value into the empty state, as torch compiles it
+  static FX_DEVICE void welford_leaf(float x, float& mean, float& m2) {
+    mean = 0.0f + x;
+    m2 = fx_fma(x, x - mean, 0.0f);
+  }
+
+  // WelfordOps::combine of (mean, m2) with (mb, m2b), both sides holding `count` values, as torch
+  // compiles it: nb / n is exactly 0.5 and a.nf a power of two, so the two contracted
+  // multiply-adds are  mean + delta * 0.5  and  (m2 + m2b) + (delta * delta * count) * 0.5.
+  static FX_DEVICE void welford_combine(float& mean, float& m2, float mb, float m2b, float count) {
+    const float delta = mb - mean;
+    m2 = fx_fma(delta * delta * count, 0.5f, m2 + m2b);
+    mean = fx_fma(delta, 0.5f, mean);
   }
 
   template <int G, int W, int B>
@@ -634,7 +730,6 @@ struct Row {
   // BatchNorm with running statistics: (x - rm) / sqrt(rv + eps) * w + b
   template <int W, int B, int RM, int RV>
   FX_DEVICE void batch_norm_eval(float eps) {
-    round_input();
     normalise<W, B>([this, eps](int i, float* shift, float* scale) {
       float rm[VEC], rv[VEC];
       col_chunk<RM>(i, rm);
@@ -650,7 +745,6 @@ struct Row {
   // BatchNorm with the batch statistics of the combine kernel
   template <int W, int B>
   FX_DEVICE void batch_norm_train() {
-    round_input();
     normalise<W, B>([this](int i, float* shift, float* scale) {
       float m[VEC], r[VEC];
       chunk_of(a.bn_mean, FX_F32, i, m);
@@ -667,17 +761,34 @@ struct Row {
 // ---------------------------------------------------------------------------------------------
 // Kernel bodies (shared by the CUDA kernels and the emulator)
 
-// Walks the rows of this block; `f(row)` sees every row slot, active or not.
-template <class Prog, typename T, int ITEMS, bool ALIGNED, class F>
+// Walks the rows (row segments) of this block; `f(row)` sees every slot, active or not. With
+// PREFETCH the next row's loads are issued before f works on the current one (a block that walks
+// many rows: the statistics kernel).
+template <class Prog, typename T, int ITEMS, bool ALIGNED, bool PREFETCH = false, class F>
 FX_DEVICE void for_each_row(const Args<Prog::kParamSlots>& a, const Thread& t, float* dyn, float* red, F f) {
+  using R = Row<Prog, T, ITEMS, ALIGNED>;
   const int lt = t.tid() % a.rt;
   const int lr = t.tid() / a.rt;
   float* scratch = dyn + static_cast<int64_t>(lr) * a.scratch_stride;
+  const int64_t units = a.m * a.segs;
   const int64_t stride = static_cast<int64_t>(t.gdim()) * a.rpc;
-  for (int64_t base = static_cast<int64_t>(t.bid()) * a.rpc; base < a.m; base += stride) {
-    Row<Prog, T, ITEMS, ALIGNED> r(a, t, red, scratch, lt, lr, base + lr);
+  int64_t base = static_cast<int64_t>(t.bid()) * a.rpc;
+  if constexpr (!PREFETCH) {
+    for (; base < units; base += stride) {
+      R r(a, t, red, scratch, lt, lr, base + lr);
+      r.load();
+      f(r);
+    }
+  } else {
+    if (base >= units) return;
+    R r(a, t, red, scratch, lt, lr, base + lr);
     r.load();
-    f(r);
+    for (; base < units; base += stride) {
+      R next(a, t, red, scratch, lt, lr, base + stride + lr);  // past the end: inactive, loads nothing
+      next.load();
+      f(r);
+      r.take(next);
+    }
   }
 }
 
@@ -702,9 +813,9 @@ FX_DEVICE void stats_body(const Args<Prog::kParamSlots>& a, const Thread& t, flo
 #pragma unroll
     for (int e = 0; e < VEC; ++e) mean[i][e] = m2[i][e] = 0.0f;
   int count = 0;
-  for_each_row<Prog, T, ITEMS, ALIGNED>(a, t, dyn, red, [&](Row<Prog, T, ITEMS, ALIGNED>& r) {
-    Prog::prefix(r);
-    r.round_input();  // the BatchNorm's input, as batch_norm_train() sees it
+  constexpr bool kPrefetch = ITEMS * VEC <= 16;  // a second row in registers: only for short ones
+  for_each_row<Prog, T, ITEMS, ALIGNED, kPrefetch>(a, t, dyn, red, [&](Row<Prog, T, ITEMS, ALIGNED>& r) {
+    Prog::prefix(r);  // ends with the BatchNorm's input, as batch_norm_train() sees it
     if (!r.active) return;
     ++count;
     const float inv = 1.0f / static_cast<float>(count);
@@ -812,8 +923,13 @@ constexpr int kMaxBlock = 512;
 #if !defined(FX_EMULATE)
 extern __shared__ float fx_dynamic_smem[];
 
+// Blocks of kMaxBlock threads an SM must fit: two for the kernels of one 16-byte chunk a thread
+// (at most 64 registers a thread), one above (128 registers for up to 64 floats a thread).
+template <int ITEMS, int VEC>
+constexpr int min_blocks() { return ITEMS * VEC <= 8 ? 2 : 1; }
+
 template <class Prog, typename T, int ITEMS, bool ALIGNED>
-__global__ void __launch_bounds__(kMaxBlock)
+__global__ void __launch_bounds__(kMaxBlock, min_blocks<ITEMS, DType<T>::kVec>())
     apply_kernel(const __grid_constant__ Args<Prog::kParamSlots> a) {
   __shared__ float red[FX_RED_FLOATS];
   const Thread t;
@@ -821,7 +937,7 @@ __global__ void __launch_bounds__(kMaxBlock)
 }
 
 template <class Prog, typename T, int ITEMS, bool ALIGNED>
-__global__ void __launch_bounds__(kMaxBlock)
+__global__ void __launch_bounds__(kMaxBlock, min_blocks<ITEMS, DType<T>::kVec>())
     stats_kernel(const __grid_constant__ Args<Prog::kParamSlots> a) {
   __shared__ float red[FX_RED_FLOATS];
   const Thread t;
@@ -920,9 +1036,10 @@ const char* ItemsUnit<Prog, T, ITEMS>::apply(const A& a, bool aligned, const Lau
 
 struct Plan {
   int items;  // 16-byte chunks a thread
-  int rt;     // threads a row
-  int rpc;    // rows a block
+  int rt;     // threads a row (a row segment)
+  int rpc;    // rows (row segments) a block
   int block;  // threads a block
+  int segs;   // segments a row
 };
 
 inline int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
@@ -930,7 +1047,7 @@ inline int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 // Shared-memory floats a row needs for a group norm of `groups` groups (the max over stages)
 inline int64_t group_norm_scratch(int64_t so_far, int64_t n, int vec, int64_t groups) {
   const int64_t gs = groups > 0 ? n / groups : 0;
-  const int64_t need = (gs % vec == 0) ? ceil_div(n, vec) : n;
+  const int64_t need = group_in_lanes(n, groups, vec) ? 0 : (gs % vec == 0) ? ceil_div(n, vec) : n;
   return need > so_far ? need : so_far;
 }
 
@@ -944,25 +1061,19 @@ struct Launcher {
   static constexpr int kMaxItems = max_items<T>();
   using A = Args<Prog::kParamSlots>;
 
-  // The fewest chunks a thread that keep a row within 256 threads; failing that, within
-  // kMaxBlock threads.
-  static bool plan(int64_t n, Plan* p) {
+  // Whole rows: the fewest chunks a thread that keep a row within 256 threads; failing that,
+  // within kMaxBlock threads (programs with row statistics: fewer warps a row, cheaper barriers).
+  // The statistics kernel has no row statistics and goes straight to kMaxBlock (`wide`).
+  static bool row_plan(int64_t n, Plan* p, bool wide = false) {
     if (n < 1 || n > FX_MAX_N) return false;
     const int64_t chunks = ceil_div(n, VEC);
-    for (int pass = 0; pass < 2; ++pass) {
+    for (int pass = wide ? 1 : 0; pass < 2; ++pass) {
       for (int items = 1; items <= kMaxItems; items *= 2) {
         const int64_t need = ceil_div(chunks, items);
-        int64_t rt = 1;
-        if (need <= 32) {
-          while (rt < need) rt *= 2;
-        } else {
-          rt = ceil_div(need, 32) * 32;
-        }
+        const int64_t rt = threads_for(need);
         const int64_t limit = pass == 0 ? 256 : kMaxBlock;
         if (rt > limit) continue;
-        p->items = items;
-        p->rt = static_cast<int>(rt);
-        p->rpc = rt >= 256 ? 1 : static_cast<int>(256 / rt);
+        *p = Plan{items, static_cast<int>(rt), rt >= 256 ? 1 : static_cast<int>(256 / rt), 0, 1};
         p->block = p->rt * p->rpc;
         return true;
       }
@@ -970,8 +1081,33 @@ struct Launcher {
     return false;
   }
 
+  // The apply kernel's plan. A row-local program (no statistic wider than a warp) is an
+  // elementwise pass in all but name: one chunk a thread and rows cut into segments of up to 256
+  // chunks (a power of two, or a multiple of 32: whole groups), so that many small blocks keep
+  // loads in flight and registers few; whole rows would hold 16-64 values a thread.
+  static bool apply_plan(int64_t n, Plan* p) {
+    if (!Prog::row_local(n, VEC)) return row_plan(n, p);
+    if (n < 1 || n > FX_MAX_N) return false;
+    const int64_t chunks = ceil_div(n, VEC);
+    const int64_t rt = chunks >= 256 ? 256 : threads_for(chunks);
+    *p = Plan{1, static_cast<int>(rt), rt >= 256 ? 1 : static_cast<int>(256 / rt), 0,
+              static_cast<int>(ceil_div(chunks, rt))};
+    p->block = p->rt * p->rpc;
+    return true;
+  }
+
+  // Threads for `need` chunks of a row: a power of two up to a warp, else whole warps.
+  static int64_t threads_for(int64_t need) {
+    int64_t rt = 1;
+    if (need <= 32) {
+      while (rt < need) rt *= 2;
+      return rt;
+    }
+    return ceil_div(need, 32) * 32;
+  }
+
   static int64_t apply_grid(int64_t m, const Plan& p) {
-    const int64_t g = ceil_div(m, p.rpc);
+    const int64_t g = ceil_div(m * p.segs, p.rpc);
     return g < (int64_t{1} << 30) ? g : (int64_t{1} << 30);
   }
 
@@ -988,24 +1124,25 @@ struct Launcher {
   }
 
   static int32_t supports(int64_t m, int64_t n, int32_t smem_optin) {
-    Plan p;
-    if (m < 1 || !plan(n, &p)) return 0;
+    Plan rows, apply;
+    if (m < 1 || !row_plan(n, &rows, true) || !apply_plan(n, &apply)) return 0;
     if (Prog::kBatchTrain && m < 2) return 0;
     if (!Prog::groups_ok(n)) return 0;
-    if (smem_bytes(n, p) > static_cast<size_t>(smem_optin)) return 0;
+    const size_t smem = smem_bytes(n, apply) > smem_bytes(n, rows) ? smem_bytes(n, apply) : smem_bytes(n, rows);
+    if (smem > static_cast<size_t>(smem_optin)) return 0;
     return 1;
   }
 
   static int64_t workspace_floats(int64_t m, int64_t n, int32_t sm_count) {
     Plan p;
-    if (!Prog::kBatchTrain || !plan(n, &p)) return 0;
+    if (!Prog::kBatchTrain || !row_plan(n, &p, true)) return 0;
     const int64_t chunks = stats_grid(m, p, sm_count) * p.rpc;
     return 2 * chunks * n + 2 * n;
   }
 
   static const char* launch(const FxLaunch* L, void* stream) {
-    Plan p;
-    if (!plan(L->n, &p)) return "fxfuse: row width outside the kernel's range";
+    Plan rows, apply;
+    if (!row_plan(L->n, &rows, true) || !apply_plan(L->n, &apply)) return "fxfuse: row width outside the kernel's range";
     if (L->num_params != Prog::kNumParams) return "fxfuse: wrong number of parameters";
     A a = {};
     a.y = L->y;
@@ -1017,40 +1154,51 @@ struct Launcher {
     }
     a.m = L->m;
     a.n = static_cast<int32_t>(L->n);
-    a.rt = p.rt;
-    a.rpc = p.rpc;
     a.scratch_stride = static_cast<int32_t>(Prog::scratch_floats(L->n, VEC));
     a.flags = L->flags;
     const bool out_vec = Prog::kOutKind != FX_OUT_ROWS || reinterpret_cast<uintptr_t>(L->out) % 16 == 0;
     const bool aligned = L->n % VEC == 0 && reinterpret_cast<uintptr_t>(L->y) % 16 == 0 && out_vec;
-    switch (p.items) {
-      case 1: return run<1>(a, aligned, p, L, stream);
-      case 2: return run<2>(a, aligned, p, L, stream);
-      case 4: return run<4>(a, aligned, p, L, stream);
-      case 8: return run<8>(a, aligned, p, L, stream);
-      case 16: return run<16>(a, aligned, p, L, stream);
-      default: return "fxfuse: bad launch plan";
+    if constexpr (Prog::kBatchTrain) {
+      const int64_t grid = stats_grid(L->m, rows, L->sm_count);
+      with_plan(a, rows);
+      a.chunks = grid * rows.rpc;
+      float* ws = L->workspace;
+      a.part_mean = ws;
+      a.part_m2 = ws + a.chunks * L->n;
+      a.bn_mean = ws + 2 * a.chunks * L->n;
+      a.bn_rstd = ws + 2 * a.chunks * L->n + L->n;
+      const Launch l{grid, rows.block, smem_bytes(L->n, rows), stream};
+      if (const char* err = with_items(rows.items, [&](auto items) {
+            return ItemsUnit<Prog, T, decltype(items)::value>::stats(a, aligned, l);
+          }))
+        return err;
+      if (const char* err = combine(a, Launch{ceil_div(L->n, kCombineColumns), kCombineBlock, 0, stream})) return err;
     }
+    with_plan(a, apply);
+    const Launch l{apply_grid(L->m, apply), apply.block, smem_bytes(L->n, apply), stream};
+    return with_items(apply.items, [&](auto items) {
+      return ItemsUnit<Prog, T, decltype(items)::value>::apply(a, aligned, l);
+    });
   }
 
-  template <int I>
-  static const char* run(A& a, bool aligned, const Plan& p, const FxLaunch* L, void* stream) {
-    if constexpr (I > kMaxItems) {
-      return "fxfuse: bad launch plan";
-    } else {
-      const size_t smem = smem_bytes(L->n, p);
-      if constexpr (Prog::kBatchTrain) {
-        const int64_t grid = stats_grid(L->m, p, L->sm_count);
-        a.chunks = grid * p.rpc;
-        float* ws = L->workspace;
-        a.part_mean = ws;
-        a.part_m2 = ws + a.chunks * L->n;
-        a.bn_mean = ws + 2 * a.chunks * L->n;
-        a.bn_rstd = ws + 2 * a.chunks * L->n + L->n;
-        if (const char* err = ItemsUnit<Prog, T, I>::stats(a, aligned, Launch{grid, p.block, smem, stream})) return err;
-        if (const char* err = combine(a, Launch{ceil_div(L->n, kCombineColumns), kCombineBlock, 0, stream})) return err;
-      }
-      return ItemsUnit<Prog, T, I>::apply(a, aligned, Launch{apply_grid(L->m, p), p.block, smem, stream});
+  static void with_plan(A& a, const Plan& p) {
+    a.rt = p.rt;
+    a.rpc = p.rpc;
+    a.segs = p.segs;
+  }
+
+  // f(std::integral_constant<int, items>) for a chunk count this element type's units cover
+  template <class F>
+  static const char* with_items(int items, F f) {
+    switch (items) {
+      case 1: return f(std::integral_constant<int, 1>{});
+      case 2: return f(std::integral_constant<int, 2>{});
+      case 4: return f(std::integral_constant<int, 4>{});
+      case 8: return f(std::integral_constant<int, 8>{});
+      case 16:
+        if constexpr (kMaxItems >= 16) return f(std::integral_constant<int, 16>{});
+        return "fxfuse: bad launch plan";
+      default: return "fxfuse: bad launch plan";
     }
   }
 

@@ -13,6 +13,7 @@
 // raises eager's error where eager raises one. With FX_EMULATE the same code drives the host
 // emulation of the kernels on CPU tensors (tests on machines without a GPU).
 #include <torch/extension.h>
+#include <torch/library.h>
 
 #include <array>
 #include <mutex>
@@ -213,6 +214,11 @@ class ProgramTable {
     flags_ = flags;
   }
   PyObject* fallback() const { return fallback_; }
+  void set_autograd(py::object autograd) {
+    const std::lock_guard<std::mutex> guard(mutex_);
+    autograd_ = autograd.release().ptr();  // kept for the life of the process
+  }
+  PyObject* autograd() const { return autograd_; }
   int64_t flags() const { return flags_; }
 
  private:
@@ -226,6 +232,7 @@ class ProgramTable {
   std::mutex mutex_;
   std::unordered_map<std::string, int64_t> table_;
   PyObject* fallback_ = nullptr;
+  PyObject* autograd_ = nullptr;
   int64_t flags_ = 0;
 };
 
@@ -253,6 +260,56 @@ std::tuple<Tensor, Tensor> linear_epilogue_kernel(c10::string_view program, cons
   return out.cast<std::tuple<Tensor, Tensor>>();
 }
 
+#if !defined(FX_EMULATE)
+bool any_requires_grad(const Tensor& x, const Tensor& weight, const std::optional<Tensor>& bias,
+                       at::TensorList params) {
+  if (x.requires_grad() || weight.requires_grad() || (bias && bias->requires_grad())) return true;
+  for (const Tensor& p : params)
+    if (p.requires_grad()) return true;
+  return false;
+}
+
+// The op's autograd kernel for CUDA tensors (registered once Python hands over the op's autograd
+// implementation). A call that records nothing for backward -- grad mode off, or no input that
+// requires grad: every call of a compiled graph -- goes below autograd here, in C++; only a call
+// that must record a backward node runs the Python implementation (torch.library's
+// register_autograd, fxfuse/op.py), with the key set the dispatcher computed.
+std::tuple<Tensor, Tensor> linear_epilogue_autograd(c10::DispatchKeySet ks, c10::string_view program,
+                                                    const Tensor& x, const Tensor& weight,
+                                                    const std::optional<Tensor>& bias, at::TensorList params) {
+  if (!at::GradMode::is_enabled() || !any_requires_grad(x, weight, bias, params)) {
+    static const auto op = c10::Dispatcher::singleton()
+                               .findSchemaOrThrow("fxfuse::linear_epilogue", "")
+                               .typed<std::tuple<Tensor, Tensor>(c10::string_view, const Tensor&, const Tensor&,
+                                                                 const std::optional<Tensor>&, at::TensorList)>();
+    const at::AutoDispatchBelowAutograd below_autograd;
+    return op.redispatch(ks & c10::after_autograd_keyset, program, x, weight, bias, params);
+  }
+  py::gil_scoped_acquire gil;
+  py::handle autograd(programs().autograd());
+  py::object out = autograd(py::cast(ks), std::string(program.data(), program.size()), x, weight, bias,
+                            std::vector<Tensor>(params.begin(), params.end()));
+  return out.cast<std::tuple<Tensor, Tensor>>();
+}
+
+// False (nothing registered) where this build cannot hand a key set to Python.
+bool register_autograd(py::object autograd) {
+  try {
+    py::cast(c10::DispatchKeySet(c10::DispatchKey::CUDA));
+  } catch (const py::cast_error&) {
+    return false;
+  }
+  static std::once_flag once;
+  programs().set_autograd(autograd);
+  std::call_once(once, [] {
+    static torch::Library* library =  // never destroyed, as the registration it holds
+        new torch::Library(torch::Library::IMPL, "fxfuse", c10::DispatchKey::AutogradCUDA, __FILE__, __LINE__);
+    library->impl("linear_epilogue", TORCH_FN(linear_epilogue_autograd));
+  });
+  return true;
+}
+#endif
+
 }  // namespace
 
 #if !defined(FX_EMULATE)
@@ -273,6 +330,11 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def(
       "set_fallback", [](py::object fallback, int64_t flags) { programs().set_fallback(fallback, flags); },
       "The Python callable for calls the registered programs do not cover, and the FxFlags to launch with");
+#if !defined(FX_EMULATE)
+  m.def("register_autograd", &register_autograd,
+        "Serve the op's AutogradCUDA key in C++, calling this Python autograd implementation "
+        "(keyset, program, x, weight, bias, params) only when a backward node must be recorded");
+#endif
   m.def("run", &run_py, "GEMM + epilogue; None when the kernels do not cover the call", py::arg("info"),
         py::arg("x"), py::arg("weight"), py::arg("bias"), py::arg("params"), py::arg("flags") = 0, py::arg("out") = py::none());
 }

@@ -67,10 +67,11 @@ def power(a: sympy.Expr, b: sympy.Expr) -> sympy.Expr:
     return sympy.Pow(a, b, evaluate=False)
 
 
-def substitute(expr: sympy.Expr, mapping: dict[sympy.Symbol, sympy.Expr]) -> sympy.Expr:
-    """Replace symbols without re-evaluating anything (sympy's subs would fold arithmetic)."""
-    if isinstance(expr, sympy.Symbol):
-        return mapping.get(expr, expr)
+def substitute(expr: sympy.Expr, mapping: dict[sympy.Expr, sympy.Expr]) -> sympy.Expr:
+    """Replace whole subtrees (symbols or calls) without re-evaluating anything: sympy's subs and
+    xreplace rebuild nodes with evaluation, which would fold the user's arithmetic."""
+    if expr in mapping:
+        return mapping[expr]
     if not expr.args:
         return expr
     return expr.func(*(substitute(a, mapping) for a in expr.args), evaluate=False)

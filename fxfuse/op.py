@@ -83,3 +83,14 @@ def _backward(ctx, grad_out, grad_stats):
 
 linear_epilogue.register_autograd(_backward, setup_context=_setup_context)
 
+
+def autograd_implementation():
+    """The op's autograd kernel as torch.library builds it from the registration above,
+    ``(keyset, program, x, weight, bias, params) -> (out, batch_stats)``. The CUDA runtime serves
+    the AutogradCUDA key in C++ and calls this only when a backward node must be recorded, so a
+    compiled graph's calls run no Python (a private torch API: the caller keeps the Python path if
+    it is missing)."""
+    from torch._library.autograd import make_autograd_impl
+
+    return make_autograd_impl(linear_epilogue._opoverload, linear_epilogue)
+

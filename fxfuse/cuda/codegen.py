@@ -13,10 +13,12 @@ import math
 
 import torch
 
+from .. import expr as E
 from ..ir import Norm, Pointwise, Program, Reduce, Stage
+from ..vocabulary import ROUNDING, EpilogueFunction, call
 from .printer import UnsupportedExpression, float_literal, print_expr
 
-CODEGEN_VERSION = "2"
+CODEGEN_VERSION = "3"
 
 ELEMENT_TYPES = {
     torch.float32: "float",
@@ -84,8 +86,11 @@ def _program_header(program: Program, dtype: torch.dtype, namespace: str) -> str
     prefix = program.stages[:split] if split is not None else ()
     rest = program.stages[split:] if split is not None else program.stages
     try:
-        prefix_body = _emit_stages(program, prefix, store=False)
-        rest_body = _emit_stages(program, rest, store=True)
+        emitter = _Emitter(program, dtype)
+        prefix_body = emitter.stages(prefix, store=False)
+        if split is not None:  # the statistics kernel reads the BatchNorm's input off prefix()
+            prefix_body += emitter.norm_input()
+        rest_body = emitter.stages(rest, store=True)
     except UnsupportedExpression as error:
         raise UnsupportedProgram(str(error)) from None
     reduction = program.reduction
@@ -115,6 +120,13 @@ def _program_header(program: Program, dtype: torch.dtype, namespace: str) -> str
             "",
             "  static bool groups_ok(int64_t n) {",
             "    return " + " && ".join([f"n % {g} == 0" for g in groups] or ["true"]) + ";",
+            "  }",
+            "",
+            "  // no statistic of a row wider than a warp (the launch plan's choice)",
+            "  static bool row_local(int64_t n, int vec) {",
+            "    (void)n;",
+            "    (void)vec;",
+            f"    return {_row_local(program)};",
             "  }",
             "",
             "  static int64_t scratch_floats(int64_t n, int vec) {",
@@ -187,6 +199,18 @@ def _check_norm(program: Program, norm: Norm) -> None:
         col(norm.running_var, "running_var", required=True)
 
 
+def _row_local(program: Program) -> str:
+    """C++ condition on (n, vec): every statistic the rows need is warp-local (group norms of
+    small groups; batch norms take column statistics from another kernel)."""
+    terms = []
+    for stage in program.stages:
+        if isinstance(stage, Reduce) or (isinstance(stage, Norm) and stage.kind in ("layer", "rms")):
+            return "false"
+        if isinstance(stage, Norm) and stage.kind == "group":
+            terms.append(f"fx::group_in_lanes(n, {stage.groups}, vec)")
+    return " && ".join(terms) or "true"
+
+
 def _batch_train_index(program: Program) -> int | None:
     for i, stage in enumerate(program.stages):
         if isinstance(stage, Norm) and stage.kind == "batch" and stage.training:
@@ -197,22 +221,52 @@ def _batch_train_index(program: Program) -> int | None:
 # -- emission -----------------------------------------------------------------------------------
 
 
-def _emit_stages(program: Program, stages: tuple[Stage, ...], store: bool) -> list[str]:
-    lines: list[str] = []
-    reduced = False  # after a row reduction the value is the float `s`
-    for stage in stages:
-        if isinstance(stage, Pointwise):
-            lines += _emit_scalar_pointwise(program, stage) if reduced else _emit_map(program, stage)
-        elif isinstance(stage, Norm):
-            lines.append(_emit_norm(stage))
-        elif stage.changes_shape:
-            lines.append(f"float s = r.{_REDUCTIONS[stage.kind]}();")
-            reduced = True
-        else:
-            lines.append(f"r.{_ROW_MAPS[stage.kind]}();")
-    if store:
-        lines.append("r.store_scalar(s);" if reduced else "r.store_rows();")
-    return lines
+class _Emitter:
+    """Emits stages in order, tracking whether the row holds values of the element type T (a low
+    precision chain rounds after every op where eager rounds): a norm rounds its input only when
+    it is not, and a pointwise stage drops the rounding of its input ``x`` when it already is."""
+
+    def __init__(self, program: Program, dtype: torch.dtype) -> None:
+        self.program = program
+        self.rounding = ROUNDING.get(dtype)  # the vocabulary's rounding function, None in float32
+        self.rounded = True  # the GEMM output is loaded as T values
+
+    def stages(self, stages: tuple[Stage, ...], store: bool) -> list[str]:
+        lines: list[str] = []
+        reduced = False  # after a row reduction the value is the float `s`
+        for stage in stages:
+            if isinstance(stage, Pointwise):
+                stage = Pointwise(self._without_input_rounding(stage.expr))
+                lines += _emit_scalar_pointwise(self.program, stage) if reduced else _emit_map(self.program, stage)
+                self.rounded = self._is_rounding(stage.expr)
+            elif isinstance(stage, Norm):
+                lines += self.norm_input()
+                lines.append(_emit_norm(stage))
+                self.rounded = True  # Row::normalise rounds to T
+            elif stage.changes_shape:
+                lines.append(f"float s = r.{_REDUCTIONS[stage.kind]}();")
+                reduced, self.rounded = True, False
+            else:
+                lines.append(f"r.{_ROW_MAPS[stage.kind]}();")
+                self.rounded = False
+        if store:
+            lines.append("r.store_scalar(s);" if reduced else "r.store_rows();")
+        return lines
+
+    def norm_input(self) -> list[str]:
+        """The row rounded to T, as eager's norm of a T input sees it, unless it already is."""
+        if self.rounded or self.rounding is None:
+            return []
+        self.rounded = True
+        return ["r.round_input();"]
+
+    def _is_rounding(self, expr) -> bool:
+        return self.rounding is None or (isinstance(expr, EpilogueFunction) and expr.row.name == self.rounding)
+
+    def _without_input_rounding(self, expr):
+        if self.rounding is None or not self.rounded:
+            return expr
+        return E.substitute(expr, {call(self.rounding, E.X): E.X})
 
 
 def _param_indices(program: Program, used: set[int], kind: str) -> list[int]:

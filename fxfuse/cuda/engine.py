@@ -94,6 +94,8 @@ class Engine:
             runtime = build_runtime(self._target_for(device))
             self._flags = runtime.GROUP_NORM_ROUNDS_STATS if group_norm_rounds_stats(device) else 0
             runtime.set_fallback(self.call, self._flags)
+            if hasattr(runtime, "register_autograd"):  # the CUDA build
+                _register_autograd(runtime)
             self._runtime_module = runtime
         return self._runtime_module
 
@@ -133,6 +135,21 @@ class Engine:
         if handle is None:
             handle = self._resolve(program, x.dtype, x.device)
         return bool(handle) and self._runtime_module.run(handle, x, weight, bias, params, self._flags, None) is not None
+
+
+def _register_autograd(runtime) -> None:
+    """Let the runtime serve the op's autograd key in C++ (no Python per call of a compiled
+    graph); without it (an older or newer torch lacking the pieces) the Python kernel stays."""
+    from .. import op
+
+    try:
+        registered = runtime.register_autograd(op.autograd_implementation())
+    except Exception as error:  # noqa: BLE001 - only a per-call cost is at stake
+        registered, reason = False, f"{type(error).__name__}: {error}"
+    else:
+        reason = "the runtime cannot pass a dispatch key set to Python"
+    if not registered:
+        warnings.warn(f"fxfuse: the op's autograd layer stays in Python ({reason})", RuntimeWarning)
 
 
 def group_norm_rounds_stats(device: torch.device) -> bool:

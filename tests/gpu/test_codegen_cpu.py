@@ -228,6 +228,59 @@ def test_reduction_then_scalar_pointwise():
     assert "kOutKind = FX_OUT_REDUCED;" in header
 
 
+def bf16(expression):
+    return call("bf16", expression)
+
+
+def body_of(header: str, function: str) -> str:
+    start = header.index(f"{function}(R& r)")
+    return header[start : header.index("\n  }\n", start)]
+
+
+def test_a_norm_rounds_its_input_only_where_it_is_not_already_a_t_value():
+    rounded = Program(Gemm(True), (Pointwise(bf16(E.mul(X, c(2.0)))), Norm("layer", 1e-5)))
+    unrounded = Program(Gemm(True), (Pointwise(E.mul(X, c(2.0))), Norm("layer", 1e-5)))
+    after_softmax = Program(Gemm(True), (Reduce("softmax"), Norm("layer", 1e-5)))
+    gemm_output = Program(Gemm(True), (Norm("layer", 1e-5),))
+    rounds = {name: "r.round_input();" in codegen.generate(prog, torch.bfloat16, "n", "e")["program.cuh"]
+              for name, prog in [("rounded", rounded), ("unrounded", unrounded), ("after_softmax", after_softmax),
+                                 ("gemm_output", gemm_output)]}
+    assert rounds == {"rounded": False, "unrounded": True, "after_softmax": True, "gemm_output": False}
+    assert "round_input" not in codegen.generate(unrounded, torch.float32, "n", "e")["program.cuh"]
+
+
+def test_the_batch_norm_input_is_rounded_at_the_end_of_the_prefix():
+    program = Program(Gemm(True), (Pointwise(E.mul(X, p(0))), Norm("batch", 1e-5, training=True)), ("col",))
+    header = codegen.generate(program, torch.bfloat16, "n", "e")["program.cuh"]
+    assert body_of(header, "prefix").rstrip().endswith("r.round_input();")
+    assert "round_input" not in body_of(header, "rest")
+
+
+def test_a_stage_drops_the_rounding_of_an_input_that_is_already_rounded():
+    program = Program(Gemm(True), (Norm("group", 1e-5, groups=4), Pointwise(bf16(call("relu", bf16(X))))))
+    body = body_of(codegen.generate(program, torch.bfloat16, "n", "e")["program.cuh"], "rest")
+    assert "fx_relu(x)" in body and body.count("fx_round_bf16") == 1
+    after_softmax = Program(Gemm(True), (Reduce("softmax"), Pointwise(bf16(call("relu", bf16(X))))))
+    body = body_of(codegen.generate(after_softmax, torch.bfloat16, "n", "e")["program.cuh"], "rest")
+    assert body.count("fx_round_bf16") == 2
+
+
+@pytest.mark.parametrize(
+    "stages,condition",
+    [
+        ((Pointwise(call("relu", X)),), "true"),
+        ((Norm("group", 1e-5, groups=8), Norm("batch", 1e-5, training=True)), "fx::group_in_lanes(n, 8, vec)"),
+        ((Norm("layer", 1e-5),), "false"),
+        ((Pointwise(call("relu", X)), Reduce("sum")), "false"),
+        ((Norm("group", 1e-5, groups=8), Reduce("softmax")), "false"),
+    ],
+    ids=["pointwise", "small-groups-and-batch-norm", "layer-norm", "reduction", "row-map"],
+)
+def test_row_local_programs_are_those_without_row_statistics(stages, condition):
+    header = codegen.generate(Program(Gemm(True), stages), torch.float32, "n", "e")["program.cuh"]
+    assert f"return {condition};" in body_of(header.replace("(int64_t n, int vec)", "(R& r)"), "row_local")
+
+
 @pytest.mark.parametrize(
     "program",
     [

@@ -15,7 +15,7 @@ import torch
 
 import fxfuse.cuda as fxcuda
 from fxfuse import reference
-from fxfuse.ir import Norm
+from fxfuse.ir import Gemm, Norm, Program
 from programs import LOW_PRECISION, PROGRAMS, make_params, poison
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
@@ -30,6 +30,7 @@ def all_builds():
     pairs = [(PROGRAMS[name], dtype) for name, dtype, *_ in (c.values for c in cases())]
     pairs += [(PROGRAMS[n], d) for n in WIDE for d in (torch.float32, torch.bfloat16)]
     pairs += [(PROGRAMS["minus_and_negation"], torch.float16)]
+    pairs += [(program, dtype) for _, dtype, program in small_group_cases()]
     return pairs
 
 
@@ -231,3 +232,50 @@ def test_unprepared_program_builds_on_first_call():
     program = PROGRAMS["minus_and_negation"]
     x, w, b, params = inputs(program, torch.float16, 4, 128, 32, 0)
     check(program, torch.float16, x, w, b, params)
+
+
+SMALL_GROUPS_N = 4096
+
+
+def small_group_cases():
+    """(group size, dtype, program): group norms of up to 32 values in whole 16-byte chunks."""
+    for dtype in (torch.bfloat16, torch.float16, torch.float32):
+        for size in (4, 8, 16, 32):
+            if size * dtype.itemsize % 16 == 0:
+                norm = Norm("group", 1e-5, groups=SMALL_GROUPS_N // size, weight=0, bias=1)
+                yield size, dtype, Program(Gemm(True), (norm,), ("col", "col"))
+
+
+@pytest.mark.parametrize("group_size,dtype,program",
+                         [pytest.param(*c, id=f"{c[0]}-{str(c[1])[6:]}") for c in small_group_cases()])
+def test_group_norm_of_small_groups_is_eager_bit_for_bit(group_size, dtype, program):
+    """Groups of up to 32 values take eager's own Welford tree: the statistics, and so the output,
+    are eager's to the bit (in a bf16 chain one flipped statistic can grow past 1e-2: S04)."""
+    n = SMALL_GROUPS_N
+    for seed in range(DRAWS):
+        x, w, b, params = inputs(program, dtype, 64, n, 256, seed)
+        x = x * 3 + 1  # an offset mean: the statistics' last bits matter
+        out, _ = op(program.to_string(), x, w, b, params)
+        y = torch.nn.functional.linear(x, w, b)
+        expected = torch.nn.functional.group_norm(y, n // group_size, params[0], params[1], 1e-5)
+        assert torch.equal(out, expected), (out.float() - expected.float()).abs().max()
+
+
+def test_autograd_key_runs_in_cpp_and_records_gradients():
+    """The runtime serves AutogradCUDA in C++ (a compiled graph's calls need no gradient and run
+    no Python); a call that records a backward node still gets the registered backward."""
+    program = PROGRAMS["s04_group_silu_vec_silu"]
+    fxcuda.prepare(program, torch.float32)
+    table = torch._C._dispatch_dump_table("fxfuse::linear_epilogue")
+    assert any("AutogradCUDA" in line and "runtime.cpp" in line for line in table.splitlines()), table
+    x, w, b, params = inputs(program, torch.float32, 8, 256, 64, 0)
+    with torch.no_grad():
+        out, _ = op(program.to_string(), x, w, b, params)
+    assert out.grad_fn is None
+    leaves = [t.clone().requires_grad_() for t in (x, w, b, *params)]
+    out, _ = op(program.to_string(), *leaves[:3], leaves[3:])
+    grad_out = torch.randn_like(out)
+    grads = torch.autograd.grad(out, leaves, grad_out)
+    expected = reference.backward(program, grad_out, x, w, b, params)
+    for got, want in zip(grads, expected):
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
