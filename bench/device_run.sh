@@ -3,7 +3,8 @@
 # in $OUT.
 #   bash bench/device_run.sh STAGES [bench args...]
 # STAGES, comma-separated: tests (tests/gpu, the suite tests in parallel shards), profile (the
-# epilogue breakdown and an ncu summary of each kernel), bench (bench/bench.py), sanitize.
+# epilogue breakdown and an ncu summary of each kernel), bench (bench/bench.py), sanitize
+# (compute-sanitizer over one run of each kernel template; SANITIZE_TOOLS picks the tools).
 set -uo pipefail
 stages=${1:-tests,profile,bench}; shift || true
 OUT=${OUT:-$PWD/out}; mkdir -p "$OUT"
@@ -22,7 +23,7 @@ status=0
 sanitize_pid=
 if has sanitize; then  # beside the tests: neither is timed
   ( python3 tests/gpu/sanitize.py --build-only; rc=0
-    for tool in memcheck racecheck synccheck; do
+    for tool in ${SANITIZE_TOOLS:-memcheck racecheck synccheck}; do
       timeout 240 compute-sanitizer --tool "$tool" --error-exitcode 3 python3 tests/gpu/sanitize.py \
         >"$LOGS/sanitize_$tool.log" 2>&1 || rc=1
     done; exit $rc ) & sanitize_pid=$!
