@@ -3,7 +3,7 @@
 # in $OUT.
 #   bash bench/device_run.sh STAGES [bench args...]
 # STAGES, comma-separated: tests (tests/gpu, the suite tests in parallel shards), profile (the
-# epilogue breakdown and an ncu summary of each kernel), bench (bench/bench.py), sanitize
+# epilogue breakdown and an ncu summary of each kernel; PROFILE_ARGS), bench (bench/bench.py), sanitize
 # (compute-sanitizer over one run of each kernel template; SANITIZE_TOOLS picks the tools).
 set -uo pipefail
 stages=${1:-tests,profile,bench}; shift || true
@@ -17,7 +17,10 @@ python3 -m pip install -q --no-deps --no-build-isolation -e . >"$LOGS/install.lo
 { nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv
   python3 -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda)"; } | tee "$OUT/env.txt"
 # Build every module first, in parallel (a build per chain at compile time is sequential).
-{ python3 tests/gpu/prebuild.py; python3 bench/prebuild_suite.py; } 2>&1 | grep -v "^fxfuse: building" \
+# PREBUILD_ARGS narrow the suite modules (bench/prebuild_suite.py's flags); the tests' modules are
+# built only with the tests stage.
+{ if has tests || has sanitize; then python3 tests/gpu/prebuild.py; fi
+  python3 bench/prebuild_suite.py ${PREBUILD_ARGS:-}; } 2>&1 | grep -v "^fxfuse: building" \
   | tee "$OUT/prebuild.log"
 status=0
 sanitize_pid=
@@ -49,23 +52,12 @@ if [ -n "$sanitize_pid" ]; then
   grep -h "^==\|ERROR SUMMARY\|MISMATCH" "$OUT/sanitize.log"
 fi
 if has profile; then
-  python3 bench/epilogue_breakdown.py 2>&1 | tee "$OUT/breakdown.log"
+  # PROFILE_ARGS: bench/epilogue_breakdown.py's flags (--rows, --items)
+  python3 bench/epilogue_breakdown.py ${PROFILE_ARGS:-} 2>&1 | tee "$OUT/breakdown.log"
   ncu --kernel-name regex:"apply_kernel|stats_kernel|combine_kernel" --section SpeedOfLight \
     --section Occupancy --section LaunchStats --section ComputeWorkloadAnalysis --section InstructionStats --csv --page details \
-    python3 bench/epilogue_breakdown.py --once >"$LOGS/ncu.csv" 2>"$LOGS/ncu.err"
-  python3 - "$LOGS/ncu.csv" <<'EOF' | tee "$OUT/ncu_summary.txt"
-import csv, sys
-keep = ("Duration", "DRAM Throughput", "Compute (SM) Throughput", "Executed Instructions", "Issue Slots Busy",
-        "Registers Per Thread", "Achieved Occupancy", "Theoretical Occupancy", "Block Size", "Grid Size")
-rows = {}
-lines = [l for l in open(sys.argv[1]) if l.startswith('"')]
-for r in csv.DictReader(lines):
-    key = (r["ID"], r["Kernel Name"].split("(")[0][:60])
-    if r["Metric Name"] in keep:
-        rows.setdefault(key, {})[r["Metric Name"]] = r["Metric Value"] + " " + r["Metric Unit"]
-for (i, name), m in rows.items():
-    print(i, name, " | ".join(f"{k}={m.get(k, '?')}" for k in keep))
-EOF
+    python3 bench/epilogue_breakdown.py --once ${PROFILE_ARGS:-} >"$LOGS/ncu.csv" 2>"$LOGS/ncu.err"
+  { grep "^call:" "$LOGS/ncu.csv"; python3 bench/ncu_summary.py "$LOGS/ncu.csv"; } | tee "$OUT/ncu_summary.txt"
 fi
 if has bench; then
   python3 bench/bench.py --json "$OUT/bench.json" --png "$OUT/bench.png" "$@" 2>&1 | tee "$OUT/bench.log"

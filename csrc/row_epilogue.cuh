@@ -1085,13 +1085,17 @@ struct Launcher {
   // elementwise pass in all but name: one chunk a thread and rows cut into segments of up to 256
   // chunks (a power of two, or a multiple of 32: whole groups), so that many small blocks keep
   // loads in flight and registers few; whole rows would hold 16-64 values a thread.
-  static bool apply_plan(int64_t n, Plan* p) {
+  static bool apply_plan(int64_t n, Plan* p, int32_t flags = 0) {
     if (!Prog::row_local(n, VEC)) return row_plan(n, p);
     if (n < 1 || n > FX_MAX_N) return false;
     const int64_t chunks = ceil_div(n, VEC);
-    const int64_t rt = chunks >= 256 ? 256 : threads_for(chunks);
-    *p = Plan{1, static_cast<int>(rt), rt >= 256 ? 1 : static_cast<int>(256 / rt), 0,
-              static_cast<int>(ceil_div(chunks, rt))};
+    int items = (flags & FX_PLAN_ITEMS_MASK) >> FX_PLAN_ITEMS_SHIFT;
+    // a power of two the units cover, and whole warps a segment (so whole groups a segment)
+    if (items < 1 || items > kMaxItems || (items & (items - 1)) || ceil_div(chunks, items) < 32) items = 1;
+    const int64_t need = ceil_div(chunks, items);
+    const int64_t rt = need >= 256 ? 256 : threads_for(need);
+    *p = Plan{items, static_cast<int>(rt), rt >= 256 ? 1 : static_cast<int>(256 / rt), 0,
+              static_cast<int>(ceil_div(chunks, rt * items))};
     p->block = p->rt * p->rpc;
     return true;
   }
@@ -1142,7 +1146,9 @@ struct Launcher {
 
   static const char* launch(const FxLaunch* L, void* stream) {
     Plan rows, apply;
-    if (!row_plan(L->n, &rows, true) || !apply_plan(L->n, &apply)) return "fxfuse: row width outside the kernel's range";
+    if (!row_plan(L->n, &rows, true) || !apply_plan(L->n, &apply, L->flags)) {
+      return "fxfuse: row width outside the kernel's range";
+    }
     if (L->num_params != Prog::kNumParams) return "fxfuse: wrong number of parameters";
     A a = {};
     a.y = L->y;

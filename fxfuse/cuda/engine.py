@@ -99,6 +99,13 @@ class Engine:
             self._runtime_module = runtime
         return self._runtime_module
 
+    def set_plan_items(self, items: int) -> None:
+        """Tuning only (bench/epilogue_breakdown.py): the 16-byte chunks a thread of row-local
+        programs' apply kernels; 0 restores the default plan."""
+        shift, mask = self._runtime_module.PLAN_ITEMS_SHIFT, self._runtime_module.PLAN_ITEMS_MASK
+        self._flags = (self._flags & ~mask) | ((items << shift) & mask)
+        self._runtime_module.set_fallback(self.call, self._flags)
+
     def _resolve(self, program: str, dtype: torch.dtype, device: torch.device) -> int:
         """Handle of a key seen for the first time: build as a last resort; 0 if that fails."""
         key = (program, dtype, _index(device))
