@@ -190,6 +190,27 @@ FX_DEVICE void load_param_vec(const void* p, int32_t dtype, int64_t c, float* ou
   }
 }
 
+// n / d for any 32-bit n by a divisor fixed for the launch: a multiply-high, an add and a shift
+// (Granlund-Montgomery) instead of a division routine in every thread.
+struct FastDiv {
+  uint32_t magic;
+  int32_t shift;
+  static FastDiv of(uint32_t d) {  // host side; d >= 1
+    int32_t l = 0;
+    while ((uint64_t{1} << l) < d) ++l;
+    const uint64_t m = ((uint64_t{1} << 32) * ((uint64_t{1} << l) - d)) / d + 1;
+    return FastDiv{static_cast<uint32_t>(m), l};
+  }
+  static FX_HOST_DEVICE uint32_t div(uint32_t n, uint32_t magic, int32_t shift) {
+#if defined(__CUDA_ARCH__)
+    const uint32_t hi = __umulhi(magic, n);
+#else
+    const uint32_t hi = static_cast<uint32_t>((static_cast<uint64_t>(magic) * n) >> 32);
+#endif
+    return static_cast<uint32_t>((static_cast<uint64_t>(hi) + n) >> shift);
+  }
+};
+
 // Whether each group of a group norm over n columns is whole 16-byte chunks held by a power of two
 // of at most 32 consecutive threads of a row (any plan's threads a row are a multiple of that
 // count): its statistics take warp shuffles only.
@@ -219,6 +240,8 @@ struct Args {
   int32_t rt;            // threads a row (a row segment)
   int32_t rpc;           // rows (row segments) a block
   int32_t segs;          // segments a row: 1, or more where a row-local program splits wide rows
+  uint32_t segs_magic;   // unit / segs as a multiply-high and a shift (units < 2^32): FastDiv
+  int32_t segs_shift;
   int32_t scratch_stride;  // shared-memory floats a row (group norm)
   int32_t flags;           // FxFlags
 };
@@ -255,8 +278,18 @@ struct Row {
   // Unit `unit` of the grid's walk: row unit / segs, segment unit % segs (a segment is rt threads
   // of ITEMS chunks: whole groups of a row-local program, see Launcher::apply_plan).
   FX_DEVICE Row(const A& a_, const Thread& t_, float* red_, float* scratch_, int lt_, int lr_, int64_t unit)
-      : a(a_), t(t_), red(red_), scratch(scratch_), lt(lt_), lr(lr_), row(a_.segs == 1 ? unit : unit / a_.segs),
-        first(a_.segs == 1 ? 0 : static_cast<int>(unit % a_.segs) * a_.rt * ITEMS * VEC), active(row < a_.m) {}
+      : a(a_), t(t_), red(red_), scratch(scratch_), lt(lt_), lr(lr_) {
+    if (a.segs == 1) {
+      row = unit;
+      first = 0;
+    } else {  // segmented plans keep m * segs below 2^32
+      const uint32_t u = static_cast<uint32_t>(unit);
+      const uint32_t q = FastDiv::div(u, a.segs_magic, a.segs_shift);
+      row = q;
+      first = static_cast<int>(u - q * static_cast<uint32_t>(a.segs)) * a.rt * ITEMS * VEC;
+    }
+    active = row < a.m;
+  }
 
   FX_DEVICE int col(int i, int e) const { return first + (i * a.rt + lt) * VEC + e; }
 
@@ -592,17 +625,13 @@ struct Row {
       for (int lx = lanes >> 1; lx >= 1; lx >>= 1, count *= 2.0f) {
         const bool lower = (r & lx) == 0;
 #pragma unroll
-        for (int e = 0; e < VEC; ++e) {
+        for (int e = 0; e < VEC; ++e) {  // selects, not branches: the pair's halves differ
           const float om = t.shfl_xor(m[e], lx);
           const float os = t.shfl_xor(s[e], lx);
-          if (lower) {
-            welford_combine(m[e], s[e], om, os, count);
-          } else {
-            float lm = om, ls = os;
-            welford_combine(lm, ls, m[e], s[e], count);
-            m[e] = lm;
-            s[e] = ls;
-          }
+          float am = lower ? m[e] : om, as = lower ? s[e] : os;
+          welford_combine(am, as, lower ? om : m[e], lower ? os : s[e], count);
+          m[e] = am;
+          s[e] = as;
         }
       }
 #pragma unroll
@@ -1085,17 +1114,19 @@ struct Launcher {
   // elementwise pass in all but name: one chunk a thread and rows cut into segments of up to 256
   // chunks (a power of two, or a multiple of 32: whole groups), so that many small blocks keep
   // loads in flight and registers few; whole rows would hold 16-64 values a thread.
-  static bool apply_plan(int64_t n, Plan* p, int32_t flags = 0) {
+  static bool apply_plan(int64_t m, int64_t n, Plan* p, int32_t flags = 0) {
     if (!Prog::row_local(n, VEC)) return row_plan(n, p);
     if (n < 1 || n > FX_MAX_N) return false;
     const int64_t chunks = ceil_div(n, VEC);
-    int items = (flags & FX_PLAN_ITEMS_MASK) >> FX_PLAN_ITEMS_SHIFT;
+    const int tuned = (flags & FX_PLAN_ITEMS_MASK) >> FX_PLAN_ITEMS_SHIFT;
+    int items = tuned ? tuned : Prog::kLocalItems;
     // a power of two the units cover, and whole warps a segment (so whole groups a segment)
-    if (items < 1 || items > kMaxItems || (items & (items - 1)) || ceil_div(chunks, items) < 32) items = 1;
+    if (items > kMaxItems || (items & (items - 1)) || ceil_div(chunks, items) < 32) items = 1;
     const int64_t need = ceil_div(chunks, items);
     const int64_t rt = need >= 256 ? 256 : threads_for(need);
-    *p = Plan{items, static_cast<int>(rt), rt >= 256 ? 1 : static_cast<int>(256 / rt), 0,
-              static_cast<int>(ceil_div(chunks, rt * items))};
+    const int64_t segs = ceil_div(chunks, rt * items);
+    if (segs > 1 && m * segs >= (int64_t{1} << 32)) return row_plan(n, p);  // Row's 32-bit FastDiv
+    *p = Plan{items, static_cast<int>(rt), rt >= 256 ? 1 : static_cast<int>(256 / rt), 0, static_cast<int>(segs)};
     p->block = p->rt * p->rpc;
     return true;
   }
@@ -1129,7 +1160,7 @@ struct Launcher {
 
   static int32_t supports(int64_t m, int64_t n, int32_t smem_optin) {
     Plan rows, apply;
-    if (m < 1 || !row_plan(n, &rows, true) || !apply_plan(n, &apply)) return 0;
+    if (m < 1 || !row_plan(n, &rows, true) || !apply_plan(m, n, &apply)) return 0;
     if (Prog::kBatchTrain && m < 2) return 0;
     if (!Prog::groups_ok(n)) return 0;
     const size_t smem = smem_bytes(n, apply) > smem_bytes(n, rows) ? smem_bytes(n, apply) : smem_bytes(n, rows);
@@ -1146,7 +1177,7 @@ struct Launcher {
 
   static const char* launch(const FxLaunch* L, void* stream) {
     Plan rows, apply;
-    if (!row_plan(L->n, &rows, true) || !apply_plan(L->n, &apply, L->flags)) {
+    if (!row_plan(L->n, &rows, true) || !apply_plan(L->m, L->n, &apply, L->flags)) {
       return "fxfuse: row width outside the kernel's range";
     }
     if (L->num_params != Prog::kNumParams) return "fxfuse: wrong number of parameters";
@@ -1191,6 +1222,9 @@ struct Launcher {
     a.rt = p.rt;
     a.rpc = p.rpc;
     a.segs = p.segs;
+    const FastDiv d = FastDiv::of(static_cast<uint32_t>(p.segs));
+    a.segs_magic = d.magic;
+    a.segs_shift = d.shift;
   }
 
   // f(std::integral_constant<int, items>) for a chunk count this element type's units cover

@@ -117,6 +117,7 @@ def _program_header(program: Program, dtype: torch.dtype, namespace: str) -> str
             f"  static constexpr bool kBatchTrain = {'true' if bn else 'false'};",
             f"  static constexpr bool kChannelsDim1 = {'true' if channels_dim1 else 'false'};",
             f"  static constexpr float kBatchEps = {float_literal(bn.eps) if bn else '0.0f'};",
+            f"  static constexpr int kLocalItems = {_local_items(program)};  // chunks a thread, row-local plans",
             "",
             "  static bool groups_ok(int64_t n) {",
             "    return " + " && ".join([f"n % {g} == 0" for g in groups] or ["true"]) + ";",
@@ -209,6 +210,13 @@ def _row_local(program: Program) -> str:
         if isinstance(stage, Norm) and stage.kind == "group":
             terms.append(f"fx::group_in_lanes(n, {stage.groups}, vec)")
     return " && ".join(terms) or "true"
+
+
+def _local_items(program: Program) -> int:
+    """16-byte chunks a thread when the program runs row-local (bench/epilogue_breakdown.py --items
+    on an H200, bf16 suite rows): group norms' shuffle trees want warps, one chunk a thread (S02,
+    S04, S08, S17); pointwise and batch-norm chains want fewer, busier threads, four (S01, S03)."""
+    return 1 if any(isinstance(s, Norm) and s.kind == "group" for s in program.stages) else 4
 
 
 def _batch_train_index(program: Program) -> int | None:
