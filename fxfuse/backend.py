@@ -2,12 +2,14 @@
 
 ``torch.compile(model, backend="fxfuse", mode=..., options=...)`` reaches ``fxfuse_backend`` through
 the ``torch_dynamo_backends`` entry point. fxfuse's own options are taken out of ``options``; the
-rest, and ``mode``, go to Inductor unchanged, which compiles everything fxfuse did not fuse.
+rest, and ``mode``, go to Inductor unchanged, which compiles everything fxfuse did not fuse. A graph
+left with nothing but fused ops (and no mode or option asked of Inductor) runs as it is.
 Nothing here may fail the user's compile: a chain that cannot be built stays with Inductor.
 """
 
 from __future__ import annotations
 
+import operator
 import os
 import warnings
 from dataclasses import replace
@@ -20,7 +22,7 @@ from .canonicalize import canonicalize
 from .match import Chain, example_value, match_all
 from .policy import POLICIES, inductor_is_faster
 from .report import record
-from .rewrite import rewrite
+from .rewrite import FUSED_OP, rewrite
 
 FXFUSE_OPTIONS = {
     "allow_cpu": "fuse CPU tensors too (the reference kernel; for tests and CPU-only machines)",
@@ -38,11 +40,22 @@ def fxfuse_backend(gm: GraphModule, example_inputs, mode: str | None = None, opt
     if policy not in POLICIES:
         raise ValueError(f"fxfuse: policy must be one of {POLICIES}, not {policy!r}")
     fused = fuse(gm, allow_cpu, policy)
+    if mode in (None, "default") and not inductor_options and _only_fused_ops(fused):
+        return fused  # nothing left for Inductor: its wrapper would only add per-call CPU time
     from torch._inductor import list_mode_options
     from torch._inductor.compile_fx import compile_fx
 
     config = {**list_mode_options(mode or "default"), **inductor_options}
     return compile_fx(fused, example_inputs, config_patches=config)
+
+
+def _only_fused_ops(gm: GraphModule) -> bool:
+    """The graph computes nothing but fused ops (and picks their outputs): at decode sizes a call
+    is CPU-bound, and running it as is costs Dynamo's guards plus the op (BENCHMARKS.md, CPU)."""
+    calls = [n for n in gm.graph.nodes if n.op not in ("placeholder", "output", "get_attr")]
+    return any(n.target is FUSED_OP for n in calls) and all(
+        n.target in (FUSED_OP, operator.getitem) for n in calls
+    )
 
 
 def fuse(gm: GraphModule, allow_cpu: bool = False, policy: str = "fastest") -> GraphModule:

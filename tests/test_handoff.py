@@ -1,0 +1,60 @@
+"""What the backend hands to Inductor: the graph around the fused ops, and nothing when nothing is
+left but fused ops (Inductor's wrapper would only add per-call CPU time)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch._inductor.compile_fx as inductor
+
+from examples.suite import build
+from support import compile_fxfuse
+
+
+@pytest.fixture
+def inductor_calls(monkeypatch):
+    calls = []
+    compile_fx = inductor.compile_fx
+
+    def recording(gm, example_inputs, **kwargs):
+        calls.append(gm)
+        return compile_fx(gm, example_inputs, **kwargs)
+
+    monkeypatch.setattr(inductor, "compile_fx", recording)
+    torch._dynamo.reset()
+    return calls
+
+
+def run(row_id: str, **compile_kwargs) -> None:
+    torch.manual_seed(0)
+    model, inputs = build(row_id, "small")
+    options = {"allow_cpu": True, "policy": "always", **compile_kwargs.pop("options", {})}
+    expected = model(*inputs)
+    actual = torch.compile(model, backend="fxfuse", options=options, **compile_kwargs)(*inputs)
+    torch.testing.assert_close(actual, expected, atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("row_id", ["S01", "S11", "S20"])
+def test_a_graph_of_fused_ops_alone_skips_inductor(row_id, inductor_calls):
+    run(row_id)
+    assert inductor_calls == []
+
+
+@pytest.mark.parametrize("row_id", ["S03", "S19"], ids=["batch-norm-update", "unfused-gemm"])
+def test_a_graph_with_other_ops_goes_to_inductor(row_id, inductor_calls):
+    run(row_id)
+    assert inductor_calls  # (compile_fx may re-enter itself)
+
+
+def test_a_mode_or_an_option_for_inductor_always_reaches_it(inductor_calls):
+    run("S01", options={"max_autotune": False})
+    assert inductor_calls  # (compile_fx may re-enter itself)
+
+
+def test_the_skipped_graph_still_trains():
+    torch.manual_seed(0)
+    model, inputs = build("S01", "small")
+    compiled = compile_fxfuse(model)
+    x = inputs[0].clone().requires_grad_()
+    compiled(x).sum().backward()
+    assert x.grad is not None and model.linear.weight.grad is not None
