@@ -4,7 +4,9 @@
 #   bash bench/device_run.sh STAGES [bench args...]
 # STAGES, comma-separated: tests (tests/gpu, the suite tests in parallel shards), profile (the
 # epilogue breakdown and an ncu summary of each kernel; PROFILE_ARGS), bench (bench/bench.py), sanitize
-# (compute-sanitizer over one run of each kernel template; SANITIZE_TOOLS picks the tools).
+# (compute-sanitizer over one run of each kernel template; SANITIZE_TOOLS picks the tools),
+# gradients (every suite model's gradients and the training example on CUDA), train
+# (bench/train_bench.py; TRAIN_ARGS).
 set -uo pipefail
 stages=${1:-tests,profile,bench}; shift || true
 OUT=${OUT:-$PWD/out}; mkdir -p "$OUT"
@@ -36,7 +38,7 @@ if has tests; then
   # far from busy), all at once.
   timeout 420 python3 -m pytest tests/gpu -q -rs --ignore=tests/gpu/test_suite_cuda.py \
     -p no:cacheprovider >"$LOGS/gpu_kernels.log" 2>&1 & pids=($!)
-  shards=("small and bf16" "small and fp32" "small and fp16" "not small")
+  shards=("small and bf16" "small and fp32" "small and fp16" "not small and not gradients" "gradients")
   for i in "${!shards[@]}"; do
     timeout 420 python3 -m pytest tests/gpu/test_suite_cuda.py -q -rs -k "${shards[$i]}" \
       -p no:cacheprovider >"$LOGS/gpu_suite_$i.log" 2>&1 & pids+=($!)
@@ -58,6 +60,13 @@ if has profile; then
     --section Occupancy --section LaunchStats --section ComputeWorkloadAnalysis --section InstructionStats --csv --page details \
     python3 bench/epilogue_breakdown.py --once ${PROFILE_ARGS:-} >"$LOGS/ncu.csv" 2>"$LOGS/ncu.err"
   { grep "^call:" "$LOGS/ncu.csv"; python3 bench/ncu_summary.py "$LOGS/ncu.csv"; } | tee "$OUT/ncu_summary.txt"
+fi
+if has gradients; then  # gradients of every suite model, and the training example, against eager
+  timeout 420 python3 -m pytest tests/gpu/test_suite_cuda.py tests/gpu/test_training_cuda.py -q -rs \
+    -k "gradients or steps or curve" -p no:cacheprovider 2>&1 | tee "$OUT/gpu_gradients.log" | tail -n 15 || status=1
+fi
+if has train; then  # forward + backward timings (TRAIN_ARGS: bench/train_bench.py's flags)
+  python3 bench/train_bench.py --json "$OUT/train.json" ${TRAIN_ARGS:-} 2>&1 | tee "$OUT/train.log"
 fi
 if has bench; then
   python3 bench/bench.py --json "$OUT/bench.json" --png "$OUT/bench.png" "$@" 2>&1 | tee "$OUT/bench.log"
