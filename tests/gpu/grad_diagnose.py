@@ -25,7 +25,7 @@ from support import compile_fxfuse  # noqa: E402
 
 def grads(model, inputs, grad_out, compiled=None):
     xs = [t.clone().requires_grad_() for t in inputs]
-    out = (compiled or model)(*xs)
+    out = (compiled if compiled is not None else model)(*xs)
     out.backward(grad_out.to(out.dtype))
     named = [("input", xs[0].grad)] + [(n, p.grad) for n, p in model.named_parameters()]
     return {n: g.float() for n, g in named if g is not None}
