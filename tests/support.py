@@ -47,7 +47,7 @@ def check_against_eager(
         assert actual.dtype == expected.dtype and actual.shape == expected.shape
         torch.testing.assert_close(actual, expected, atol=tol, rtol=tol, equal_nan=True)
         for (name, b1), (_, b2) in zip(eager.named_buffers(), fused.named_buffers()):
-            torch.testing.assert_close(b2, b1, atol=tol, rtol=tol, msg=f"buffer {name}")
+            torch.testing.assert_close(b2, b1, atol=tol, rtol=tol, msg=lambda m, name=name: f"buffer {name}: {m}")
         if grads:
             grad_out = torch.randn_like(expected)
             expected.backward(grad_out)
@@ -56,7 +56,7 @@ def check_against_eager(
             pairs += [(p1.grad, p2.grad, n) for (n, p1), p2 in zip(eager.named_parameters(), fused.parameters())]
             for g1, g2, name in pairs:
                 scale = max(1.0, g1.abs().max().item()) if g1 is not None else 1.0
-                torch.testing.assert_close(g2, g1, atol=tol * scale, rtol=tol, msg=f"grad of {name}")
+                torch.testing.assert_close(g2, g1, atol=tol * scale, rtol=tol, msg=lambda m, name=name: f"grad of {name}: {m}")
             eager.zero_grad(set_to_none=True)
             fused.zero_grad(set_to_none=True)
     return fxfuse.last_report()
