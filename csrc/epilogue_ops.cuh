@@ -58,6 +58,9 @@ FX_FN float fx_clamp(float x, float lo, float hi) {
   return a > hi ? hi : a;
 }
 
+// torch: hardtanh is clamp in the forward (it differs in the gradient at the bounds)
+FX_FN float fx_hardtanh(float x, float lo, float hi) { return fx_clamp(x, lo, hi); }
+
 FX_FN float fx_clamp_min(float x, float lo) { return fx_isnan(x) ? x : (x < lo ? lo : x); }
 
 FX_FN float fx_clamp_max(float x, float hi) { return fx_isnan(x) ? x : (x > hi ? hi : x); }

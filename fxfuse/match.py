@@ -282,8 +282,12 @@ class _Matcher:
         return call(fn, *args, *attrs)
 
     def _folds_into_bias(self, op: PointwiseOp) -> bool:
-        """``matmul(x, W.T) + b`` (or a bias-free Linear then ``+ b``) is a GEMM with bias."""
+        """``matmul(x, W.T) + b`` (or a bias-free Linear then ``+ b``) is a GEMM with bias. Only in
+        float32: in bf16/fp16 eager rounds the product before adding, a GEMM's bias epilogue does
+        not, and a value near a kink (relu's 0) may then land on the other side of it."""
         if op.fn != "add" or op.attrs or self.bias is not None or len(self.region) != 1:
+            return False
+        if self.dtype in ROUNDING:
             return False
         a, b = op.operands
         other = b if a is self.gemm else a if b is self.gemm else None

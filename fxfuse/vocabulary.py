@@ -19,6 +19,21 @@ import torch
 import torch.nn.functional as F
 
 
+class _Round(torch.autograd.Function):
+    """x rounded to ``dtype`` and back. Its gradient is rounded too: eager's backward of a
+    low-precision op hands a ``dtype`` gradient to the op before it, so the reference's backward
+    (fxfuse.reference.backward) rounds where eager's does."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        ctx.dtype = dtype
+        return x.to(dtype).to(x.dtype)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        return grad.to(ctx.dtype).to(grad.dtype), None
+
+
 @dataclass(frozen=True)
 class PointwiseFn:
     """One function of the pointwise vocabulary."""
@@ -40,6 +55,8 @@ _ROWS = (
     PointwiseFn("tanh", torch.tanh, "fx_tanh"),
     PointwiseFn("mish", F.mish, "fx_mish"),
     PointwiseFn("clamp", torch.clamp, "fx_clamp", ("min", "max")),
+    # clamp's forward, but eager's gradient: zero at the bounds themselves (hardtanh_backward)
+    PointwiseFn("hardtanh", F.hardtanh, "fx_hardtanh", ("min_val", "max_val")),
     PointwiseFn("clamp_min", torch.clamp_min, "fx_clamp_min", ("min",)),
     PointwiseFn("clamp_max", torch.clamp_max, "fx_clamp_max", ("max",)),
     PointwiseFn("hardswish", F.hardswish, "fx_hardswish"),
@@ -53,8 +70,8 @@ _ROWS = (
     PointwiseFn("minimum", torch.minimum, "fx_minimum", operands=2),
     # Rounding points: in a bfloat16/float16 chain eager rounds every op's result to the dtype;
     # the matcher marks each such point, so the fused kernel rounds where eager does.
-    PointwiseFn("bf16", lambda x: x.to(torch.bfloat16).float(), "fx_round_bf16"),
-    PointwiseFn("fp16", lambda x: x.to(torch.float16).float(), "fx_round_fp16"),
+    PointwiseFn("bf16", lambda x: _Round.apply(x, torch.bfloat16), "fx_round_bf16"),
+    PointwiseFn("fp16", lambda x: _Round.apply(x, torch.float16), "fx_round_fp16"),
 )
 
 ROUNDING = {torch.bfloat16: "bf16", torch.float16: "fp16"}

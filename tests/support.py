@@ -30,7 +30,12 @@ def check_against_eager(
 ) -> fxfuse.Report:
     """Run eager and fxfuse side by side on ``draws`` fresh inputs; assert outputs, dtypes,
     buffers (BatchNorm statistics) and, with ``grads``, input and parameter gradients agree.
-    Returns the coverage report of the compiled model."""
+    Returns the coverage report of the compiled model.
+
+    A bf16/fp16 gradient agrees when it is within the tolerance of eager's, or -- where rounding
+    noise dominates it (a parameter a training BatchNorm nearly cancels: S07's scale, S18's bias)
+    and eager's own gradient is off the float32 one by more than the tolerance -- when it is no
+    further from the float32 gradient than twice eager's distance."""
     fxfuse.reset_report()
     eager = make_model().to(device=device, dtype=dtype).train(train)
     fused = copy.deepcopy(eager)
@@ -41,6 +46,8 @@ def check_against_eager(
                   for t in make_inputs()]
         eager_inputs = [t.clone().requires_grad_(grads and t.is_floating_point()) for t in inputs]
         fused_inputs = [t.clone().requires_grad_(grads and t.is_floating_point()) for t in inputs]
+        rounded = grads and dtype in (torch.bfloat16, torch.float16)
+        exact = copy.deepcopy(eager).float() if rounded else None  # the float32 gradients
         with torch.set_grad_enabled(grads):
             expected = eager(*eager_inputs)
             actual = compiled(*fused_inputs)
@@ -54,9 +61,28 @@ def check_against_eager(
             actual.backward(grad_out)
             pairs = [(a.grad, b.grad, "input") for a, b in zip(eager_inputs, fused_inputs)]
             pairs += [(p1.grad, p2.grad, n) for (n, p1), p2 in zip(eager.named_parameters(), fused.parameters())]
-            for g1, g2, name in pairs:
+            truths = _float32_gradients(exact, inputs, grad_out) if rounded else [None] * len(pairs)
+            for (g1, g2, name), truth in zip(pairs, truths):
                 scale = max(1.0, g1.abs().max().item()) if g1 is not None else 1.0
+                if truth is not None and _no_further_from(truth, g2, g1, tol * scale):
+                    continue
                 torch.testing.assert_close(g2, g1, atol=tol * scale, rtol=tol, msg=lambda m, name=name: f"grad of {name}: {m}")
             eager.zero_grad(set_to_none=True)
             fused.zero_grad(set_to_none=True)
     return fxfuse.last_report()
+
+
+def _float32_gradients(model: torch.nn.Module, inputs: list, grad_out: torch.Tensor) -> list:
+    """Gradients of input and parameters of the float32 copy, in check_against_eager's order."""
+    xs = [t.float().requires_grad_(t.is_floating_point()) for t in inputs]
+    model(*xs).backward(grad_out.float())
+    return [x.grad for x in xs] + [p.grad for p in model.parameters()]
+
+
+def _no_further_from(truth: torch.Tensor, fused: torch.Tensor, eager: torch.Tensor, atol: float) -> bool:
+    """Eager's low-precision gradient is off the float32 one by more than ``atol`` and the fused
+    one is off it by at most twice as much: both are rounding noise around the same gradient."""
+    if fused is None or eager is None:
+        return False
+    eager_error = (eager.float() - truth).abs().max().item()
+    return eager_error > atol and (fused.float() - truth).abs().max().item() <= 2 * eager_error

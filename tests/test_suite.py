@@ -35,7 +35,6 @@ EXPECTED_FUSED = {
     "S21": [["linear", "rms_norm", "silu"]],
     "S22": [["linear", "batch_norm(0.1, 1e-05)", "relu", "dropout(0.1)"], []],
 }
-GRADIENT_ROWS = ["S01", "S02", "S03", "S05", "S07", "S08", "S15", "S18", "S20", "S21", "S22"]
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 
 
@@ -69,9 +68,10 @@ def test_suite_model_matches_eager_in_eval_mode(row):
     assert sum(bool(r.fused) for r in report.rows) == sum(bool(f) for f in EXPECTED_FUSED[row.id])
 
 
-@pytest.mark.parametrize("row_id", GRADIENT_ROWS)
-def test_suite_gradients_match_eager(row_id):
-    _check(suite.get_row(row_id), torch.float32, train=True, grads=True)
+@pytest.mark.parametrize("dtype", DTYPES.values(), ids=DTYPES.keys())
+@pytest.mark.parametrize("row", BASE_ROWS, ids=[r.id for r in BASE_ROWS])
+def test_suite_gradients_match_eager(row, dtype):
+    _check(row, dtype, train=True, grads=True)
 
 
 @pytest.mark.parametrize("batch", [16, 1])

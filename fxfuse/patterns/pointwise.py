@@ -70,11 +70,11 @@ def gelu(input, approximate="none"):
 
 
 def hardtanh(input, min_val=-1.0, max_val=1.0, inplace=False):
-    return PointwiseOp("clamp", (input,), (float(min_val), float(max_val)), bool(inplace))
+    return PointwiseOp("hardtanh", (input,), (float(min_val), float(max_val)), bool(inplace))
 
 
-def relu6(input, inplace=False):
-    return PointwiseOp("clamp", (input,), (0.0, 6.0), bool(inplace))
+def relu6(input, inplace=False):  # torch's relu6 is hardtanh(0, 6), gradient included
+    return PointwiseOp("hardtanh", (input,), (0.0, 6.0), bool(inplace))
 
 
 def clamp(input, min=None, max=None):

@@ -116,6 +116,7 @@ def inputs(device: str, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
 ATTRS = {
     "leaky_relu": [(0.1,), (0.01,)],
     "clamp": [(-2.0, 2.0), (-1.0, 1.0), (0.5, -0.5)],
+    "hardtanh": [(-2.0, 2.0), (0.0, 6.0)],
     "clamp_min": [(0.0,), (-1.5,)],
     "clamp_max": [(0.0,), (6.0,)],
     "elu": [(1.0,), (0.3,)],

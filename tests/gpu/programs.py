@@ -16,6 +16,7 @@ c = E.const
 ATTRS = {
     "leaky_relu": (0.1,),
     "clamp": (-0.5, 0.75),
+    "hardtanh": (-0.75, 0.5),
     "clamp_min": (-0.25,),
     "clamp_max": (0.5,),
     "elu": (1.3,),
@@ -84,7 +85,7 @@ PROGRAMS: dict[str, Program] = {
         ),
     ),
     "s06_group_hardtanh": Program(
-        Gemm(True), (Norm("group", 1e-5, groups=2, weight=0, bias=1), pw(call("clamp", X, c(-2.0), c(2.0)))), ("col", "col")
+        Gemm(True), (Norm("group", 1e-5, groups=2, weight=0, bias=1), pw(call("hardtanh", X, c(-2.0), c(2.0)))), ("col", "col")
     ),
     "s10_div_gelu": Program(Gemm(True), (pw(call("gelu", E.div(X, c(10.0)))),)),
     "s11_gelu_softmax": Program(Gemm(True), (pw(call("gelu", X)), Reduce("softmax"))),
