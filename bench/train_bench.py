@@ -53,13 +53,14 @@ def model_and_inputs(row: str, dtype: str) -> tuple[nn.Module, Callable[[], list
     return model.train(), lambda: make_inputs(row, device="cuda", dtype=param_dtype)
 
 
-def variant(model: nn.Module, name: str) -> nn.Module:
+def variant(model: nn.Module, name: str) -> tuple[nn.Module, Callable]:
+    """The variant's own copy of the model, and what to call it through."""
     copied = copy.deepcopy(model)
     if name == "eager":
-        return copied
+        return copied, copied
     if name == "inductor":
-        return torch.compile(copied)
-    return torch.compile(copied, backend=fxfuse_backend_arg(), options={"policy": "always"})
+        return copied, torch.compile(copied)
+    return copied, torch.compile(copied, backend=fxfuse_backend_arg(), options={"policy": "always"})
 
 
 class Step:
@@ -121,7 +122,7 @@ def measure(row: str, dtype: str, repeats: int) -> dict[str, Any]:
     torch.manual_seed(0)
     model, fresh = model_and_inputs(row, dtype)
     inputs = fresh()
-    steps = {name: Step(model, variant(model, name), dtype, [t.clone() for t in inputs]) for name in VARIANTS}
+    steps = {name: Step(*variant(model, name), dtype, [t.clone() for t in inputs]) for name in VARIANTS}
     for step in steps.values():  # compile, settle, first optimizer state
         for _ in range(3):
             step.full_step()
