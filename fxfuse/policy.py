@@ -2,10 +2,11 @@
 
 "Never slower than Inductor": where the measured kernels lose, the chain is not fused and the
 report says why. The rule is the benchmark's finding (BENCHMARKS.md, H200, torch 2.11): on CUDA,
-every chain with a norm stage (group, layer, RMS or batch norm) over at least 2^20 elements ran
-1.07-1.19x Inductor's GPU time in bfloat16 and 1.00-1.09x in float32 / TF32 — those epilogue
-kernels are issue-bound at 2-5x their byte floor — while pointwise and row-reduction chains (S01,
-S11, S16), and norm chains at decode sizes (M = 16), ran at or below Inductor's time.
+chains with a norm stage (group, layer, RMS or batch norm) over at least 2^20 elements ran
+1.03-1.21x Inductor's GPU time in bfloat16 (S17 the exception, 0.96x) and 1.00-1.09x in float32 /
+TF32 — those epilogue kernels are instruction-bound at 3-7x their byte floor — while pointwise and
+row-reduction chains (S01, S11, S16), and norm chains at decode sizes (M = 16), ran at or near
+Inductor's time.
 ``options={"policy": "always"}`` (or FXFUSE_POLICY=always) fuses every chain regardless.
 """
 
