@@ -1,10 +1,12 @@
-"""Training through fused chains: fused blocks feeding each other, AdamW steps equal to eager."""
+"""Training through fused chains: fused blocks feeding each other, SGD and AdamW steps equal to
+eager's on the CPU reference and on CUDA."""
 
 from __future__ import annotations
 
 import sys
 from pathlib import Path
 
+import pytest
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
@@ -20,17 +22,22 @@ def test_blocks_whose_fused_output_feeds_the_next_gemm_all_fuse():
     assert norms == ["group_norm", "batch_norm", "layer_norm"]
 
 
-def test_ten_sgd_steps_match_eager_losses_weights_and_running_statistics():
-    eager_losses, fused_losses, eager, fused = compare(steps=10, device="cpu", optimizer="sgd")
+DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA"))]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_ten_sgd_steps_match_eager_losses_weights_and_running_statistics(device):
+    eager_losses, fused_losses, eager, fused = compare(steps=10, device=device, optimizer="sgd")
     torch.testing.assert_close(torch.tensor(fused_losses), torch.tensor(eager_losses), rtol=1e-4, atol=1e-4)
     for (name, a), (_, b) in zip(eager.state_dict().items(), fused.state_dict().items()):
         torch.testing.assert_close(b, a, rtol=1e-4, atol=1e-4, msg=f"state {name}")
     assert int(fused.blocks[1].norm.num_batches_tracked) == 10
 
 
-def test_the_adamw_loss_curve_matches_eager():
+@pytest.mark.parametrize("device", DEVICES)
+def test_the_adamw_loss_curve_matches_eager(device):
     """AdamW divides by the gradient's own scale, so the bias before the training BatchNorm (its
     gradient is zero up to rounding) takes rounding-sized gradients to full steps in both runs;
     the loss, which that bias cannot change, is the comparison."""
-    eager_losses, fused_losses, _, _ = compare(steps=30, device="cpu")
+    eager_losses, fused_losses, _, _ = compare(steps=30, device=device)
     torch.testing.assert_close(torch.tensor(fused_losses), torch.tensor(eager_losses), rtol=1e-4, atol=1e-4)

@@ -37,14 +37,6 @@ def _check(row, size, dtype, batch=None, draws=5, grads=False):
     return report
 
 
-@pytest.fixture(autouse=True)
-def _no_tf32():
-    before = torch.backends.cuda.matmul.allow_tf32
-    torch.backends.cuda.matmul.allow_tf32 = False
-    yield
-    torch.backends.cuda.matmul.allow_tf32 = before
-
-
 @pytest.mark.parametrize("dtype", DTYPES.values(), ids=DTYPES.keys())
 @pytest.mark.parametrize("row", BASE_ROWS, ids=[r.id for r in BASE_ROWS])
 def test_suite_model_on_cuda_small(row, dtype):
