@@ -11,7 +11,7 @@
 // with a block-uniform stride, so every barrier is reached by every thread; rows past M are
 // "inactive": they load nothing, store nothing, and still take part in barriers. A row-local
 // program (no statistic wider than a warp: pointwise chains, group norms of small groups, batch
-// norms) cuts wide rows into `segs` segments of one chunk a thread instead: many small blocks.
+// norms) cuts wide rows into `segs` segments of a few chunks a thread instead: many small blocks.
 //
 // Statistics are fp32: warp shuffles, then one slot a warp in shared memory, summed in a fixed
 // order (deterministic). Group norms of up to 32 values follow eager's own Welford tree, bit for
@@ -1111,9 +1111,10 @@ struct Launcher {
   }
 
   // The apply kernel's plan. A row-local program (no statistic wider than a warp) is an
-  // elementwise pass in all but name: one chunk a thread and rows cut into segments of up to 256
-  // chunks (a power of two, or a multiple of 32: whole groups), so that many small blocks keep
-  // loads in flight and registers few; whole rows would hold 16-64 values a thread.
+  // elementwise pass in all but name: Prog::kLocalItems chunks a thread (the tuning flag may say
+  // otherwise) and rows cut into segments of up to 256 threads (a power of two, or a multiple of
+  // 32: whole groups), so that many small blocks keep loads in flight and registers few; whole
+  // rows would hold 16-64 values a thread.
   static bool apply_plan(int64_t m, int64_t n, Plan* p, int32_t flags = 0) {
     if (!Prog::row_local(n, VEC)) return row_plan(n, p);
     if (n < 1 || n > FX_MAX_N) return false;

@@ -29,7 +29,7 @@ from .canonical import (
 )
 from .describe import describe
 from .ir import Gemm, Norm, Pointwise, Program, Reduce, Stage
-from .vocabulary import ROUNDING, EpilogueFunction, call
+from .vocabulary import ROUNDING, call, is_rounding
 
 FUSABLE_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 RMS_NORM_DEFAULT_EPS = torch.finfo(torch.float32).eps  # eps=None: float's eps (opmath for halves)
@@ -248,7 +248,7 @@ class _Matcher:
         return call(name, expr)
 
     def _is_rounding(self, expr: sympy.Expr) -> bool:
-        return isinstance(expr, EpilogueFunction) and expr.row.name == ROUNDING.get(self.dtype)
+        return is_rounding(expr, self.dtype)
 
     def _stages_with(self, expr: sympy.Expr) -> tuple[Stage, ...]:
         trivial = expr == E.X or (self._is_rounding(expr) and expr.args[0] == E.X)

@@ -94,6 +94,12 @@ SYMPY_FUNCTIONS: dict[str, type[EpilogueFunction]] = {
 }
 
 
+def is_rounding(expr: sympy.Expr, dtype: torch.dtype) -> bool:
+    """``expr`` is a rounding point to ``dtype`` (the matcher marks them, the code generator reads
+    them); never true in float32, which has none."""
+    return isinstance(expr, EpilogueFunction) and expr.row.name == ROUNDING.get(dtype)
+
+
 def call(name: str, *args: sympy.Expr) -> sympy.Expr:
     """The sympy call of vocabulary function ``name`` (never evaluated or simplified)."""
     return SYMPY_FUNCTIONS[name](*args, evaluate=False)

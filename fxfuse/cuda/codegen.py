@@ -15,7 +15,7 @@ import torch
 
 from .. import expr as E
 from ..ir import Norm, Pointwise, Program, Reduce, Stage
-from ..vocabulary import ROUNDING, EpilogueFunction, call
+from ..vocabulary import ROUNDING, call, is_rounding
 from .printer import UnsupportedExpression, float_literal, print_expr
 
 CODEGEN_VERSION = "3"
@@ -236,6 +236,7 @@ class _Emitter:
 
     def __init__(self, program: Program, dtype: torch.dtype) -> None:
         self.program = program
+        self.dtype = dtype
         self.rounding = ROUNDING.get(dtype)  # the vocabulary's rounding function, None in float32
         self.rounded = True  # the GEMM output is loaded as T values
 
@@ -269,7 +270,7 @@ class _Emitter:
         return ["r.round_input();"]
 
     def _is_rounding(self, expr) -> bool:
-        return self.rounding is None or (isinstance(expr, EpilogueFunction) and expr.row.name == self.rounding)
+        return self.rounding is None or is_rounding(expr, self.dtype)
 
     def _without_input_rounding(self, expr):
         if self.rounding is None or not self.rounded:
