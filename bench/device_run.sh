@@ -38,7 +38,7 @@ if has tests; then
   # far from busy), all at once.
   timeout 420 python3 -m pytest tests/gpu -q -rs --ignore=tests/gpu/test_suite_cuda.py \
     -p no:cacheprovider >"$LOGS/gpu_kernels.log" 2>&1 & pids=($!)
-  shards=("small and bf16" "small and fp32" "small and fp16" "not small and not gradients" "gradients")
+  shards=("small and bf16" "small and fp32" "small and fp16" "not small and not gradients and not autocast" "gradients" "autocast")
   for i in "${!shards[@]}"; do
     timeout 420 python3 -m pytest tests/gpu/test_suite_cuda.py -q -rs -k "${shards[$i]}" \
       -p no:cacheprovider >"$LOGS/gpu_suite_$i.log" 2>&1 & pids+=($!)

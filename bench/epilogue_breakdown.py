@@ -97,7 +97,7 @@ def main() -> int:
             text = program.to_string()
 
             def fused(text=text, x=x, w=w, b=b, params=params):
-                return torch.ops.fxfuse.linear_epilogue(text, x, w, b, params)
+                return torch.ops.fxfuse.linear_epilogue(text, x, w, b, params, False)
 
             m, n = x.numel() // x.shape[-1], w.shape[0]
             gemm_us = None if args.once else event_us(lambda x=x, w=w, b=b: torch.nn.functional.linear(x, w, b))

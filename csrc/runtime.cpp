@@ -101,10 +101,12 @@ std::optional<Tensor> kernel_param(const Tensor& p, bool is_col, int64_t n, cons
   return q;
 }
 
-using Result = std::optional<std::tuple<Tensor, Tensor>>;
+using Outputs = std::tuple<Tensor, Tensor, Tensor>;  // (out, batch_stats, gemm), as the op's schema
+using Result = std::optional<Outputs>;
 
+// save_gemm: the GEMM output is returned too (for the backward), so the epilogue may not overwrite it.
 Result run(int64_t info_address, const Tensor& x, const Tensor& weight, const std::optional<Tensor>& bias,
-           at::TensorList params, int64_t flags, const std::optional<Tensor>& out_buffer) {
+           at::TensorList params, int64_t flags, const std::optional<Tensor>& out_buffer, bool save_gemm) {
   if (info_address == 0) return std::nullopt;
   const auto* info = reinterpret_cast<const FxProgramInfo*>(info_address);
   TORCH_CHECK(info->abi_version == FX_ABI_VERSION, "fxfuse: program module ABI ", info->abi_version,
@@ -148,7 +150,7 @@ Result run(int64_t info_address, const Tensor& x, const Tensor& weight, const st
   Tensor out;
   if (info->out_kind == FX_OUT_ROWS) {
     shape.push_back(n);
-    out = y;
+    out = save_gemm ? at::empty_like(y) : y;
   } else {
     if (info->out_kind == FX_OUT_REDUCED_KEEP) shape.push_back(1);
     out = at::empty(shape, y.options());
@@ -185,12 +187,13 @@ Result run(int64_t info_address, const Tensor& x, const Tensor& weight, const st
 #endif
   const char* error = info->launch(&launch, stream);
   TORCH_CHECK(error == nullptr, "fxfuse: epilogue kernel launch failed: ", error);
-  return std::make_tuple(out, stats);
+  return std::make_tuple(out, stats, save_gemm ? y : at::empty({0}, y.options()));
 }
 
 Result run_py(int64_t info_address, const Tensor& x, const Tensor& weight, const std::optional<Tensor>& bias,
-              const std::vector<Tensor>& params, int64_t flags, const std::optional<Tensor>& out_buffer) {
-  return run(info_address, x, weight, bias, params, flags, out_buffer);
+              const std::vector<Tensor>& params, int64_t flags, const std::optional<Tensor>& out_buffer,
+              bool save_gemm) {
+  return run(info_address, x, weight, bias, params, flags, out_buffer, save_gemm);
 }
 
 // The op's kernel for the dispatcher: programs prepared in this process (Python registers each
@@ -241,14 +244,14 @@ ProgramTable& programs() {
   return *table;
 }
 
-std::tuple<Tensor, Tensor> linear_epilogue_kernel(c10::string_view program, const Tensor& x, const Tensor& weight,
-                                                  const std::optional<Tensor>& bias, at::TensorList params) {
+Outputs linear_epilogue_kernel(c10::string_view program, const Tensor& x, const Tensor& weight,
+                               const std::optional<Tensor>& bias, at::TensorList params, bool save_gemm) {
   ProgramTable& table = programs();
   const std::optional<int32_t> dtype = code_of(x.scalar_type());
   if (dtype) {
     const int64_t info = table.find(program, *dtype, x.is_cpu() ? -1 : x.get_device());
     if (info != 0) {
-      Result result = run(info, x, weight, bias, params, table.flags(), std::nullopt);
+      Result result = run(info, x, weight, bias, params, table.flags(), std::nullopt, save_gemm);
       if (result) return *result;
     }
   }
@@ -256,8 +259,8 @@ std::tuple<Tensor, Tensor> linear_epilogue_kernel(c10::string_view program, cons
   py::gil_scoped_acquire gil;
   py::handle fallback(table.fallback());
   py::object out = fallback(std::string(program.data(), program.size()), x, weight, bias,
-                            std::vector<Tensor>(params.begin(), params.end()));
-  return out.cast<std::tuple<Tensor, Tensor>>();
+                            std::vector<Tensor>(params.begin(), params.end()), py::arg("save_gemm") = save_gemm);
+  return out.cast<Outputs>();
 }
 
 #if !defined(FX_EMULATE)
@@ -274,22 +277,22 @@ bool any_requires_grad(const Tensor& x, const Tensor& weight, const std::optiona
 // requires grad: every call of a compiled graph -- goes below autograd here, in C++; only a call
 // that must record a backward node runs the Python implementation (torch.library's
 // register_autograd, fxfuse/op.py), with the key set the dispatcher computed.
-std::tuple<Tensor, Tensor> linear_epilogue_autograd(c10::DispatchKeySet ks, c10::string_view program,
-                                                    const Tensor& x, const Tensor& weight,
-                                                    const std::optional<Tensor>& bias, at::TensorList params) {
+Outputs linear_epilogue_autograd(c10::DispatchKeySet ks, c10::string_view program, const Tensor& x,
+                                 const Tensor& weight, const std::optional<Tensor>& bias, at::TensorList params,
+                                 bool save_gemm) {
   if (!at::GradMode::is_enabled() || !any_requires_grad(x, weight, bias, params)) {
     static const auto op = c10::Dispatcher::singleton()
                                .findSchemaOrThrow("fxfuse::linear_epilogue", "")
-                               .typed<std::tuple<Tensor, Tensor>(c10::string_view, const Tensor&, const Tensor&,
-                                                                 const std::optional<Tensor>&, at::TensorList)>();
+                               .typed<Outputs(c10::string_view, const Tensor&, const Tensor&,
+                                              const std::optional<Tensor>&, at::TensorList, bool)>();
     const at::AutoDispatchBelowAutograd below_autograd;
-    return op.redispatch(ks & c10::after_autograd_keyset, program, x, weight, bias, params);
+    return op.redispatch(ks & c10::after_autograd_keyset, program, x, weight, bias, params, save_gemm);
   }
   py::gil_scoped_acquire gil;
   py::handle autograd(programs().autograd());
   py::object out = autograd(py::cast(ks), std::string(program.data(), program.size()), x, weight, bias,
-                            std::vector<Tensor>(params.begin(), params.end()));
-  return out.cast<std::tuple<Tensor, Tensor>>();
+                            std::vector<Tensor>(params.begin(), params.end()), save_gemm);
+  return out.cast<Outputs>();
 }
 
 // False (nothing registered) where this build cannot hand a key set to Python.
@@ -335,8 +338,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
 #if !defined(FX_EMULATE)
   m.def("register_autograd", &register_autograd,
         "Serve the op's AutogradCUDA key in C++, calling this Python autograd implementation "
-        "(keyset, program, x, weight, bias, params) only when a backward node must be recorded");
+        "(keyset, program, x, weight, bias, params, save_gemm) only when a backward node must be recorded");
 #endif
   m.def("run", &run_py, "GEMM + epilogue; None when the kernels do not cover the call", py::arg("info"),
-        py::arg("x"), py::arg("weight"), py::arg("bias"), py::arg("params"), py::arg("flags") = 0, py::arg("out") = py::none());
+        py::arg("x"), py::arg("weight"), py::arg("bias"), py::arg("params"), py::arg("flags") = 0, py::arg("out") = py::none(),
+        py::arg("save_gemm") = false);
 }

@@ -50,11 +50,13 @@ def fxfuse_backend(gm: GraphModule, example_inputs, mode: str | None = None, opt
 
 
 def _only_fused_ops(gm: GraphModule) -> bool:
-    """The graph computes nothing but fused ops (and picks their outputs): at decode sizes a call
-    is CPU-bound, and running it as is costs Dynamo's guards plus the op (BENCHMARKS.md, CPU)."""
+    """The graph computes nothing but fused ops (and picks their outputs) and records no backward:
+    at decode sizes a call is CPU-bound, and running it as is costs Dynamo's guards plus the op
+    (BENCHMARKS.md, CPU). A graph that will run backward goes to Inductor, which compiles the
+    fused ops' backward (plain torch ops) into its kernels. ``args[5]``: the op's save_gemm."""
     calls = [n for n in gm.graph.nodes if n.op not in ("placeholder", "output", "get_attr")]
     return any(n.target is FUSED_OP for n in calls) and all(
-        n.target in (FUSED_OP, operator.getitem) for n in calls
+        n.target is operator.getitem or (n.target is FUSED_OP and not n.args[5]) for n in calls
     )
 
 
@@ -84,7 +86,7 @@ def _build(chains: list[Chain]) -> list[Chain]:
     for chain in chains:
         value = example_value(chain.x)
         if chain.program is not None and isinstance(value, torch.Tensor) and value.device.type == "cuda":
-            wanted[(chain.program.to_string(), value.dtype)] = chain.program
+            wanted[(chain.program.to_string(), chain.dtype)] = chain.program
     if not wanted:
         return chains
     try:
@@ -109,8 +111,7 @@ def _unfused_if_slower(chain: Chain) -> Chain:
 
 
 def _unfused_if_failed(chain: Chain, failed: dict) -> Chain:
-    value = example_value(chain.x)
-    error = failed.get((chain.program.to_string(), value.dtype)) if chain.program else None
+    error = failed.get((chain.program.to_string(), chain.dtype)) if chain.program else None
     if error is None:
         return chain
     first_line = (str(error).strip().splitlines() or [type(error).__name__])[0]

@@ -60,7 +60,8 @@ class Chain:
     bias: Node | None = None
     params: list[Node] = field(default_factory=list)
     batch_norm_update: BatchNormUpdate | None = None
-    dtype: torch.dtype | None = None
+    dtype: torch.dtype | None = None  # the GEMM's output dtype, the chain's element type
+    autocast: torch.dtype | None = None  # set when autocast casts the GEMM's operands to it
 
 
 class Stop(Exception):
@@ -113,7 +114,8 @@ class _Matcher:
         self.reduced = False  # a row reduction changed the shape
         self.snapshots: list[_Snapshot] = []
         self._downstream: set[Node] | None = None
-        self.dtype: torch.dtype | None = None
+        self.dtype: torch.dtype | None = None  # the GEMM's output dtype: the chain's element type
+        self.autocast: torch.dtype | None = None
 
     # -- driver -------------------------------------------------------------------------------
 
@@ -167,6 +169,7 @@ class _Matcher:
             self.params[: best.n_params],
             best.batch_norm_update,
             self.dtype,
+            self.autocast,
         )
 
     def _longest_closed_prefix(self) -> tuple[_Snapshot | None, str | None]:
@@ -194,13 +197,14 @@ class _Matcher:
         tensors = [t for t in (x, w, b) if t is not None]
         if not all(isinstance(t, torch.Tensor) for t in tensors) or len(tensors) < 2:
             raise Stop("GEMM operands are not tensors")
-        self.dtype, self.device = x.dtype, x.device
-        if torch.is_autocast_enabled(x.device.type):
-            raise Stop("autocast is enabled (fused ops under autocast are not supported yet)")
-        if x.dtype not in FUSABLE_DTYPES:
-            raise Stop(f"dtype {x.dtype} (fxfuse fuses float32, bfloat16 and float16)")
-        if any(t.dtype != x.dtype or t.device != x.device for t in tensors):
-            raise Stop("GEMM operands differ in dtype or device")
+        out = example_value(self.gemm)
+        self.dtype, self.device = getattr(out, "dtype", x.dtype), x.device
+        if any(t.dtype not in FUSABLE_DTYPES for t in (*tensors, out)):
+            raise Stop(f"dtype {self.dtype} (fxfuse fuses float32, bfloat16 and float16)")
+        if any(t.device != x.device for t in tensors):
+            raise Stop("GEMM operands on different devices")
+        if any(t.dtype != self.dtype for t in tensors):  # autocast casts the operands to its dtype
+            self.autocast = self.dtype
         if x.device.type == "cpu" and not self.allow_cpu:
             raise Stop("CPU tensors (set FXFUSE_ALLOW_CPU=1 or options={'allow_cpu': True})")
         if x.device.type not in ("cpu", "cuda"):
@@ -220,6 +224,10 @@ class _Matcher:
             raise Stop(f"{describe(node)} is not an epilogue op")
         if isinstance(op, Rejected):
             raise Stop(op.reason)
+        value = example_value(node)
+        if isinstance(value, torch.Tensor) and value.dtype != self.dtype:
+            raise Stop(f"{describe(node)} computes in {value.dtype} (autocast's or type promotion's "
+                       f"choice); a fused chain stays in the GEMM's {self.dtype}")
         expr, is_tuple = self._rounded(E.X), False
         if isinstance(op, AliasOp):
             expr = self._segment_value(op.input)

@@ -9,8 +9,6 @@ over one row, say) are eager's.
 
 from __future__ import annotations
 
-import contextlib
-
 import torch
 import torch.nn.functional as F
 
@@ -29,26 +27,54 @@ def forward(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Returns ``(out, batch_stats)``; batch_stats is ``(2, N)`` float32 (mean, unbiased variance)
     of the batch-norm stage in training mode, else an empty tensor."""
-    y = F.linear(x, weight, bias)
+    return epilogue(program, gemm(x, weight, bias), params)
+
+
+def op_forward(program: Program, x, weight, bias, params, save_gemm: bool):
+    """The fused op's outputs ``(out, batch_stats, gemm)``: gemm is the GEMM output when
+    ``save_gemm`` (never the same tensor as out), else empty."""
+    y = gemm(x, weight, bias)
+    out, stats = epilogue(program, y, params)
+    if not save_gemm:
+        return out, stats, y.new_empty((0,))
+    return (out.clone() if out.data_ptr() == y.data_ptr() else out), stats, y
+
+
+def gemm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """The GEMM in x's dtype, as cuBLAS returns it (no autocast re-cast: the op's inputs already
+    have the dtype the GEMM runs in)."""
+    with _no_autocast(x):
+        return F.linear(x, weight, bias)
+
+
+def epilogue(program: Program, y: torch.Tensor, params: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+    """``program``'s stages applied to the GEMM output ``y``: ``(out, batch_stats)``."""
     out_dtype = y.dtype
-    n = weight.shape[0]
+    n = y.shape[-1]
     opmath = torch.float64 if out_dtype == torch.float64 else torch.float32
     values = [
         p.to(opmath).reshape(n) if kind == "col" else p.to(opmath).reshape(())
         for p, kind in zip(params, program.params)
     ]
     stats = y.new_empty(EMPTY_STATS_SHAPE, dtype=torch.float32)
-    v = y.to(opmath)
-    for stage in program.stages:
-        if isinstance(stage, Pointwise):
-            v = _pointwise(stage, v, values)
-        elif isinstance(stage, Norm):
-            v, batch_stats = _norm(stage, v, list(params), out_dtype)
-            if batch_stats is not None:
-                stats = batch_stats
-        else:
-            v = _reduce(stage, v)
-    return v.to(out_dtype), stats
+    with _no_autocast(y):
+        v = y.to(opmath)
+        for stage in program.stages:
+            if isinstance(stage, Pointwise):
+                v = _pointwise(stage, v, values)
+            elif isinstance(stage, Norm):
+                v, batch_stats = _norm(stage, v, list(params), out_dtype)
+                if batch_stats is not None:
+                    stats = batch_stats
+            else:
+                v = _reduce(stage, v)
+        return v.to(out_dtype), stats
+
+
+def _no_autocast(t: torch.Tensor):
+    """The IR fixes every stage's dtype: nothing inside the op is re-cast by an autocast region."""
+    device_type = t.device.type if t.device.type in ("cuda", "cpu") else "cpu"
+    return torch.autocast(device_type, enabled=False)
 
 
 def _pointwise(stage: Pointwise, v: torch.Tensor, values: list[torch.Tensor]) -> torch.Tensor:
@@ -110,40 +136,33 @@ def backward(
     grad_out: torch.Tensor,
     x: torch.Tensor,
     weight: torch.Tensor,
-    bias: torch.Tensor | None,
+    y: torch.Tensor,
+    has_bias: bool,
     params: list[torch.Tensor],
-) -> list[torch.Tensor]:
-    """Gradients of ``forward``'s output for x, weight, bias and every parameter, by recomputing
-    the reference under autograd. Absent, non-float or constant inputs get an empty tensor."""
-    inputs = [x, weight, bias, *params]
-    constant = {3 + i for i in program.constant_params}
-    with _autograd_inside_kernel(), torch.enable_grad():
-        leaves = [
-            None if t is None else t.detach().requires_grad_(t.is_floating_point() and i not in constant)
-            for i, t in enumerate(inputs)
-        ]
-        out, _ = forward(program, leaves[0], leaves[1], leaves[2], leaves[3:])
-        wanted = [t for t in leaves if t is not None and t.requires_grad]
-        grads = iter(torch.autograd.grad(out, wanted, grad_out, allow_unused=True))
-    result = []
-    for t in leaves:
-        if t is None or not t.requires_grad:
-            result.append(grad_out.new_empty((0,)))
-            continue
-        g = next(grads)
-        result.append(torch.zeros_like(t) if g is None else g)
-    return result
-
-
-_AUTOCAST_KEYS = [k for name, k in torch._C.DispatchKey.__members__.items() if name.startswith("Autocast")]
-
-
-@contextlib.contextmanager
-def _autograd_inside_kernel():
-    """A kernel runs below the Autograd dispatch key; the reference backward needs autograd back.
-    Autocast stays excluded, so nothing inside is re-cast."""
-    exclude = torch._C.DispatchKeySet(_AUTOCAST_KEYS[0])
-    for key in _AUTOCAST_KEYS[1:]:
-        exclude = exclude | torch._C.DispatchKeySet(key)
-    with torch._C._ForceDispatchKeyGuard(torch._C.DispatchKeySet(torch._C.DispatchKey.BackendSelect), exclude):
-        yield
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, list[torch.Tensor | None]]:
+    """``(dx, dweight, dbias, dparams)`` of ``out = epilogue(linear(x, weight, bias))`` given the
+    GEMM output ``y``: dY by autograd through the epilogue recomputed from ``y`` (each stage's
+    derivative is eager's own: the vocabulary's and the norms' reference functions), then the
+    linear's gradients as eager's addmm/matmul backward computes them. Plain torch ops throughout,
+    so AOTAutograd traces them into the backward graph. None for a running statistic."""
+    constant = program.constant_params
+    with torch.enable_grad():
+        y_leaf = y.detach().requires_grad_()
+        leaves = [p.detach().requires_grad_(p.is_floating_point() and i not in constant)
+                  for i, p in enumerate(params)]
+        out, _ = epilogue(program, y_leaf, leaves)
+        wanted = [y_leaf] + [p for p in leaves if p.requires_grad]
+        grads = torch.autograd.grad(out, wanted, grad_out, allow_unused=True)
+    dy, rest = grads[0], iter(grads[1:])
+    dparams = []
+    for p in leaves:
+        g = next(rest) if p.requires_grad else None
+        dparams.append(torch.zeros_like(p) if p.requires_grad and g is None else g)
+    if dy is None:
+        dy = torch.zeros_like(y)
+    n, k = weight.shape
+    dy2 = dy.reshape(-1, n)
+    dx = (dy2 @ weight).reshape(x.shape)
+    dweight = dy2.t() @ x.reshape(-1, k)
+    dbias = dy2.sum(0) if has_bias else None
+    return dx, dweight, dbias, dparams

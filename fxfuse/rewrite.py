@@ -12,7 +12,7 @@ import operator
 import torch
 from torch.fx import Graph, Node
 
-from .match import BatchNormUpdate, Chain
+from .match import BatchNormUpdate, Chain, example_value
 from .patterns.gemm import transposed_weight
 
 FUSED_OP = torch.ops.fxfuse.linear_epilogue.default
@@ -31,7 +31,11 @@ def _replace(graph: Graph, chain: Chain, replaced: dict[Node, Node]) -> Node:
     last = chain.nodes[-1]
     x, weight, bias, *params = (replaced.get(a, a) for a in (chain.x, chain.weight, chain.bias, *chain.params))
     with graph.inserting_before(last.next):  # new nodes keep their creation order
-        fused = graph.call_function(FUSED_OP, (chain.program.to_string(), x, weight, bias, params))
+        if chain.autocast is not None:  # autocast's casts of the GEMM operands, made explicit
+            x, weight, bias = (None if a is None else graph.call_method("to", (a, chain.autocast))
+                               for a in (x, weight, bias))
+        save_gemm = records_backward(chain.gemm)
+        fused = graph.call_function(FUSED_OP, (chain.program.to_string(), x, weight, bias, params, save_gemm))
         out = graph.call_function(operator.getitem, (fused, 0))
         if chain.batch_norm_update is not None:
             _update_running_stats(graph, fused, chain.batch_norm_update)
@@ -43,6 +47,13 @@ def _replace(graph: Graph, chain: Chain, replaced: dict[Node, Node]) -> Node:
         if not node.users and transposed_weight(node) is not None:
             graph.erase_node(node)
     return out
+
+
+def records_backward(node: Node) -> bool:
+    """Whether Dynamo traced ``node``'s value as one autograd records (grad mode on and an input
+    that requires grad): then the fused op keeps its GEMM output for the backward."""
+    value = example_value(node)
+    return isinstance(value, torch.Tensor) and value.requires_grad
 
 
 def _update_running_stats(graph: Graph, fused: Node, update: BatchNormUpdate) -> None:

@@ -27,10 +27,12 @@ def check_against_eager(
     train: bool = True,
     grads: bool = False,
     device: str = "cpu",
+    autocast: torch.dtype | None = None,
 ) -> fxfuse.Report:
     """Run eager and fxfuse side by side on ``draws`` fresh inputs; assert outputs, dtypes,
     buffers (BatchNorm statistics) and, with ``grads``, input and parameter gradients agree.
-    Returns the coverage report of the compiled model.
+    Returns the coverage report of the compiled model. With ``autocast`` both run under
+    ``torch.autocast(device, autocast)`` over a ``dtype`` model (the tolerance is autocast's).
 
     A bf16/fp16 gradient agrees when it is within the tolerance of eager's, or -- where rounding
     noise dominates it (a parameter a training BatchNorm nearly cancels: S07's scale, S18's bias)
@@ -40,15 +42,16 @@ def check_against_eager(
     eager = make_model().to(device=device, dtype=dtype).train(train)
     fused = copy.deepcopy(eager)
     compiled = compile_fxfuse(fused)
-    tol = TOLERANCE[dtype]
+    tol = TOLERANCE[autocast or dtype]
+    region = torch.autocast(device, dtype=autocast, enabled=autocast is not None)
     for _ in range(draws):
         inputs = [t.to(device=device, dtype=dtype if t.is_floating_point() else t.dtype)
                   for t in make_inputs()]
         eager_inputs = [t.clone().requires_grad_(grads and t.is_floating_point()) for t in inputs]
         fused_inputs = [t.clone().requires_grad_(grads and t.is_floating_point()) for t in inputs]
-        rounded = grads and dtype in (torch.bfloat16, torch.float16)
+        rounded = grads and (autocast or dtype) in (torch.bfloat16, torch.float16)
         exact = copy.deepcopy(eager).float() if rounded else None  # the float32 gradients
-        with torch.set_grad_enabled(grads):
+        with torch.set_grad_enabled(grads), region:
             expected = eager(*eager_inputs)
             actual = compiled(*fused_inputs)
         assert actual.dtype == expected.dtype and actual.shape == expected.shape

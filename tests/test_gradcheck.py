@@ -45,6 +45,6 @@ def test_gradients_match_finite_differences(name):
               for i, p in enumerate(make_params(program, n, generator=g))]
 
     def fused(x, w, b, *params):
-        return torch.ops.fxfuse.linear_epilogue(text, x, w, b, list(params))[0]
+        return torch.ops.fxfuse.linear_epilogue(text, x, w, b, list(params), True)[0]
 
     assert torch.autograd.gradcheck(fused, (x, w, b, *params), eps=1e-6, atol=1e-5, rtol=1e-4)

@@ -1,5 +1,6 @@
 """What the backend hands to Inductor: the graph around the fused ops, and nothing when nothing is
-left but fused ops (Inductor's wrapper would only add per-call CPU time)."""
+left but fused ops of an inference graph (Inductor's wrapper would only add per-call CPU time). A
+graph that records a backward always goes: Inductor compiles the fused ops' backward."""
 
 from __future__ import annotations
 
@@ -35,8 +36,9 @@ def run(row_id: str, **compile_kwargs) -> None:
 
 
 @pytest.mark.parametrize("row_id", ["S01", "S11", "S20"])
-def test_a_graph_of_fused_ops_alone_skips_inductor(row_id, inductor_calls):
-    run(row_id)
+def test_an_inference_graph_of_fused_ops_alone_skips_inductor(row_id, inductor_calls):
+    with torch.no_grad():
+        run(row_id)
     assert inductor_calls == []
 
 
@@ -51,10 +53,15 @@ def test_a_mode_or_an_option_for_inductor_always_reaches_it(inductor_calls):
     assert inductor_calls  # (compile_fx may re-enter itself)
 
 
-def test_the_skipped_graph_still_trains():
+def test_a_training_graph_of_fused_ops_goes_to_inductor_and_trains(inductor_calls):
     torch.manual_seed(0)
     model, inputs = build("S01", "small")
-    compiled = compile_fxfuse(model)
+    expected = model(inputs[0].clone().requires_grad_())
+    expected.sum().backward()
+    want = [model.linear.weight.grad.clone(), model.linear.bias.grad.clone()]
+    model.zero_grad()
     x = inputs[0].clone().requires_grad_()
-    compiled(x).sum().backward()
-    assert x.grad is not None and model.linear.weight.grad is not None
+    compile_fxfuse(model)(x).sum().backward()
+    assert inductor_calls
+    for got, ref in zip([model.linear.weight.grad, model.linear.bias.grad], want):
+        torch.testing.assert_close(got, ref, atol=1e-4, rtol=1e-4)

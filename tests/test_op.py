@@ -17,22 +17,25 @@ BASE_ROWS = [r for r in suite.ROWS if not r.id.startswith("S23")]
 
 def _recorded_calls(row, dtype=torch.float32):
     """(program, x, weight, bias, params) of every fused-op call of a compiled suite model."""
-    calls = []
-    forward = reference.forward
+    calls, gemm_args = [], []
+    gemm, epilogue = reference.gemm, reference.epilogue
 
-    def recording(program, x, weight, bias, params):
-        calls.append((program.to_string(), x.clone(), weight.clone(),
-                      None if bias is None else bias.clone(), [p.clone() for p in params]))
-        return forward(program, x, weight, bias, params)
+    def recording_gemm(x, weight, bias):
+        gemm_args.append((x.clone(), weight.clone(), None if bias is None else bias.clone()))
+        return gemm(x, weight, bias)
+
+    def recording_epilogue(program, y, params):
+        calls.append((program.to_string(), *gemm_args.pop(), [p.clone() for p in params]))
+        return epilogue(program, y, params)
 
     mod = suite.load(row)
     model = mod.Model(*mod.get_init_inputs("small")).to(dtype).train(not row.eval_mode)
-    reference.forward = recording
+    reference.gemm, reference.epilogue = recording_gemm, recording_epilogue
     try:
         with torch.no_grad():
             compile_fxfuse(model)(*[t.to(dtype) for t in mod.get_inputs("small")])
     finally:
-        reference.forward = forward
+        reference.gemm, reference.epilogue = gemm, epilogue
     return calls
 
 
@@ -45,7 +48,8 @@ def test_every_suite_program_passes_opcheck(row):
         params = [p.requires_grad_(i not in constant) for i, p in enumerate(params)]
         args = (program, x.requires_grad_(), weight.requires_grad_(),
                 None if bias is None else bias.requires_grad_(), params)
-        torch.library.opcheck(torch.ops.fxfuse.linear_epilogue.default, args)
+        for save_gemm in (True, False):  # a training graph's call; a direct call recomputes the GEMM
+            torch.library.opcheck(torch.ops.fxfuse.linear_epilogue.default, (*args, save_gemm))
 
 
 def test_fake_impl_gives_shapes_for_symbolic_batch():
@@ -55,15 +59,15 @@ def test_fake_impl_gives_shapes_for_symbolic_batch():
     program = Program(Gemm(True), (Pointwise(call("relu", E.X)), Reduce("sum", keepdim=True)))
     with FakeTensorMode(shape_env=ShapeEnv()) as mode:
         x = mode.from_tensor(torch.randn(8, 3, 16), symbolic_context=None)
-        out, stats = torch.ops.fxfuse.linear_epilogue(program.to_string(), x, torch.randn(32, 16),
-                                                      torch.randn(32), [])
+        out, stats, _ = torch.ops.fxfuse.linear_epilogue(program.to_string(), x, torch.randn(32, 16),
+                                                         torch.randn(32), [], False)
     assert tuple(out.shape) == (8, 3, 1) and stats.shape == (0,)
 
 
 def test_batch_norm_training_returns_mean_and_unbiased_variance():
     program = Program(Gemm(False), (Norm("batch", 1e-5, training=True),))
     x, w = torch.randn(16, 8), torch.randn(4, 8)
-    _, stats = torch.ops.fxfuse.linear_epilogue(program.to_string(), x, w, None, [])
+    _, stats, _ = torch.ops.fxfuse.linear_epilogue(program.to_string(), x, w, None, [], False)
     var, mean = torch.var_mean(x @ w.T, dim=0, correction=1)
     torch.testing.assert_close(stats, torch.stack([mean, var]))
 
@@ -86,18 +90,48 @@ def test_x_minus_x_is_not_folded_so_inf_gives_nan():
     program = Program(Gemm(False), (Pointwise(E.sub(E.X, E.X)),))
     x = torch.tensor([[1.0, 0.0]])
     w = torch.tensor([[float("inf"), 0.0], [1.0, 0.0]])
-    out, _ = torch.ops.fxfuse.linear_epilogue(program.to_string(), x, w, None, [])
+    out, *_ = torch.ops.fxfuse.linear_epilogue(program.to_string(), x, w, None, [], False)
     assert out[0, 0].isnan() and out[0, 1] == 0
 
 
-def test_backward_matches_autograd_through_the_reference():
+@pytest.mark.parametrize("save_gemm", [True, False], ids=["gemm_saved", "gemm_recomputed"])
+def test_backward_matches_autograd_through_the_reference(save_gemm):
     program = Program(Gemm(True), (Pointwise(E.mul(call("gelu", E.X), E.param(0))),
                                    Norm("layer", 1e-5), Reduce("softmax")), ("col",))
     x, w, b, p = (torch.randn(s, requires_grad=True) for s in [(6, 8), (5, 8), (5,), (5,)])
-    out, _ = torch.ops.fxfuse.linear_epilogue(program.to_string(), x, w, b, [p])
+    out, _, gemm = torch.ops.fxfuse.linear_epilogue(program.to_string(), x, w, b, [p], save_gemm)
+    assert gemm.shape == ((6, 5) if save_gemm else (0,))
     expected, _ = reference.forward(program, x, w, b, [p])
     g = torch.randn_like(out)
     grads = torch.autograd.grad(out, [x, w, b, p], g)
     expected_grads = torch.autograd.grad(expected, [x, w, b, p], g)
     for got, want in zip(grads, expected_grads):
+        torch.testing.assert_close(got, want)
+
+
+def test_training_graph_saves_the_gemm_output_and_runs_two_gemms_backward():
+    """The backward starts from the GEMM output the forward kept: the backward graph holds the two
+    GEMMs of dX and dW and no third one recomputing the forward GEMM."""
+    from functorch.compile import make_boxed_func
+    from torch._functorch.aot_autograd import aot_function
+
+    program = Program(Gemm(True), (Pointwise(call("gelu", E.X)), Norm("layer", 1e-5)))
+    graphs = {}
+
+    def keep(name):
+        def compiler(gm, _):
+            graphs[name] = gm
+            return make_boxed_func(gm.forward)
+        return compiler
+
+    def f(x, w, b):
+        return torch.ops.fxfuse.linear_epilogue(program.to_string(), x, w, b, [], True)[0]
+
+    x, w, b = (torch.randn(s, requires_grad=True) for s in [(6, 8), (5, 8), (5,)])
+    aot_function(f, fw_compiler=keep("forward"), bw_compiler=keep("backward"))(x, w, b).sum().backward()
+    backward_targets = [n.target for n in graphs["backward"].graph.nodes if n.op == "call_function"]
+    gemms = [t for t in backward_targets if t in (torch.ops.aten.mm.default, torch.ops.aten.addmm.default)]
+    assert len(gemms) == 2 and torch.ops.fxfuse.linear_epilogue.default not in backward_targets
+    expected = torch.autograd.grad(reference.forward(program, x, w, b, [])[0].sum(), [x, w, b])
+    for got, want in zip((x.grad, w.grad, b.grad), expected):
         torch.testing.assert_close(got, want)

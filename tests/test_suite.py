@@ -38,7 +38,8 @@ EXPECTED_FUSED = {
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 
 
-def _check(row: suite.SuiteRow, dtype: torch.dtype, train: bool, grads: bool = False, batch=None):
+def _check(row: suite.SuiteRow, dtype: torch.dtype, train: bool, grads: bool = False, batch=None,
+           autocast: torch.dtype | None = None):
     mod = suite.load(row)
     size = mod.SIZES["small"]
 
@@ -49,7 +50,7 @@ def _check(row: suite.SuiteRow, dtype: torch.dtype, train: bool, grads: bool = F
 
     return check_against_eager(
         lambda: mod.Model(*mod.get_init_inputs("small")), inputs, dtype=dtype,
-        train=train and not row.eval_mode, grads=grads,
+        train=train and not row.eval_mode, grads=grads, autocast=autocast,
     )
 
 
@@ -79,3 +80,21 @@ def test_suite_gradients_match_eager(row, dtype):
 def test_decode_shapes_of_s23_fuse_and_match_eager(row_id, batch):
     report = _check(suite.get_row(row_id), torch.float32, train=True, batch=batch)
     assert [r.fused for r in report.rows] == EXPECTED_FUSED[row_id]
+
+
+@pytest.mark.parametrize("row", BASE_ROWS, ids=[r.id for r in BASE_ROWS])
+def test_suite_under_autocast_keeps_eagers_dtypes_values_and_gradients(row):
+    """autocast(bfloat16) over a float32 model: the GEMM runs on bf16 casts of its operands, and
+    the fused chain is the part autocast keeps in bf16; where autocast (or type promotion) moves
+    an op to float32 the chain stops there, with that reason, and the rest runs as eager's."""
+    report = _check(row, torch.float32, train=True, grads=True, autocast=torch.bfloat16)
+    assert_fused_up_to_autocasts_float32_ops(report, row)
+
+
+def assert_fused_up_to_autocasts_float32_ops(report, row: suite.SuiteRow) -> None:
+    """Each chain fused the suite's chain up to the first op autocast runs in float32 (which ops
+    those are depends on the device: CUDA runs norms, softmax and logsumexp in float32)."""
+    for chain, expected in zip(report.rows, EXPECTED_FUSED[row.id], strict=True):
+        assert chain.fused == expected[: len(chain.fused)]
+        if chain.fused != expected:
+            assert "computes in torch.float32" in chain.reason, chain.reason

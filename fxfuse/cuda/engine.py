@@ -124,17 +124,17 @@ class Engine:
 
     # -- calling -----------------------------------------------------------------------------------
 
-    def call(self, program: str, x, weight, bias, params, out=None):
-        """``(out, batch_stats)`` of the fused op; ``out`` (tests) is a buffer to write into."""
+    def call(self, program: str, x, weight, bias, params, out=None, save_gemm: bool = False):
+        """``(out, batch_stats, gemm)`` of the fused op; ``out`` (tests) is a buffer to write into."""
         handle = self._handles.get((program, x.dtype, x.get_device()))
         if handle is None:
             handle = self._resolve(program, x.dtype, x.device)
         runtime = self._runtime_module
         if handle and runtime is not None:
-            result = runtime.run(handle, x, weight, bias, params, self._flags, out)
+            result = runtime.run(handle, x, weight, bias, params, self._flags, out, save_gemm)
             if result is not None:
                 return result
-        return fallback(program, x, weight, bias, params)
+        return fallback(program, x, weight, bias, params, save_gemm)
 
     def covers(self, program: str, x, weight, bias, params) -> bool:
         """Whether ``call`` would run the kernels (tests): it does run them once."""
@@ -183,11 +183,9 @@ def group_norm_rounds_stats(device: torch.device) -> bool:
     return distance(bf16(mean), bf16(rstd)) < distance(mean, rstd)
 
 
-def fallback(program: str, x, weight, bias, params):
-    """The reference on the kernel's tensors, GEMM in x's dtype (no autocast inside the kernel)."""
-    device_type = x.device.type if x.device.type in ("cuda", "cpu") else "cpu"
-    with torch.autocast(device_type, enabled=False):
-        return reference.forward(Program.parse(program), x, weight, bias, list(params))
+def fallback(program: str, x, weight, bias, params, save_gemm: bool = False):
+    """The reference on the kernel's tensors: ``(out, batch_stats, gemm)``."""
+    return reference.op_forward(Program.parse(program), x, weight, bias, list(params), save_gemm)
 
 
 def _index(device: torch.device) -> int:

@@ -58,7 +58,7 @@ def main() -> int:
         params = make_params(program, n, dtype=dtype, device="cuda", generator=g)
         ref, _ = reference.forward(program, x, w, b, params)
         buffer = torch.full_like(ref, math.nan)
-        out, _ = fxcuda.engine.call(program.to_string(), x, w, b, params, out=buffer)
+        out, *_ = fxcuda.engine.call(program.to_string(), x, w, b, params, out=buffer)
         torch.cuda.synchronize()
         tol = 1e-4 if dtype == torch.float32 else 1e-2
         ok = out.data_ptr() == buffer.data_ptr() and torch.allclose(out, ref, rtol=tol, atol=tol, equal_nan=True)

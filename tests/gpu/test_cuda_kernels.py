@@ -46,8 +46,8 @@ def cuda_setup():
     torch.backends.cuda.matmul.allow_tf32 = tf32
 
 
-def op(program_text, x, w, b, params):
-    return torch.ops.fxfuse.linear_epilogue(program_text, x, w, b, params)
+def op(program_text, x, w, b, params, save_gemm=False):
+    return torch.ops.fxfuse.linear_epilogue(program_text, x, w, b, params, save_gemm)
 
 
 def inputs(program, dtype, m, n, k, seed, layout="contiguous"):
@@ -67,13 +67,13 @@ def check(program, dtype, x, w, b, params, cpu_too=False):
     text = program.to_string()
     ref_out, ref_stats = reference.forward(program, x, w, b, params)
     buffer = torch.full_like(ref_out, math.nan)
-    out, stats = fxcuda.engine.call(text, x, w, b, params, out=buffer)
+    out, stats, _ = fxcuda.engine.call(text, x, w, b, params, out=buffer)
     assert out.data_ptr() == buffer.data_ptr(), "the kernels did not run (fallback to the reference)"
     tol = TOL[dtype]
     torch.testing.assert_close(out, ref_out, rtol=tol, atol=tol, equal_nan=True)
     if ref_stats.numel():
         torch.testing.assert_close(stats, ref_stats, rtol=tol, atol=tol, equal_nan=True)
-    op_out, op_stats = op(text, x, w, b, params)  # the dispatcher path
+    op_out, op_stats, _ = op(text, x, w, b, params)  # the dispatcher path
     assert op_out.shape == ref_out.shape and op_out.dtype == ref_out.dtype and op_out.is_cuda
     torch.testing.assert_close(op_out, ref_out, rtol=tol, atol=tol, equal_nan=True)
     assert op_stats.shape == ref_stats.shape
@@ -164,8 +164,8 @@ def test_batch_norm_one_row_raises_like_eager():
 def test_batch_stats_equal_var_mean_and_are_deterministic():
     program = PROGRAMS["s07_vec_batch_train"]
     x, w, b, params = inputs(program, torch.float32, 4097, 1000, 64, 3)
-    out1, stats1 = op(program.to_string(), x, w, b, params)
-    out2, stats2 = op(program.to_string(), x, w, b, params)
+    out1, stats1, _ = op(program.to_string(), x, w, b, params)
+    out2, stats2, _ = op(program.to_string(), x, w, b, params)
     assert torch.equal(out1, out2) and torch.equal(stats1, stats2)  # fixed reduction order
     pre = torch.nn.functional.linear(x, w, b) * params[0]
     var, mean = torch.var_mean(pre, dim=0, correction=1)
@@ -177,7 +177,8 @@ def test_batch_stats_equal_var_mean_and_are_deterministic():
 def test_opcheck(name):
     program = PROGRAMS[name]
     x, w, b, params = inputs(program, torch.float32, 8, 256, 64, 0)
-    torch.library.opcheck(torch.ops.fxfuse.linear_epilogue.default, (program.to_string(), x, w, b, params))
+    for save_gemm in (True, False):
+        torch.library.opcheck(torch.ops.fxfuse.linear_epilogue.default, (program.to_string(), x, w, b, params, save_gemm))
 
 
 @pytest.mark.parametrize("name", ["s04_group_silu_vec_silu", "s03_batch_train_gelu_relu", "s16_sigmoid_sum"])
@@ -196,7 +197,7 @@ def test_cuda_graph_capture_and_replay(name):
     torch.cuda.current_stream().wait_stream(stream)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        static_out, static_stats = op(text, static_x, w, b, params)
+        static_out, static_stats, _ = op(text, static_x, w, b, params)
     for seed in range(3):
         new_x = torch.randn(x.shape, generator=torch.Generator().manual_seed(seed + 10)).to(x)
         static_x.copy_(new_x)
@@ -212,7 +213,7 @@ def test_autocast_gemm_runs_in_the_input_dtype():
     program = PROGRAMS["s01_scale_leaky"]
     x, w, b, params = inputs(program, torch.float32, 8, 256, 64, 0)
     with torch.autocast("cuda", dtype=torch.bfloat16):
-        out, _ = op(program.to_string(), x, w, b, params)
+        out, *_ = op(program.to_string(), x, w, b, params)
     assert out.dtype == torch.float32
 
 
@@ -223,8 +224,8 @@ def test_the_dispatcher_runs_the_runtime_kernel():
     fxcuda.prepare(program, torch.float32)
     assert torch._C._dispatch_has_kernel_for_dispatch_key("fxfuse::linear_epilogue", "CUDA")
     x, w, b, params = inputs(program, torch.float32, 8, 256, 64, 0)
-    direct, _ = fxcuda.engine.call(program.to_string(), x, w, b, params)
-    dispatched, _ = op(program.to_string(), x, w, b, params)
+    direct, *_ = fxcuda.engine.call(program.to_string(), x, w, b, params)
+    dispatched, *_ = op(program.to_string(), x, w, b, params)
     assert torch.equal(direct, dispatched)
 
 
@@ -255,7 +256,7 @@ def test_group_norm_of_small_groups_is_eager_bit_for_bit(group_size, dtype, prog
     for seed in range(DRAWS):
         x, w, b, params = inputs(program, dtype, 64, n, 256, seed)
         x = x * 3 + 1  # an offset mean: the statistics' last bits matter
-        out, _ = op(program.to_string(), x, w, b, params)
+        out, *_ = op(program.to_string(), x, w, b, params)
         y = torch.nn.functional.linear(x, w, b)
         expected = torch.nn.functional.group_norm(y, n // group_size, params[0], params[1], 1e-5)
         assert torch.equal(out, expected), (out.float() - expected.float()).abs().max()
@@ -270,10 +271,10 @@ def test_autograd_key_runs_in_cpp_and_records_gradients():
     assert any("AutogradCUDA" in line and "runtime.cpp" in line for line in table.splitlines()), table
     x, w, b, params = inputs(program, torch.float32, 8, 256, 64, 0)
     with torch.no_grad():
-        out, _ = op(program.to_string(), x, w, b, params)
+        out, *_ = op(program.to_string(), x, w, b, params)
     assert out.grad_fn is None
     leaves = [t.clone().requires_grad_() for t in (x, w, b, *params)]
-    out, _ = op(program.to_string(), *leaves[:3], leaves[3:])
+    out, *_ = op(program.to_string(), *leaves[:3], leaves[3:])
     grad_out = torch.randn_like(out)
     grads = torch.autograd.grad(out, leaves, grad_out)
     expected = reference.backward(program, grad_out, x, w, b, params)

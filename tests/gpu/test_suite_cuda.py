@@ -12,7 +12,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/: support,
 
 from examples import suite  # noqa: E402
 from support import check_against_eager  # noqa: E402
-from test_suite import BASE_ROWS, EXPECTED_FUSED  # noqa: E402
+from test_suite import BASE_ROWS, EXPECTED_FUSED, assert_fused_up_to_autocasts_float32_ops  # noqa: E402
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 
@@ -66,3 +66,15 @@ def test_gradients_on_cuda(row, dtype):
     """Input and parameter gradients of every suite model equal eager's (1e-4 of the gradient's
     scale in float32, 1e-2 in bfloat16), and BatchNorm statistics after each step."""
     _check(row, "small", dtype, grads=True)
+
+
+@pytest.mark.parametrize("row", BASE_ROWS, ids=[r.id for r in BASE_ROWS])
+def test_autocast_on_cuda(row):
+    """autocast(bfloat16) over the float32 model: outputs, dtypes, BatchNorm statistics and
+    gradients as eager's (1e-2); chains fused up to the first op autocast runs in float32."""
+    mod = suite.load(row)
+    report = check_against_eager(
+        lambda: mod.Model(*mod.get_init_inputs("small")), lambda: mod.get_inputs("small"),
+        device="cuda", train=not row.eval_mode, grads=True, autocast=torch.bfloat16,
+    )
+    assert_fused_up_to_autocasts_float32_ops(report, row)
