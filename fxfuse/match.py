@@ -78,6 +78,22 @@ def example_value(node) -> object:
     return node.meta.get("example_value", node.meta.get("val"))
 
 
+def _autocast_casts_to(gemm: Node, device_type: str, dtype: torch.dtype) -> bool:
+    """Whether ``gemm`` runs under an autocast to ``dtype``: the compile happens inside an autocast
+    region, or Dynamo's graph enters one (``_enter_autocast``) before ``gemm`` and has not left it."""
+    if torch.is_autocast_enabled(device_type) and torch.get_autocast_dtype(device_type) == dtype:
+        return True
+    regions: list[Node] = []
+    for node in gemm.graph.nodes:
+        if node is gemm:
+            break
+        if node.target is torch.amp.autocast_mode._enter_autocast:
+            regions.append(node)
+        elif node.target is torch.amp.autocast_mode._exit_autocast and regions:
+            regions.pop()
+    return bool(regions) and regions[-1].args[:3] == (device_type, dtype, True)
+
+
 def match_all(graph, canon: dict[Node, CanonicalOp], allow_cpu: bool) -> list[Chain]:
     order = {node: i for i, node in enumerate(graph.nodes)}
     return [
@@ -203,8 +219,10 @@ class _Matcher:
             raise Stop(f"dtype {self.dtype} (fxfuse fuses float32, bfloat16 and float16)")
         if any(t.device != x.device for t in tensors):
             raise Stop("GEMM operands on different devices")
-        if any(t.dtype != self.dtype for t in tensors):  # autocast casts the operands to its dtype
-            self.autocast = self.dtype
+        if any(t.dtype != self.dtype for t in tensors):
+            if not _autocast_casts_to(self.gemm, x.device.type, self.dtype):
+                raise Stop("GEMM operands differ in dtype")  # eager raises; so does the graph
+            self.autocast = self.dtype  # autocast casts the operands to its dtype
         if x.device.type == "cpu" and not self.allow_cpu:
             raise Stop("CPU tensors (set FXFUSE_ALLOW_CPU=1 or options={'allow_cpu': True})")
         if x.device.type not in ("cpu", "cuda"):

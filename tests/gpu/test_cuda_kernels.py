@@ -273,10 +273,13 @@ def test_autograd_key_runs_in_cpp_and_records_gradients():
     with torch.no_grad():
         out, *_ = op(program.to_string(), x, w, b, params)
     assert out.grad_fn is None
-    leaves = [t.clone().requires_grad_() for t in (x, w, b, *params)]
-    out, *_ = op(program.to_string(), *leaves[:3], leaves[3:])
-    grad_out = torch.randn_like(out)
-    grads = torch.autograd.grad(out, leaves, grad_out)
-    expected = reference.backward(program, grad_out, x, w, b, params)
-    for got, want in zip(grads, expected):
-        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+    for save_gemm in (True, False):
+        leaves = [t.clone().requires_grad_() for t in (x, w, b, *params)]
+        out, *_ = op(program.to_string(), *leaves[:3], leaves[3:], save_gemm)
+        grad_out = torch.randn_like(out)
+        grads = torch.autograd.grad(out, leaves, grad_out)
+        expected_leaves = [t.clone().requires_grad_() for t in (x, w, b, *params)]
+        expected_out, _ = reference.forward(program, *expected_leaves[:3], expected_leaves[3:])
+        expected = torch.autograd.grad(expected_out, expected_leaves, grad_out)
+        for got, want in zip(grads, expected):
+            torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
