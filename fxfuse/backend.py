@@ -53,10 +53,10 @@ def _only_fused_ops(gm: GraphModule) -> bool:
     """The graph computes nothing but fused ops (and picks their outputs) and records no backward:
     at decode sizes a call is CPU-bound, and running it as is costs Dynamo's guards plus the op
     (BENCHMARKS.md, CPU). A graph that will run backward goes to Inductor, which compiles the
-    fused ops' backward (plain torch ops) into its kernels. ``args[5]``: the op's save_gemm."""
+    fused ops' backward (plain torch ops) into its kernels."""
     calls = [n for n in gm.graph.nodes if n.op not in ("placeholder", "output", "get_attr")]
     return any(n.target is FUSED_OP for n in calls) and all(
-        n.target is operator.getitem or (n.target is FUSED_OP and not n.args[5]) for n in calls
+        n.target is operator.getitem or (n.target is FUSED_OP and not n.kwargs["save_gemm"]) for n in calls
     )
 
 

@@ -35,7 +35,8 @@ def _replace(graph: Graph, chain: Chain, replaced: dict[Node, Node]) -> Node:
             x, weight, bias = (None if a is None else graph.call_method("to", (a, chain.autocast))
                                for a in (x, weight, bias))
         save_gemm = records_backward(chain.gemm)
-        fused = graph.call_function(FUSED_OP, (chain.program.to_string(), x, weight, bias, params, save_gemm))
+        fused = graph.call_function(FUSED_OP, (chain.program.to_string(), x, weight, bias, params),
+                                    {"save_gemm": save_gemm})
         out = graph.call_function(operator.getitem, (fused, 0))
         if chain.batch_norm_update is not None:
             _update_running_stats(graph, fused, chain.batch_norm_update)

@@ -134,7 +134,7 @@ class Engine:
             result = runtime.run(handle, x, weight, bias, params, self._flags, out, save_gemm)
             if result is not None:
                 return result
-        return fallback(program, x, weight, bias, params, save_gemm)
+        return reference.op_forward(Program.parse(program), x, weight, bias, list(params), save_gemm)
 
     def covers(self, program: str, x, weight, bias, params) -> bool:
         """Whether ``call`` would run the kernels (tests): it does run them once."""
@@ -181,11 +181,6 @@ def group_norm_rounds_stats(device: torch.device) -> bool:
         return t.to(torch.bfloat16).float()
 
     return distance(bf16(mean), bf16(rstd)) < distance(mean, rstd)
-
-
-def fallback(program: str, x, weight, bias, params, save_gemm: bool = False):
-    """The reference on the kernel's tensors: ``(out, batch_stats, gemm)``."""
-    return reference.op_forward(Program.parse(program), x, weight, bias, list(params), save_gemm)
 
 
 def _index(device: torch.device) -> int:
