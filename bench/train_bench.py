@@ -3,6 +3,7 @@ eager, Inductor and fxfuse.
 
     python bench/train_bench.py [--rows S01,S02,S03,S04,S08,S19,S20,train_mlp]
                                 [--dtype fp32|autocast|bf16] [--json out.json] [--repeats N]
+                                [--policy fastest|always]
 
 For every row, in one process: each variant's model (its own copy, in training mode) runs
 ``STEP_CALLS`` forward + backward passes back to back between CUDA events (parameter gradients set
@@ -41,6 +42,7 @@ ROWS = ("S01", "S02", "S03", "S04", "S08", "S19", "S20", "train_mlp")
 VARIANTS = ("eager", "inductor", "fxfuse")
 STEP_CALLS = 10
 DTYPES = ("fp32", "autocast", "bf16")
+POLICY = "fastest"  # fxfuse's policy option: its default, or "always" (--policy)
 
 
 def model_and_inputs(row: str, dtype: str) -> tuple[nn.Module, Callable[[], list[torch.Tensor]]]:
@@ -60,7 +62,7 @@ def variant(model: nn.Module, name: str) -> tuple[nn.Module, Callable]:
         return copied, copied
     if name == "inductor":
         return copied, torch.compile(copied)
-    return copied, torch.compile(copied, backend=fxfuse_backend_arg(), options={"policy": "always"})
+    return copied, torch.compile(copied, backend=fxfuse_backend_arg(), options={"policy": POLICY})
 
 
 class Step:
@@ -144,7 +146,8 @@ def measure(row: str, dtype: str, repeats: int) -> dict[str, Any]:
 
 def format_table(report: dict[str, Any]) -> str:
     env = report["env"]
-    lines = [f"{env['date']}  {env['device']}  torch {env['torch']}  dtype {env['dtype']}  (ms per step; MiB)", ""]
+    lines = [f"{env['date']}  {env['device']}  torch {env['torch']}  dtype {env['dtype']}  "
+             f"fxfuse policy {env.get('policy', 'always')}  (ms per step; MiB)", ""]
     table = []
     for r in report["rows"]:
         v = r["variants"]
@@ -164,16 +167,19 @@ def format_table(report: dict[str, Any]) -> str:
 
 
 def main() -> int:
+    global POLICY
     parser = argparse.ArgumentParser()
     parser.add_argument("--rows", default=",".join(ROWS))
     parser.add_argument("--dtype", default="autocast", choices=DTYPES)
     parser.add_argument("--repeats", type=int, default=10)
     parser.add_argument("--json", default=None)
+    parser.add_argument("--policy", default=POLICY, choices=("fastest", "always"))
     args = parser.parse_args()
+    POLICY = args.policy
     torch.backends.cuda.matmul.allow_tf32 = False
     report = {
         "env": {"date": datetime.datetime.now().isoformat(timespec="seconds"), "device": torch.cuda.get_device_name(),
-                "torch": torch.__version__, "dtype": args.dtype},
+                "torch": torch.__version__, "dtype": args.dtype, "policy": args.policy},
         "rows": [],
     }
     for row in args.rows.split(","):

@@ -104,7 +104,7 @@ def _unfused_if_slower(chain: Chain) -> Chain:
     gemm_out = example_value(chain.gemm)
     if not isinstance(gemm_out, torch.Tensor):
         return chain
-    reason = inductor_is_faster(chain.program, gemm_out)
+    reason = inductor_is_faster(chain.program, gemm_out, chain.reason if chain.stops_at_wider_dtype else None)
     if reason is None:
         return chain
     return replace(chain, status="not_fused", fused=[], program=None, nodes=[], reason=reason)

@@ -62,14 +62,17 @@ class Chain:
     batch_norm_update: BatchNormUpdate | None = None
     dtype: torch.dtype | None = None  # the GEMM's output dtype, the chain's element type
     autocast: torch.dtype | None = None  # set when autocast casts the GEMM's operands to it
+    stops_at_wider_dtype: bool = False  # growth ended at an op computing in another dtype
 
 
 class Stop(Exception):
-    """Growth ends at this node, for this reason (None: the chain simply ends here)."""
+    """Growth ends at this node, for this reason (None: the chain simply ends here);
+    ``wider_dtype`` when the node computes in another dtype than the chain (autocast's float32
+    ops, type promotion): an op Inductor would fuse with the chain."""
 
-    def __init__(self, reason: str | None):
+    def __init__(self, reason: str | None, wider_dtype: bool = False):
         super().__init__(reason)
-        self.reason = reason
+        self.reason, self.wider_dtype = reason, wider_dtype
 
 
 def example_value(node) -> object:
@@ -132,6 +135,7 @@ class _Matcher:
         self._downstream: set[Node] | None = None
         self.dtype: torch.dtype | None = None  # the GEMM's output dtype: the chain's element type
         self.autocast: torch.dtype | None = None
+        self.stopped_at_wider_dtype = False
 
     # -- driver -------------------------------------------------------------------------------
 
@@ -145,7 +149,7 @@ class _Matcher:
             try:
                 self._absorb(candidate)
             except Stop as stop:
-                stop_node, stop_reason = candidate, stop.reason
+                stop_node, stop_reason, self.stopped_at_wider_dtype = candidate, stop.reason, stop.wider_dtype
                 break
         return self._result(stop_node, stop_reason)
 
@@ -186,6 +190,7 @@ class _Matcher:
             best.batch_norm_update,
             self.dtype,
             self.autocast,
+            self.stopped_at_wider_dtype and shrink_reason is None,
         )
 
     def _longest_closed_prefix(self) -> tuple[_Snapshot | None, str | None]:
@@ -245,7 +250,7 @@ class _Matcher:
         value = example_value(node)
         if isinstance(value, torch.Tensor) and value.dtype != self.dtype:
             raise Stop(f"{describe(node)} computes in {value.dtype} (autocast's or type promotion's "
-                       f"choice); a fused chain stays in the GEMM's {self.dtype}")
+                       f"choice); a fused chain stays in the GEMM's {self.dtype}", wider_dtype=True)
         expr, is_tuple = self._rounded(E.X), False
         if isinstance(op, AliasOp):
             expr = self._segment_value(op.input)

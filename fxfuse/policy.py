@@ -6,7 +6,11 @@ chains with a norm stage (group, layer, RMS or batch norm) over at least 2^20 el
 1.03-1.21x Inductor's GPU time in bfloat16 (S17 the exception, 0.96x) and 1.00-1.09x in float32 /
 TF32 — those epilogue kernels are instruction-bound at 3-7x their byte floor — while pointwise and
 row-reduction chains (S01, S11, S16), and norm chains at decode sizes (M = 16), ran at or near
-Inductor's time.
+Inductor's time. A chain cut short by an op that computes in a wider dtype (autocast's float32
+norms, softmax and sums; a promotion by a float32 parameter) also goes to Inductor: Inductor fuses
+that op and what follows with the chain's ops into kernels that read the GEMM output, while a fused
+prefix makes them read its output instead — one more write and read of M x N (S08 under bf16
+autocast, forward + backward: 2.51 ms of kernels fused against 2.30 ms as Inductor's).
 ``options={"policy": "always"}`` (or FXFUSE_POLICY=always) fuses every chain regardless.
 """
 
@@ -31,10 +35,17 @@ def _size_hint(size) -> int:
         return int(hint) if hint is not None else NORM_ELEMENTS_TO_INDUCTOR
 
 
-def inductor_is_faster(program: Program, gemm_out: torch.Tensor) -> str | None:
+def inductor_is_faster(program: Program, gemm_out: torch.Tensor, stopped_at: str | None = None) -> str | None:
     """The reason to leave this chain to Inductor, or None to fuse it (policy "fastest");
-    ``gemm_out`` is the GEMM's output value (its example value)."""
-    if gemm_out.device.type != "cuda" or not any(isinstance(s, Norm) for s in program.stages):
+    ``gemm_out`` is the GEMM's output value (its example value); ``stopped_at`` is the matcher's
+    reason when the chain stops at an op computing in a wider dtype."""
+    if gemm_out.device.type != "cuda":
+        return None
+    if stopped_at is not None:
+        return (f"Inductor is faster: {stopped_at}, and Inductor fuses that op with the chain into "
+                "kernels reading the GEMM output (a fused prefix costs one more pass over it; "
+                "BENCHMARKS.md); policy='always' fuses the prefix")
+    if not any(isinstance(s, Norm) for s in program.stages):
         return None
     elements = math.prod(_size_hint(s) for s in gemm_out.shape)
     if elements < NORM_ELEMENTS_TO_INDUCTOR:

@@ -6,8 +6,10 @@ import pytest
 import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 
-from fxfuse.ir import Gemm, Norm, Pointwise, Program, Reduce
+from fxfuse.canonicalize import canonicalize
 from fxfuse.expr import X, call
+from fxfuse.ir import Gemm, Norm, Pointwise, Program, Reduce
+from fxfuse.match import match_all
 from fxfuse.policy import NORM_ELEMENTS_TO_INDUCTOR, inductor_is_faster
 from support import compile_fxfuse
 
@@ -34,6 +36,45 @@ def test_pointwise_and_reduction_chains_stay_fused(program):
 def test_small_norm_chains_stay_fused():
     assert inductor_is_faster(GROUP_NORM, gemm_output(16, 8192)) is None
     assert NORM_ELEMENTS_TO_INDUCTOR > 16 * 8192
+
+
+class _SwishThen(torch.nn.Module):
+    """Linear, x·sigmoid(x), then ``tail``: under bf16 autocast a float32 vector promotes."""
+
+    def __init__(self, tail):
+        super().__init__()
+        self.linear, self.scale, self.tail = torch.nn.Linear(8, 8), torch.nn.Parameter(torch.rand(8)), tail
+
+    def forward(self, x):
+        y = self.linear(x)
+        return self.tail(y * torch.sigmoid(y), self.scale)
+
+
+def _chain_under_autocast(tail):
+    found = []
+
+    def collect(gm, example_inputs, **kwargs):
+        found.extend(match_all(gm.graph, canonicalize(gm.graph), allow_cpu=True))
+        return gm.forward
+
+    torch._dynamo.reset()
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        torch.compile(_SwishThen(tail), backend=collect)(torch.randn(4, 8))
+    (chain,) = found
+    return chain
+
+
+def test_a_chain_cut_by_autocasts_wider_dtype_goes_to_inductor_with_the_cut_named():
+    chain = _chain_under_autocast(lambda v, scale: v * scale)  # bf16 * float32 parameter: float32
+    assert chain.status == "partial" and chain.stops_at_wider_dtype
+    reason = inductor_is_faster(chain.program, gemm_output(1024, 8), chain.reason)
+    assert "Inductor is faster" in reason and "computes in torch.float32" in reason
+    assert inductor_is_faster(chain.program, gemm_output(1024, 8, device="cpu"), chain.reason) is None
+
+
+def test_a_chain_cut_by_an_unfusable_op_is_not_a_dtype_cut():
+    chain = _chain_under_autocast(lambda v, scale: torch.cumsum(v, -1))
+    assert chain.status == "partial" and not chain.stops_at_wider_dtype
 
 
 def test_the_cpu_reference_path_is_never_redirected():

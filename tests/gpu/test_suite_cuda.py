@@ -68,13 +68,14 @@ def test_gradients_on_cuda(row, dtype):
     _check(row, "small", dtype, grads=True)
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
 @pytest.mark.parametrize("row", BASE_ROWS, ids=[r.id for r in BASE_ROWS])
-def test_autocast_on_cuda(row):
-    """autocast(bfloat16) over the float32 model: outputs, dtypes, BatchNorm statistics and
-    gradients as eager's (1e-2); chains fused up to the first op autocast runs in float32."""
+def test_autocast_on_cuda(row, dtype):
+    """autocast(bfloat16 or float16) over the float32 model: outputs, dtypes, BatchNorm statistics
+    and gradients as eager's (1e-2); chains fused up to the first op autocast runs in float32."""
     mod = suite.load(row)
     report = check_against_eager(
         lambda: mod.Model(*mod.get_init_inputs("small")), lambda: mod.get_inputs("small"),
-        device="cuda", train=not row.eval_mode, grads=True, autocast=torch.bfloat16,
+        device="cuda", train=not row.eval_mode, grads=True, autocast=dtype,
     )
     assert_fused_up_to_autocasts_float32_ops(report, row)
