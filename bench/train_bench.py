@@ -3,7 +3,7 @@ eager, Inductor and fxfuse.
 
     python bench/train_bench.py [--rows S01,S02,S03,S04,S08,S19,S20,train_mlp]
                                 [--dtype fp32|autocast|bf16] [--json out.json] [--repeats N]
-                                [--policy fastest|always]
+                                [--policy fastest|always] [--mode reduce-overhead]
 
 For every row, in one process: each variant's model (its own copy, in training mode) runs
 ``STEP_CALLS`` forward + backward passes back to back between CUDA events (parameter gradients set
@@ -24,6 +24,7 @@ import json
 import statistics
 import sys
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -42,7 +43,15 @@ ROWS = ("S01", "S02", "S03", "S04", "S08", "S19", "S20", "train_mlp")
 VARIANTS = ("eager", "inductor", "fxfuse")
 STEP_CALLS = 10
 DTYPES = ("fp32", "autocast", "bf16")
-POLICY = "fastest"  # fxfuse's policy option: its default, or "always" (--policy)
+
+
+@dataclass(frozen=True)
+class Compile:
+    """How the compiled variants are compiled: fxfuse's policy option (its default, or "always")
+    and torch.compile's mode (None, or "reduce-overhead": Inductor's CUDA graphs, for both)."""
+
+    policy: str = "fastest"
+    mode: str | None = None
 
 
 def model_and_inputs(row: str, dtype: str) -> tuple[nn.Module, Callable[[], list[torch.Tensor]]]:
@@ -55,14 +64,17 @@ def model_and_inputs(row: str, dtype: str) -> tuple[nn.Module, Callable[[], list
     return model.train(), lambda: make_inputs(row, device="cuda", dtype=param_dtype)
 
 
-def variant(model: nn.Module, name: str) -> tuple[nn.Module, Callable]:
+def variant(model: nn.Module, name: str, how: Compile = Compile()) -> tuple[nn.Module, Callable]:
     """The variant's own copy of the model, and what to call it through."""
     copied = copy.deepcopy(model)
     if name == "eager":
         return copied, copied
     if name == "inductor":
-        return copied, torch.compile(copied)
-    return copied, torch.compile(copied, backend=fxfuse_backend_arg(), options={"policy": POLICY})
+        return copied, torch.compile(copied, mode=how.mode)
+    from torch._inductor import list_mode_options  # torch.compile takes a mode or options: the mode's
+
+    options = {"policy": how.policy, **(list_mode_options(how.mode) if how.mode else {})}
+    return copied, torch.compile(copied, backend=fxfuse_backend_arg(), options=options)
 
 
 class Step:
@@ -76,6 +88,7 @@ class Step:
         self.grad_out = None
 
     def forward_backward(self) -> None:
+        torch.compiler.cudagraph_mark_step_begin()  # a new step for CUDA graphs (else a no-op)
         for p in self.params:
             p.grad = None
         for t in self.inputs:
@@ -119,12 +132,12 @@ def peak_mib(step: Step) -> float:
     return (torch.cuda.max_memory_allocated() - before) / 2**20
 
 
-def measure(row: str, dtype: str, repeats: int) -> dict[str, Any]:
+def measure(row: str, dtype: str, repeats: int, how: Compile = Compile()) -> dict[str, Any]:
     torch._dynamo.reset()
     torch.manual_seed(0)
     model, fresh = model_and_inputs(row, dtype)
     inputs = fresh()
-    steps = {name: Step(*variant(model, name), dtype, [t.clone() for t in inputs]) for name in VARIANTS}
+    steps = {name: Step(*variant(model, name, how), dtype, [t.clone() for t in inputs]) for name in VARIANTS}
     for step in steps.values():  # compile, settle, first optimizer state
         for _ in range(3):
             step.full_step()
@@ -147,7 +160,7 @@ def measure(row: str, dtype: str, repeats: int) -> dict[str, Any]:
 def format_table(report: dict[str, Any]) -> str:
     env = report["env"]
     lines = [f"{env['date']}  {env['device']}  torch {env['torch']}  dtype {env['dtype']}  "
-             f"fxfuse policy {env.get('policy', 'always')}  (ms per step; MiB)", ""]
+             f"fxfuse policy {env.get('policy', 'always')}  mode {env.get('mode', 'default')}  (ms per step; MiB)", ""]
     table = []
     for r in report["rows"]:
         v = r["variants"]
@@ -167,24 +180,25 @@ def format_table(report: dict[str, Any]) -> str:
 
 
 def main() -> int:
-    global POLICY
     parser = argparse.ArgumentParser()
     parser.add_argument("--rows", default=",".join(ROWS))
     parser.add_argument("--dtype", default="autocast", choices=DTYPES)
     parser.add_argument("--repeats", type=int, default=10)
     parser.add_argument("--json", default=None)
-    parser.add_argument("--policy", default=POLICY, choices=("fastest", "always"))
+    parser.add_argument("--policy", default="fastest", choices=("fastest", "always"))
+    parser.add_argument("--mode", default=None, choices=("reduce-overhead",))
     args = parser.parse_args()
-    POLICY = args.policy
+    how = Compile(args.policy, args.mode)
     torch.backends.cuda.matmul.allow_tf32 = False
     report = {
         "env": {"date": datetime.datetime.now().isoformat(timespec="seconds"), "device": torch.cuda.get_device_name(),
-                "torch": torch.__version__, "dtype": args.dtype, "policy": args.policy},
+                "torch": torch.__version__, "dtype": args.dtype, "policy": args.policy,
+                "mode": args.mode or "default"},
         "rows": [],
     }
     for row in args.rows.split(","):
         print(f"[train_bench] {row} {args.dtype}", file=sys.stderr, flush=True)
-        report["rows"].append(measure(row, args.dtype, args.repeats))
+        report["rows"].append(measure(row, args.dtype, args.repeats, how))
     print(format_table(report))
     if args.json:
         Path(args.json).write_text(json.dumps(report, indent=1))

@@ -27,8 +27,7 @@ if __package__ in (None, ""):
 import torch
 from tabulate import tabulate
 
-from bench import train_bench
-from bench.train_bench import VARIANTS, Step, model_and_inputs, variant
+from bench.train_bench import VARIANTS, Compile, Step, model_and_inputs, variant
 
 STEPS = 5
 GEMM_MARKERS = ("gemm", "nvjet", "cutlass", "sm90_xmma", "cublas")
@@ -70,7 +69,7 @@ def cpu_and_wall_us(step: Step, rounds: int = 5) -> tuple[float, float]:
     return statistics.median(cpu), statistics.median(wall)
 
 
-def profile_row(row: str, dtype: str, top: int) -> tuple[list, str]:
+def profile_row(row: str, dtype: str, top: int, how: Compile) -> tuple[list, str]:
     """The row's summary lines (one a variant) and its per-kernel tables."""
     torch._dynamo.reset()
     torch.manual_seed(0)
@@ -78,7 +77,7 @@ def profile_row(row: str, dtype: str, top: int) -> tuple[list, str]:
     inputs = fresh()
     summary, details = [], []
     for name in VARIANTS:
-        step = Step(*variant(model, name), dtype, [t.clone() for t in inputs])
+        step = Step(*variant(model, name, how), dtype, [t.clone() for t in inputs])
         for _ in range(3):
             step.forward_backward()
         kernels = kernel_times(step)
@@ -103,11 +102,10 @@ def main() -> int:
     parser.add_argument("--policy", default="fastest", choices=("fastest", "always"))
     args = parser.parse_args()
     torch.backends.cuda.matmul.allow_tf32 = False
-    train_bench.POLICY = args.policy
     summary, details = [], []
     for row in args.rows.split(","):
         print(f"[train_profile] {row}", file=sys.stderr, flush=True)
-        row_summary, row_details = profile_row(row, args.dtype, args.top)
+        row_summary, row_details = profile_row(row, args.dtype, args.top, Compile(args.policy))
         summary += row_summary
         details.append(row_details)
     print(f"{datetime.date.today()}  {torch.cuda.get_device_name()}  torch {torch.__version__}  "

@@ -12,9 +12,12 @@ import fxfuse
 TOLERANCE = {torch.float64: 1e-7, torch.float32: 1e-4, torch.bfloat16: 1e-2, torch.float16: 1e-2}
 
 
-def compile_fxfuse(model: torch.nn.Module, **options):
+def compile_fxfuse(model: torch.nn.Module, mode: str | None = None, **options):
     """fxfuse with the reference kernel on CPU, and every chain fused (policy "always"): the tests
-    specify what fusion does, also where the default policy would leave a chain to Inductor."""
+    specify what fusion does, also where the default policy would leave a chain to Inductor.
+    With a ``mode`` the options are fxfuse's defaults: torch.compile takes a mode or options."""
+    if mode is not None:
+        return torch.compile(model, backend="fxfuse", mode=mode)
     return torch.compile(model, backend="fxfuse", options={"allow_cpu": True, "policy": "always", **options})
 
 
@@ -28,11 +31,13 @@ def check_against_eager(
     grads: bool = False,
     device: str = "cpu",
     autocast: torch.dtype | None = None,
+    mode: str | None = None,
 ) -> fxfuse.Report:
     """Run eager and fxfuse side by side on ``draws`` fresh inputs; assert outputs, dtypes,
     buffers (BatchNorm statistics) and, with ``grads``, input and parameter gradients agree.
     Returns the coverage report of the compiled model. With ``autocast`` both run under
-    ``torch.autocast(device, autocast)`` over a ``dtype`` model (the tolerance is autocast's).
+    ``torch.autocast(device, autocast)`` over a ``dtype`` model (the tolerance is autocast's);
+    ``mode`` is torch.compile's (it reaches Inductor).
 
     A bf16/fp16 output or gradient agrees when it is within the tolerance of eager's, or -- where
     rounding noise dominates it (a parameter a training BatchNorm nearly cancels: S07's scale,
@@ -41,7 +46,7 @@ def check_against_eager(
     fxfuse.reset_report()
     eager = make_model().to(device=device, dtype=dtype).train(train)
     fused = copy.deepcopy(eager)
-    compiled = compile_fxfuse(fused)
+    compiled = compile_fxfuse(fused, mode=mode)
     tol = TOLERANCE[autocast or dtype]
     region = torch.autocast(device, dtype=autocast, enabled=autocast is not None)
     for _ in range(draws):
