@@ -76,7 +76,22 @@ def fuse(gm: GraphModule, allow_cpu: bool = False, policy: str = "fastest") -> G
         record([])
         return gm
     record(chains)
-    return GraphModule(gm, graph)
+    return _with_dynamos_metadata(GraphModule(gm, graph), gm)
+
+
+def _with_dynamos_metadata(fused: GraphModule, gm: GraphModule) -> GraphModule:
+    """``fused`` carrying what Dynamo attached to ``gm`` for AOTAutograd: the graph's meta (its
+    compile id), the parameters' sources and each placeholder's source. Without them AOTAutograd
+    takes the graph for one Dynamo did not capture: no parameter or buffer counts as a static
+    input, and CUDA graphs skip any graph that updates a buffer (a training BatchNorm's running
+    statistics)."""
+    fused.meta.update(gm.meta)
+    if hasattr(gm, "_param_name_to_source"):
+        fused._param_name_to_source = gm._param_name_to_source
+    for old, new in zip(gm.graph.find_nodes(op="placeholder"), fused.graph.find_nodes(op="placeholder"), strict=True):
+        if hasattr(old, "_dynamo_source"):
+            new._dynamo_source = old._dynamo_source
+    return fused
 
 
 def _build(chains: list[Chain]) -> list[Chain]:

@@ -48,6 +48,17 @@ def test_a_graph_with_other_ops_goes_to_inductor(row_id, inductor_calls):
     assert inductor_calls  # (compile_fx may re-enter itself)
 
 
+def test_inductor_gets_dynamos_metadata_with_the_fused_graph(inductor_calls):
+    """AOTAutograd reads Dynamo's compile id, parameter sources and placeholder sources off the
+    graph: with them parameters and buffers are static inputs (CUDA graphs capture a graph that
+    updates BatchNorm's running statistics)."""
+    run("S03")
+    gm = inductor_calls[0]
+    assert "dynamo_compile_id" in gm.meta and hasattr(gm, "_param_name_to_source")
+    assert all(hasattr(p, "_dynamo_source") for p in gm.graph.find_nodes(op="placeholder"))
+    assert any(n.target is torch.ops.fxfuse.linear_epilogue.default for n in gm.graph.nodes)
+
+
 def test_a_mode_or_an_option_for_inductor_always_reaches_it(inductor_calls):
     run("S01", options={"max_autotune": False})
     assert inductor_calls  # (compile_fx may re-enter itself)

@@ -84,11 +84,16 @@ def test_autocast_on_cuda(row, dtype):
 @pytest.mark.parametrize("train", [True, False], ids=["train", "inference"])
 @pytest.mark.parametrize("row_id", ["S01", "S03", "S04"])
 def test_cuda_graphs_mode_runs_the_fused_ops(row_id, train):
-    """mode="reduce-overhead" (Inductor's CUDA graphs) captures the fused op like any other kernel:
-    outputs, gradients and BatchNorm statistics as eager's, step after step."""
+    """mode="reduce-overhead" (Inductor's CUDA graphs) captures the fused op like any other kernel,
+    and every graph, one that updates BatchNorm's running statistics too: outputs, gradients and
+    BatchNorm statistics as eager's, step after step."""
+    from torch._dynamo.utils import counters
+
+    counters.clear()
     mod = suite.load(suite.get_row(row_id))
     report = check_against_eager(
         lambda: mod.Model(*mod.get_init_inputs("small")), lambda: mod.get_inputs("small"),
         dtype=torch.bfloat16, device="cuda", train=train, grads=train, mode="reduce-overhead",
     )
     assert [r.fused for r in report.rows] == EXPECTED_FUSED[row_id]
+    assert counters["inductor"]["cudagraph_skips"] == 0
