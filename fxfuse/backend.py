@@ -85,10 +85,13 @@ def _with_dynamos_metadata(fused: GraphModule, gm: GraphModule) -> GraphModule:
     takes the graph for one Dynamo did not capture: no parameter or buffer counts as a static
     input, and CUDA graphs skip any graph that updates a buffer (a training BatchNorm's running
     statistics)."""
+    old_inputs, new_inputs = gm.graph.find_nodes(op="placeholder"), fused.graph.find_nodes(op="placeholder")
+    if len(old_inputs) != len(new_inputs):  # (the rewrite adds no input; were it to, stay unmarked)
+        return fused
     fused.meta.update(gm.meta)
     if hasattr(gm, "_param_name_to_source"):
         fused._param_name_to_source = gm._param_name_to_source
-    for old, new in zip(gm.graph.find_nodes(op="placeholder"), fused.graph.find_nodes(op="placeholder"), strict=True):
+    for old, new in zip(old_inputs, new_inputs):
         if hasattr(old, "_dynamo_source"):
             new._dynamo_source = old._dynamo_source
     return fused
