@@ -61,7 +61,7 @@ class Chain:
     params: list[Node] = field(default_factory=list)
     batch_norm_update: BatchNormUpdate | None = None
     dtype: torch.dtype | None = None  # the GEMM's output dtype, the chain's element type
-    autocast: torch.dtype | None = None  # set when autocast casts the GEMM's operands to it
+    casts_operands: bool = False  # autocast casts the GEMM's operands to ``dtype``
     stops_at_wider_dtype: bool = False  # growth ended at an op computing in another dtype
 
 
@@ -134,7 +134,7 @@ class _Matcher:
         self.snapshots: list[_Snapshot] = []
         self._downstream: set[Node] | None = None
         self.dtype: torch.dtype | None = None  # the GEMM's output dtype: the chain's element type
-        self.autocast: torch.dtype | None = None
+        self.casts_operands = False
         self.stopped_at_wider_dtype = False
 
     # -- driver -------------------------------------------------------------------------------
@@ -189,7 +189,7 @@ class _Matcher:
             self.params[: best.n_params],
             best.batch_norm_update,
             self.dtype,
-            self.autocast,
+            self.casts_operands,
             self.stopped_at_wider_dtype and shrink_reason is None,
         )
 
@@ -227,7 +227,7 @@ class _Matcher:
         if any(t.dtype != self.dtype for t in tensors):
             if not _autocast_casts_to(self.gemm, x.device.type, self.dtype):
                 raise Stop("GEMM operands differ in dtype")  # eager raises; so does the graph
-            self.autocast = self.dtype  # autocast casts the operands to its dtype
+            self.casts_operands = True  # autocast casts them to its dtype, the GEMM's
         if x.device.type == "cpu" and not self.allow_cpu:
             raise Stop("CPU tensors (set FXFUSE_ALLOW_CPU=1 or options={'allow_cpu': True})")
         if x.device.type not in ("cpu", "cuda"):

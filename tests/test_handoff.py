@@ -26,12 +26,11 @@ def inductor_calls(monkeypatch):
     return calls
 
 
-def run(row_id: str, **compile_kwargs) -> None:
+def run(row_id: str, **options) -> None:
     torch.manual_seed(0)
     model, inputs = build(row_id, "small")
-    options = {"allow_cpu": True, "policy": "always", **compile_kwargs.pop("options", {})}
     expected = model(*inputs)
-    actual = torch.compile(model, backend="fxfuse", options=options, **compile_kwargs)(*inputs)
+    actual = compile_fxfuse(model, **options)(*inputs)
     torch.testing.assert_close(actual, expected, atol=1e-4, rtol=1e-4)
 
 
@@ -60,7 +59,7 @@ def test_inductor_gets_dynamos_metadata_with_the_fused_graph(inductor_calls):
 
 
 def test_a_mode_or_an_option_for_inductor_always_reaches_it(inductor_calls):
-    run("S01", options={"max_autotune": False})
+    run("S01", max_autotune=False)
     assert inductor_calls  # (compile_fx may re-enter itself)
 
 
