@@ -1,4 +1,6 @@
-// The pointwise vocabulary as device functions: one per row of fxfuse/vocabulary.py.
+// The pointwise vocabulary as device functions: one per row of fxfuse/vocabulary.py, and its
+// derivative (`_bwd`: the gradient of the operand from the output's gradient g, the operand and the
+// output y), as eager's CUDA backward kernels compute it.
 //
 // Each follows eager PyTorch's own CUDA formula (float opmath) so that NaN/Inf behave as in
 // torch: comparisons are written so a NaN operand falls through to the NaN-producing branch, and
@@ -112,3 +114,147 @@ FX_FN float fx_minimum(float a, float b) {
 FX_FN float fx_round_bf16(float x) { return __bfloat162float(__float2bfloat16_rn(x)); }
 
 FX_FN float fx_round_fp16(float x) { return __half2float(__float2half_rn(x)); }
+
+// ---------------------------------------------------------------------------------------------
+// Derivatives: f_bwd(g, operand(s), y, attrs...) is the operand's gradient, as eager's CUDA
+// backward kernel for f computes it (float opmath). The generated backward kernel
+// (fxfuse/cuda/gradient.py) chains them in reverse order.
+
+// threshold_backward(g, y, 0): NaN y passes the gradient
+FX_FN float fx_relu_bwd(float g, float x, float y) { (void)x; return y <= 0.0f ? 0.0f : g; }
+
+FX_FN float fx_leaky_relu_bwd(float g, float x, float y, float slope) { (void)y; return x > 0.0f ? g : g * slope; }
+
+// gelu_backward(approximate="none")
+FX_FN float fx_gelu_bwd(float g, float x, float y) {
+  (void)y;
+  const float kBeta = 0.3989422804014327f;  // M_2_SQRTPI * M_SQRT1_2 * 0.5
+  const float kAlpha = 0.70710678118654752440f;
+  const float cdf = 0.5f * (1.0f + erff(x * kAlpha));
+  const float pdf = expf(-0.5f * x * x) * kBeta;
+  return g * (cdf + x * pdf);
+}
+
+// gelu_backward(approximate="tanh")
+FX_FN float fx_gelu_tanh_bwd(float g, float x, float y) {
+  (void)y;
+  const float kBeta = 0.7978845608028654f;  // M_SQRT2 * M_2_SQRTPI * 0.5
+  const float kKappa = 0.044715f;
+  const float x_sq = x * x;
+  const float x_cube = x_sq * x;
+  const float inner = kBeta * (x + kKappa * x_cube);
+  const float tanh_inner = tanhf(inner);
+  const float left = 0.5f * x;
+  const float right = 1.0f + tanh_inner;
+  const float left_derivative = 0.5f * right;
+  const float tanh_derivative = 1.0f - tanh_inner * tanh_inner;
+  const float inner_derivative = kBeta * (1.0f + 3.0f * kKappa * x_sq);
+  const float right_derivative = left * tanh_derivative * inner_derivative;
+  return g * (left_derivative + right_derivative);
+}
+
+FX_FN float fx_silu_bwd(float g, float x, float y) {
+  (void)y;
+  const float s = 1.0f / (1.0f + expf(-x));
+  return g * s * (1.0f + x * (1.0f - s));
+}
+
+// sigmoid_backward(g, y) and tanh_backward(g, y) read the output
+FX_FN float fx_sigmoid_bwd(float g, float x, float y) { (void)x; return g * (1.0f - y) * y; }
+
+FX_FN float fx_tanh_bwd(float g, float x, float y) { (void)x; return g * (1.0f - y * y); }
+
+FX_FN float fx_mish_bwd(float g, float x, float y) {
+  (void)y;
+  const float s = 1.0f / (1.0f + expf(-x));
+  const float t = tanhf(log1pf(expf(x)));
+  return g * (t + x * s * (1.0f - t * t));
+}
+
+// clamp's gradient flows where lo <= x <= hi (NaN x: none); hardtanh's is zero at the bounds
+// themselves and passes for NaN x (hardtanh_backward)
+FX_FN float fx_clamp_bwd(float g, float x, float y, float lo, float hi) {
+  (void)y;
+  return (x >= lo && x <= hi) ? g : 0.0f;
+}
+
+FX_FN float fx_hardtanh_bwd(float g, float x, float y, float lo, float hi) {
+  (void)y;
+  return (x <= lo || x >= hi) ? 0.0f : g;
+}
+
+FX_FN float fx_clamp_min_bwd(float g, float x, float y, float lo) { (void)y; return x >= lo ? g : 0.0f; }
+
+FX_FN float fx_clamp_max_bwd(float g, float x, float y, float hi) { (void)y; return x <= hi ? g : 0.0f; }
+
+FX_FN float fx_hardswish_bwd(float g, float x, float y) {
+  (void)y;
+  if (x <= -3.0f) return 0.0f;
+  if (x < 3.0f) return g * ((x / 3.0f) + 0.5f);
+  return g;
+}
+
+FX_FN float fx_hardsigmoid_bwd(float g, float x, float y) {
+  (void)y;
+  return (x > -3.0f && x < 3.0f) ? g * (1.0f / 6.0f) : 0.0f;
+}
+
+// elu_backward(g, alpha, scale=1, input_scale=1, is_result=false, x)
+FX_FN float fx_elu_bwd(float g, float x, float y, float alpha) {
+  (void)y;
+  return x <= 0.0f ? g * 1.0f * alpha * expf(x * 1.0f) : g * 1.0f;
+}
+
+// selu's gradient is elu_backward with selu's alpha and scale
+FX_FN float fx_selu_bwd(float g, float x, float y) {
+  (void)y;
+  const float kScale = 1.0507009873554804934193349852946f;
+  const float kNegCoef = 1.7580993175506592f;
+  return x <= 0.0f ? g * 1.0f * kNegCoef * expf(x * 1.0f) : g * kScale;
+}
+
+FX_FN float fx_softplus_bwd(float g, float x, float y, float beta, float threshold) {
+  (void)y;
+  const float z = expf(x * beta);
+  return (x * beta) > threshold ? g : g * z / (z + 1.0f);
+}
+
+// g * sgn(x), sgn(NaN) = 0
+FX_FN float fx_abs_bwd(float g, float x, float y) {
+  (void)y;
+  const float sign = static_cast<float>((0.0f < x) - (x < 0.0f));
+  return g * sign;
+}
+
+FX_FN float fx_exp_bwd(float g, float x, float y) { (void)x; return g * y; }
+
+// torch.maximum/minimum: the gradient goes to the larger (smaller) operand, half to each on a tie,
+// all of it to both where either is NaN
+FX_FN float fx_maximum_bwd(float g, float a, float b, float y) {
+  (void)y;
+  const float h = a == b ? g / 2.0f : g;
+  return a < b ? 0.0f : h;
+}
+
+FX_FN float fx_maximum_bwd_other(float g, float a, float b, float y) {
+  (void)y;
+  const float h = a == b ? g / 2.0f : g;
+  return a > b ? 0.0f : h;
+}
+
+FX_FN float fx_minimum_bwd(float g, float a, float b, float y) {
+  (void)y;
+  const float h = a == b ? g / 2.0f : g;
+  return a > b ? 0.0f : h;
+}
+
+FX_FN float fx_minimum_bwd_other(float g, float a, float b, float y) {
+  (void)y;
+  const float h = a == b ? g / 2.0f : g;
+  return a < b ? 0.0f : h;
+}
+
+// A rounding point's gradient is the incoming one rounded (eager hands a bf16/fp16 gradient on)
+FX_FN float fx_round_bf16_bwd(float g, float x, float y) { (void)x; (void)y; return fx_round_bf16(g); }
+
+FX_FN float fx_round_fp16_bwd(float g, float x, float y) { (void)x; (void)y; return fx_round_fp16(g); }

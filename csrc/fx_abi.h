@@ -8,7 +8,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#define FX_ABI_VERSION 3
+#define FX_ABI_VERSION 4
 
 // Widest row the row kernel holds in registers (64 floats a thread, 512 threads a row).
 #define FX_MAX_N 32768
@@ -52,6 +52,20 @@ struct FxLaunch {
   int32_t flags;          // FxFlags
 };
 
+// The backward kernel of a pointwise program: dy = the GEMM output's gradient, and column sums.
+struct FxGradLaunch {
+  const void* y;          // (m, n) row-major saved GEMM output, dtype of the module
+  const void* g;          // (m, n) row-major gradient of the op's output, same dtype
+  void* dy;               // (m, n) row-major gradient of the GEMM output, written
+  float* partial;         // [1 + num_params][grad_chunks(m, n, sm_count)][n] float32, written:
+                          // per chunk of rows, the sums of dy and of each parameter's gradient
+  const FxParam* params;  // num_params entries, in program order
+  int64_t m;
+  int64_t n;
+  int32_t num_params;
+  int32_t sm_count;
+};
+
 struct FxProgramInfo {
   int32_t abi_version;
   int32_t dtype;           // FxDtype of x, weight and the output
@@ -66,4 +80,7 @@ struct FxProgramInfo {
   int64_t (*workspace_floats)(int64_t m, int64_t n, int32_t sm_count);
   // Enqueues the kernels on `stream` (a cudaStream_t); returns null or an error message.
   const char* (*launch)(const FxLaunch* args, void* stream);
+  int32_t has_grad;  // 1 when the module carries the program's backward kernel (pointwise programs)
+  int64_t (*grad_chunks)(int64_t m, int64_t n, int32_t sm_count);
+  const char* (*launch_grad)(const FxGradLaunch* args, void* stream);
 };

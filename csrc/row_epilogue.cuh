@@ -1257,6 +1257,8 @@ struct Launcher {
 
 }  // namespace fx
 
+#include "grad_epilogue.cuh"
+
 #if defined(_WIN32)
 #define FX_EXPORT __declspec(dllexport)
 #else
@@ -1275,7 +1277,10 @@ struct Launcher {
                                        PROG::kParamIsCol,                                            \
                                        &fx::Launcher<PROG, T>::supports,                             \
                                        &fx::Launcher<PROG, T>::workspace_floats,                     \
-                                       &fx::Launcher<PROG, T>::launch};                              \
+                                       &fx::Launcher<PROG, T>::launch,                               \
+                                       PROG::kHasGrad ? 1 : 0,                                       \
+                                       &fx::GradLauncher<PROG, T>::chunks,                           \
+                                       &fx::GradLauncher<PROG, T>::launch};                          \
     return &info;                                                                                    \
   }
 

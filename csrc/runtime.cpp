@@ -1,4 +1,5 @@
-// The per-call path of the fused op's CUDA kernel: checks, GEMM through ATen (cuBLAS(Lt), bias
+// The per-call path of the fused op's CUDA kernels (forward, and the backward of pointwise
+// programs): checks, GEMM through ATen (cuBLAS(Lt), bias
 // epilogue, TF32 as eager), output allocation from the caching allocator, and the launch of a
 // program module's kernels on the current stream. No host synchronisation, so CUDA graphs capture
 // it. Built once per toolchain; program modules (csrc/row_epilogue.cuh) are reached through the
@@ -190,6 +191,66 @@ Result run(int64_t info_address, const Tensor& x, const Tensor& weight, const st
   return std::make_tuple(out, stats, save_gemm ? y : at::empty({0}, y.options()));
 }
 
+using GradOutputs = std::tuple<Tensor, Tensor>;  // (dgemm, sums), as fxfuse::epilogue_backward
+
+// The backward kernel of a pointwise program: from the saved GEMM output y and the output's
+// gradient, the GEMM output's gradient and the (1 + num_params, n) float32 column sums (of it, and
+// of each parameter's gradient). nullopt where the kernel does not cover the call.
+std::optional<GradOutputs> run_grad(int64_t info_address, const Tensor& grad, const Tensor& y, at::TensorList params) {
+  if (info_address == 0) return std::nullopt;
+  const auto* info = reinterpret_cast<const FxProgramInfo*>(info_address);
+  TORCH_CHECK(info->abi_version == FX_ABI_VERSION, "fxfuse: program module ABI ", info->abi_version,
+              " != runtime ABI ", FX_ABI_VERSION);
+  if (!info->has_grad || y.dim() < 1 || !on_kernel_device(y) || !on_kernel_device(grad)) return std::nullopt;
+  if (scalar_type_of(info->dtype) != y.scalar_type() || grad.scalar_type() != y.scalar_type()) return std::nullopt;
+  if (grad.sizes() != y.sizes() || grad.device() != y.device()) return std::nullopt;
+  if (static_cast<int64_t>(params.size()) != info->num_params) return std::nullopt;
+  const int64_t n = y.size(-1);
+  const int64_t m = n > 0 ? y.numel() / n : 0;
+
+  at::AutoDispatchBelowADInplaceOrView below_autograd;
+#if !defined(FX_EMULATE)
+  const c10::cuda::OptionalCUDAGuard device_guard(y.device());
+#endif
+  const DeviceFacts facts = device_facts(y.device().is_cpu() ? 0 : y.get_device());
+  std::vector<Tensor> kept;
+  std::vector<FxParam> fx_params;
+  for (size_t i = 0; i < params.size(); ++i) {
+    std::optional<Tensor> q = kernel_param(params[i], info->param_is_col[i] != 0, n, y);
+    if (!q) return std::nullopt;
+    kept.push_back(*q);
+    fx_params.push_back(FxParam{q->data_ptr(), *code_of(q->scalar_type()), 0});
+  }
+  const Tensor y_c = y.contiguous();
+  const Tensor g_c = grad.contiguous();  // an expanded gradient (of a sum, say) is materialised
+  Tensor dy = at::empty(y.sizes(), y.options().memory_format(at::MemoryFormat::Contiguous));
+  const int64_t sums = 1 + info->num_params;
+  const int64_t chunks = info->grad_chunks(m, n, facts.sm_count);
+  const auto floats = y.options().dtype(at::kFloat);
+  if (m == 0 || n == 0 || chunks == 0) return std::make_tuple(dy, at::zeros({sums, n}, floats));
+  Tensor partial = at::empty({sums, chunks, n}, floats);
+
+  FxGradLaunch launch{};
+  launch.y = y_c.data_ptr();
+  launch.g = g_c.data_ptr();
+  launch.dy = dy.data_ptr();
+  launch.partial = partial.data_ptr<float>();
+  launch.params = fx_params.data();
+  launch.m = m;
+  launch.n = n;
+  launch.num_params = static_cast<int32_t>(fx_params.size());
+  launch.sm_count = facts.sm_count;
+#if defined(FX_EMULATE)
+  void* stream = nullptr;
+#else
+  void* stream = c10::cuda::getCurrentCUDAStream(y.get_device()).stream();
+#endif
+  const char* error = info->launch_grad(&launch, stream);
+  TORCH_CHECK(error == nullptr, "fxfuse: backward kernel launch failed: ", error);
+  Tensor total = chunks == 1 ? partial.select(1, 0) : partial.sum(1);
+  return std::make_tuple(dy, total);
+}
+
 Result run_py(int64_t info_address, const Tensor& x, const Tensor& weight, const std::optional<Tensor>& bias,
               const std::vector<Tensor>& params, int64_t flags, const std::optional<Tensor>& out_buffer,
               bool save_gemm) {
@@ -217,6 +278,11 @@ class ProgramTable {
     flags_ = flags;
   }
   PyObject* fallback() const { return fallback_; }
+  void set_grad_fallback(py::object fallback) {
+    const std::lock_guard<std::mutex> guard(mutex_);
+    grad_fallback_ = fallback.release().ptr();  // kept for the life of the process
+  }
+  PyObject* grad_fallback() const { return grad_fallback_; }
   void set_autograd(py::object autograd) {
     const std::lock_guard<std::mutex> guard(mutex_);
     autograd_ = autograd.release().ptr();  // kept for the life of the process
@@ -235,6 +301,7 @@ class ProgramTable {
   std::mutex mutex_;
   std::unordered_map<std::string, int64_t> table_;
   PyObject* fallback_ = nullptr;
+  PyObject* grad_fallback_ = nullptr;
   PyObject* autograd_ = nullptr;
   int64_t flags_ = 0;
 };
@@ -261,6 +328,27 @@ Outputs linear_epilogue_kernel(c10::string_view program, const Tensor& x, const 
   py::object out = fallback(std::string(program.data(), program.size()), x, weight, bias,
                             std::vector<Tensor>(params.begin(), params.end()), py::arg("save_gemm") = save_gemm);
   return out.cast<Outputs>();
+}
+
+// fxfuse::epilogue_backward's kernel: the program module's backward kernel where it covers the
+// call, else the Python engine (which runs the reference).
+GradOutputs epilogue_backward_kernel(c10::string_view program, const Tensor& grad, const Tensor& gemm,
+                                     at::TensorList params) {
+  ProgramTable& table = programs();
+  const std::optional<int32_t> dtype = code_of(gemm.scalar_type());
+  if (dtype) {
+    const int64_t info = table.find(program, *dtype, gemm.is_cpu() ? -1 : gemm.get_device());
+    if (info != 0) {
+      std::optional<GradOutputs> result = run_grad(info, grad, gemm, params);
+      if (result) return *result;
+    }
+  }
+  TORCH_CHECK(table.grad_fallback() != nullptr, "fxfuse: runtime used before the engine registered its fallback");
+  py::gil_scoped_acquire gil;
+  py::handle fallback(table.grad_fallback());
+  py::object out = fallback(std::string(program.data(), program.size()), grad, gemm,
+                            std::vector<Tensor>(params.begin(), params.end()));
+  return out.cast<GradOutputs>();
 }
 
 #if !defined(FX_EMULATE)
@@ -316,7 +404,10 @@ bool register_autograd(py::object autograd) {
 }  // namespace
 
 #if !defined(FX_EMULATE)
-TORCH_LIBRARY_IMPL(fxfuse, CUDA, m) { m.impl("linear_epilogue", &linear_epilogue_kernel); }
+TORCH_LIBRARY_IMPL(fxfuse, CUDA, m) {
+  m.impl("linear_epilogue", &linear_epilogue_kernel);
+  m.impl("epilogue_backward", &epilogue_backward_kernel);
+}
 #endif
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
@@ -335,6 +426,16 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def(
       "set_fallback", [](py::object fallback, int64_t flags) { programs().set_fallback(fallback, flags); },
       "The Python callable for calls the registered programs do not cover, and the FxFlags to launch with");
+  m.def(
+      "set_grad_fallback", [](py::object fallback) { programs().set_grad_fallback(fallback); },
+      "The Python callable for backward calls the registered programs do not cover");
+  m.def(
+      "run_grad",
+      [](int64_t info, const Tensor& grad, const Tensor& gemm, const std::vector<Tensor>& params) {
+        return run_grad(info, grad, gemm, params);
+      },
+      "The backward kernel of a pointwise program: (dgemm, column sums); None when it does not cover the call",
+      py::arg("info"), py::arg("grad"), py::arg("gemm"), py::arg("params"));
 #if !defined(FX_EMULATE)
   m.def("register_autograd", &register_autograd,
         "Serve the op's AutogradCUDA key in C++, calling this Python autograd implementation "

@@ -9,13 +9,17 @@ unbiased variance of a training-mode BatchNorm stage, which the rewritten graph 
 running statistics with ordinary ops (empty when the program has no such stage); gemm is the GEMM
 output when ``save_gemm`` asks for it (a graph that will run backward), else empty.
 
-The backward is plain torch ops: dY by autograd through the reference epilogue recomputed from the
-saved GEMM output, then dX = dY W, dW = dYᵀ X and db = Σ dY as eager's linear computes them. Under
-torch.compile AOTAutograd traces it into the backward graph, so Inductor fuses the epilogue's
-recompute and derivative into its kernels and runs the two GEMMs on cuBLAS.
+The backward starts from the saved GEMM output. dY comes from autograd through the reference
+epilogue, plain torch ops that AOTAutograd traces into the backward graph for Inductor to fuse. A
+pointwise program also has a generated backward, ``torch.ops.fxfuse.epilogue_backward`` (opt-in,
+``FXFUSE_GENERATED_BACKWARD=1``): one kernel that writes dY and, in the same pass, the column sums
+for db and for each parameter's gradient (its CPU kernel is autograd through the reference). Then dX = dY W and dW = dYᵀ X as
+eager's linear computes them (cuBLAS, in Inductor's graph).
 """
 
 from __future__ import annotations
+
+import os
 
 import torch
 
@@ -66,10 +70,51 @@ def _backward(ctx, grad_out, grad_stats, grad_gemm):
         y = saved
     else:  # called without save_gemm: recompute the GEMM
         y = reference.gemm(x, weight, saved if ctx.has_bias else None)
-    dx, dweight, dbias, dparams = reference.backward(
-        Program.parse(ctx.program), grad_out, x, weight, y, ctx.has_bias, params
-    )
+    program = Program.parse(ctx.program)
+    if not _has_generated_backward(program):
+        dx, dweight, dbias, dparams = reference.backward(program, grad_out, x, weight, y, ctx.has_bias, params)
+        return None, dx, dweight, dbias, dparams, None
+    dy, sums = epilogue_backward(ctx.program, grad_out, y, params)
+    dx, dweight = reference.linear_grads(dy, x, weight)
+    dbias = sums[0].to(y.dtype) if ctx.has_bias else None
+    dparams = [
+        # eager's gradient of a parameter is a sum of dtype products, rounded to the dtype once
+        (row if kind == "col" else row.sum()).to(y.dtype).to(p.dtype).reshape(p.shape)
+        for row, kind, p in zip(sums[1:], program.params, params)
+    ]
     return None, dx, dweight, dbias, dparams, None
+
+
+GENERATED_BACKWARD_ENV = "FXFUSE_GENERATED_BACKWARD"
+
+
+def _has_generated_backward(program: Program) -> bool:
+    """Whether the backward goes through the generated kernel: opt-in (``FXFUSE_GENERATED_BACKWARD=1``),
+    since it measured slower than Inductor's fusion of the same derivative on the suite's pointwise
+    rows (BENCHMARKS.md, section 6). Read when the backward is traced: a graph that torch's
+    compile caches already hold keeps the backward it was compiled with."""
+    if os.environ.get(GENERATED_BACKWARD_ENV) != "1":
+        return False
+    from .cuda.codegen import has_generated_backward
+
+    return has_generated_backward(program)
+
+
+@torch.library.custom_op("fxfuse::epilogue_backward", mutates_args=())
+def epilogue_backward(program: str, grad: Tensor, gemm: Tensor, params: list[Tensor]) -> tuple[Tensor, Tensor]:
+    """The backward of a pointwise ``program`` from its saved GEMM output: ``(dgemm, sums)``, sums
+    the (1 + len(params), N) float32 column sums of dgemm and of each parameter's gradient (a
+    scalar parameter's gradient is its row's sum). CUDA: the program module's generated kernel."""
+    if grad.is_cuda:  # until the CUDA runtime registers its C++ kernel for this op
+        from . import cuda
+
+        return cuda.engine.backward(program, grad, gemm, params)
+    return reference.pointwise_backward(Program.parse(program), grad, gemm, list(params))
+
+
+@epilogue_backward.register_fake
+def _epilogue_backward_fake(program, grad, gemm, params):
+    return torch.empty_like(gemm), gemm.new_empty((1 + len(params), gemm.shape[-1]), dtype=torch.float32)
 
 
 linear_epilogue.register_autograd(_backward, setup_context=_setup_context)

@@ -141,10 +141,21 @@ def backward(
     params: list[torch.Tensor],
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, list[torch.Tensor | None]]:
     """``(dx, dweight, dbias, dparams)`` of ``out = epilogue(linear(x, weight, bias))`` given the
-    GEMM output ``y``: dY by autograd through the epilogue recomputed from ``y`` (each stage's
-    derivative is eager's own: the vocabulary's and the norms' reference functions), then the
-    linear's gradients as eager's addmm/matmul backward computes them. Plain torch ops throughout,
-    so AOTAutograd traces them into the backward graph. None for a running statistic."""
+    GEMM output ``y``: dY by autograd through the epilogue (``epilogue_grads``), then the linear's
+    gradients as eager's addmm/matmul backward computes them. Plain torch ops throughout, so
+    AOTAutograd traces them into the backward graph. None for a running statistic."""
+    dy, dparams = epilogue_grads(program, grad_out, y, params)
+    dx, dweight = linear_grads(dy, x, weight)
+    dbias = dy.reshape(-1, dy.shape[-1]).sum(0) if has_bias else None
+    return dx, dweight, dbias, dparams
+
+
+def epilogue_grads(
+    program: Program, grad_out: torch.Tensor, y: torch.Tensor, params: list[torch.Tensor]
+) -> tuple[torch.Tensor, list[torch.Tensor | None]]:
+    """The gradients of the GEMM output ``y`` and of each parameter, by autograd through the
+    epilogue recomputed from ``y``: each stage's derivative is eager's own (the vocabulary's and
+    the norms' reference functions). None for a running statistic."""
     constant = program.constant_params
     with torch.enable_grad():
         y_leaf = y.detach().requires_grad_()
@@ -158,11 +169,37 @@ def backward(
     for p in leaves:
         g = next(rest) if p.requires_grad else None
         dparams.append(torch.zeros_like(p) if p.requires_grad and g is None else g)
-    if dy is None:
-        dy = torch.zeros_like(y)
+    return (torch.zeros_like(y) if dy is None else dy), dparams
+
+
+def linear_grads(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(dx, dweight)`` of ``linear(x, weight)`` from the output's gradient ``dy``."""
     n, k = weight.shape
     dy2 = dy.reshape(-1, n)
-    dx = (dy2 @ weight).reshape(x.shape)
-    dweight = dy2.t() @ x.reshape(-1, k)
-    dbias = dy2.sum(0) if has_bias else None
-    return dx, dweight, dbias, dparams
+    return (dy2 @ weight).reshape(x.shape), dy2.t() @ x.reshape(-1, k)
+
+
+def pointwise_backward(
+    program: Program, grad_out: torch.Tensor, y: torch.Tensor, params: list[torch.Tensor]
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``fxfuse::epilogue_backward``'s CPU kernel (and the oracle of the generated backward
+    kernel): ``(dy, sums)``, sums the (1 + len(params), N) float32 column sums of dy over the rows
+    and of each parameter's gradient. A column parameter's row holds its gradient; a scalar
+    parameter's gradient is its row's sum (here all of it in column 0). dy is never grad_out
+    itself (an op's output may not alias its input), even for an identity epilogue."""
+    # torch.func, not torch.autograd: an op's kernel runs below the autograd dispatch key
+    _, vjp = torch.func.vjp(lambda v, *ps: epilogue(program, v, list(ps))[0], y, *params)
+    dy, *dparams = vjp(grad_out)
+    if dy.untyped_storage().data_ptr() == grad_out.untyped_storage().data_ptr():
+        dy = dy.clone()
+    n = y.shape[-1]
+    sums = y.new_zeros((1 + len(params), n), dtype=torch.float32)
+    sums[0] = dy.reshape(-1, n).sum(0).float()  # eager sums in the dtype (float accumulation)
+    for i, (kind, g) in enumerate(zip(program.params, dparams)):
+        if g is None:
+            continue
+        if kind == "col":
+            sums[1 + i] = g.float().reshape(n)
+        else:
+            sums[1 + i, 0] = g.float().sum()
+    return dy, sums

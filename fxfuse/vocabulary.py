@@ -6,7 +6,8 @@ the CUDA device function the code generator emits a call to, and the scalar attr
 the operand (a slope, bounds, ...). Arithmetic (+ - * / and powers) is plain sympy and needs no row.
 
 Adding an activation is one row here, one spelling in ``fxfuse.patterns`` and one device function
-in ``csrc/epilogue_ops.cuh``.
+in ``csrc/epilogue_ops.cuh`` with its derivative beside it (``<device_fn>_bwd``, and
+``<device_fn>_bwd_other`` for a second operand: eager's CUDA backward formula).
 """
 
 from __future__ import annotations
@@ -25,9 +26,12 @@ class _Round(torch.autograd.Function):
     (fxfuse.reference.backward) rounds where eager's does."""
 
     @staticmethod
-    def forward(ctx, x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-        ctx.dtype = dtype
+    def forward(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
         return x.to(dtype).to(x.dtype)
+
+    @staticmethod
+    def setup_context(ctx, inputs, output) -> None:  # this form also works under torch.func
+        ctx.dtype = inputs[1]
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor):
@@ -43,6 +47,11 @@ class PointwiseFn:
     device_fn: str  # the CUDA device function in csrc/epilogue_ops.cuh
     attrs: tuple[str, ...] = ()  # scalar attributes after the operands, in call order
     operands: int = 1  # tensor operands (2 for maximum/minimum against a parameter)
+
+    @property
+    def device_backward(self) -> tuple[str, ...]:
+        """The device functions giving each operand's gradient, ``f(g, operands..., y, attrs...)``."""
+        return (f"{self.device_fn}_bwd", f"{self.device_fn}_bwd_other")[: self.operands]
 
 
 _ROWS = (

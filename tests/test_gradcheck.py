@@ -32,8 +32,12 @@ def columns(program) -> int:
     return 40 if 5 in groups else 16
 
 
+@pytest.mark.parametrize("generated", [False, True], ids=["autograd", "generated_backward_op"])
 @pytest.mark.parametrize("name", list(CASES))
-def test_gradients_match_finite_differences(name):
+def test_gradients_match_finite_differences(name, generated, monkeypatch):
+    """``generated``: through fxfuse::epilogue_backward where the program has one (pointwise)."""
+    if generated:
+        monkeypatch.setenv("FXFUSE_GENERATED_BACKWARD", "1")
     program = CASES[name]
     text = program.to_string()
     g = torch.Generator().manual_seed(0)

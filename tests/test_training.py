@@ -41,3 +41,26 @@ def test_the_adamw_loss_curve_matches_eager(device):
     the loss, which that bias cannot change, is the comparison."""
     eager_losses, fused_losses, _, _ = compare(steps=30, device=device)
     torch.testing.assert_close(torch.tensor(fused_losses), torch.tensor(eager_losses), rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("row_id", ["S01", "S10", "S13", "S14"])
+def test_the_generated_backward_path_matches_eager(monkeypatch, row_id, dtype):
+    """With FXFUSE_GENERATED_BACKWARD=1 a pointwise chain's backward graph calls
+    fxfuse::epilogue_backward (dY and the column sums for db in one op) and its gradients still
+    equal eager's."""
+    import fxfuse.op
+    from examples import suite
+    from support import check_against_eager
+
+    monkeypatch.setenv("FXFUSE_GENERATED_BACKWARD", "1")
+    # the flag is read when the backward is traced: a cached compiled graph keeps its old backward
+    monkeypatch.setattr(torch._functorch.config, "enable_autograd_cache", False)
+    monkeypatch.setattr(torch._inductor.config, "fx_graph_cache", False)
+    calls = []
+    original = torch.ops.fxfuse.epilogue_backward.default
+    monkeypatch.setattr(fxfuse.op, "epilogue_backward", lambda *a: calls.append(a[0]) or original(*a))
+    mod = suite.load(suite.get_row(row_id))
+    check_against_eager(lambda: mod.Model(*mod.get_init_inputs("small")), lambda: mod.get_inputs("small"),
+                        dtype=dtype, grads=True, draws=2)
+    assert calls, "the backward did not go through fxfuse::epilogue_backward"

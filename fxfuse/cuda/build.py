@@ -149,15 +149,27 @@ def csrc_digest(csrc: Path = CSRC) -> str:
     return h.hexdigest()
 
 
+@functools.lru_cache(maxsize=None)
+def generator_digest() -> str:
+    """Hash of the Python that writes the generated sources (code generator, printers, the
+    vocabulary): a change there must not reuse modules it generated before."""
+    package = Path(__file__).resolve().parents[1]
+    h = hashlib.sha256()
+    for name in ("cuda/codegen.py", "cuda/gradient.py", "cuda/printer.py", "vocabulary.py", "expr.py", "ir.py"):
+        h.update((package / name).read_bytes())
+    return h.hexdigest()
+
+
 def cache_key(kind: str, payload: str, target: Target, csrc: Path = CSRC) -> str:
-    """The module's cache key: kind, payload (program and dtype), csrc/, codegen version, torch and
-    CUDA versions, and the target."""
+    """The module's cache key: kind, payload (program and dtype), csrc/, the code generator (its
+    version and sources), torch and CUDA versions, and the target."""
     cuda = nvcc_version(target.cuda_home) if target.mode == "cuda" and target.cuda_home else "-"
     parts = [
         kind,
         payload,
         csrc_digest(csrc),
         codegen.CODEGEN_VERSION,
+        generator_digest(),
         torch.__version__,
         str(torch.version.cuda),
         cuda,

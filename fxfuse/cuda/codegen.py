@@ -16,9 +16,10 @@ import torch
 from .. import expr as E
 from ..ir import Norm, Pointwise, Program, Reduce, Stage
 from ..vocabulary import ROUNDING, call, is_rounding
+from .gradient import print_gradient
 from .printer import UnsupportedExpression, float_literal, print_expr
 
-CODEGEN_VERSION = "3"
+CODEGEN_VERSION = "4"
 
 ELEMENT_TYPES = {
     torch.float32: "float",
@@ -93,6 +94,7 @@ def _program_header(program: Program, dtype: torch.dtype, namespace: str) -> str
         rest_body = emitter.stages(rest, store=True)
     except UnsupportedExpression as error:
         raise UnsupportedProgram(str(error)) from None
+    grad_body = _grad_body(program, dtype)
     reduction = program.reduction
     kinds = [("1" if kind == "col" else "0") for kind in program.params] or ["0"]
     groups = [s.groups for s in program.stages if isinstance(s, Norm) and s.kind == "group"]
@@ -148,6 +150,15 @@ def _program_header(program: Program, dtype: torch.dtype, namespace: str) -> str
             "  FX_DEVICE static void rest(R& r) {",
             "    (void)r;",
             *_indent(rest_body, 4),
+            "  }",
+            "",
+            "  // the gradients of the GEMM output and of each parameter at one element (grad_epilogue.cuh)",
+            f"  static constexpr bool kHasGrad = {'true' if grad_body is not None else 'false'};",
+            "  FX_DEVICE static void grad(float x, float g, const float* p, float& dx, float* dp) {",
+            "    (void)x;",
+            "    (void)p;",
+            "    (void)dp;",
+            *_indent(grad_body if grad_body is not None else ["dx = g;"], 4),
             "  }",
             "};",
             "",
@@ -217,6 +228,28 @@ def _local_items(program: Program) -> int:
     on an H200, bf16 suite rows): group norms' shuffle trees want warps, one chunk a thread (S02,
     S04, S08, S17); pointwise and batch-norm chains want fewer, busier threads, four (S01, S03)."""
     return 1 if any(isinstance(s, Norm) and s.kind == "group" for s in program.stages) else 4
+
+
+def has_generated_backward(program: Program) -> bool:
+    """Whether the program's modules carry a backward kernel (pointwise programs whose derivative
+    prints; the dtype only changes where it rounds); otherwise the op's backward stays plain torch
+    ops for Inductor."""
+    return _grad_body(program, torch.float32) is not None
+
+
+def _grad_body(program: Program, dtype: torch.dtype) -> list[str] | None:
+    """The statements of ``Prog::grad``: the program's pointwise stages as one expression, its
+    forward and reverse sweep; None where the program has other stages or no printed derivative."""
+    if not all(isinstance(stage, Pointwise) for stage in program.stages):
+        return None
+    expression = E.X
+    for stage in program.stages:
+        expression = E.substitute(stage.expr, {E.X: expression})
+    try:
+        printed = print_gradient(expression, dtype, len(program.params))
+    except UnsupportedExpression:
+        return None
+    return [f"const float p{i} = p[{i}];" for i in sorted(printed.params)] + printed.lines
 
 
 def _batch_train_index(program: Program) -> int | None:

@@ -94,6 +94,7 @@ class Engine:
             runtime = build_runtime(self._target_for(device))
             self._flags = runtime.GROUP_NORM_ROUNDS_STATS if group_norm_rounds_stats(device) else 0
             runtime.set_fallback(self.call, self._flags)
+            runtime.set_grad_fallback(self.backward)
             if hasattr(runtime, "register_autograd"):  # the CUDA build
                 _register_autograd(runtime)
             self._runtime_module = runtime
@@ -135,6 +136,23 @@ class Engine:
             if result is not None:
                 return result
         return reference.op_forward(Program.parse(program), x, weight, bias, list(params), save_gemm)
+
+    def backward(self, program: str, grad, gemm, params):
+        """``fxfuse::epilogue_backward``: ``(dgemm, sums)`` by the program module's backward kernel,
+        or by the reference where the kernel does not cover the call."""
+        result = self.backward_kernel(program, grad, gemm, params)
+        if result is not None:
+            return result
+        return reference.pointwise_backward(Program.parse(program), grad, gemm, list(params))
+
+    def backward_kernel(self, program: str, grad, gemm, params):
+        """``(dgemm, sums)`` from the backward kernel; None where it does not cover the call."""
+        handle = self._handles.get((program, gemm.dtype, gemm.get_device()))
+        if handle is None:
+            handle = self._resolve(program, gemm.dtype, gemm.device)
+        if not handle or self._runtime_module is None:
+            return None
+        return self._runtime_module.run_grad(handle, grad, gemm, list(params))
 
     def covers(self, program: str, x, weight, bias, params) -> bool:
         """Whether ``call`` would run the kernels (tests): it does run them once."""

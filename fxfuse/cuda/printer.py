@@ -104,35 +104,48 @@ class _Printer:
         self.params.add(index)
         return _CValue(self, f"p{index}")
 
+    def emit(self, text: str, op: str, operands: tuple) -> "_CValue":
+        """A temporary holding ``text``, the result of primitive ``op`` on ``operands`` (the
+        gradient printer records these; here they only name the temporary)."""
+        return self.temp(text)
+
     def function(self, e: EpilogueFunction, args: list) -> "_CValue":
         row = e.row
         operands = [self.c(a) for a in args[: row.operands]]
         attrs = [float_literal(a) for a in args[row.operands :]]
-        return self.temp(f"{row.device_fn}({', '.join(operands + attrs)})")
+        return self.emit(f"{row.device_fn}({', '.join(operands + attrs)})", "call", (e, args))
 
     def binary(self, a: Value, op: str, b: Value) -> "_CValue":
         if op == "/" and isinstance(b, float):  # torch (CUDA): a * (1 / b), 1 / b in float32
-            return self.temp(f"{a} * {float_literal(float32_reciprocal(b))}")
+            return self.emit(f"{a} * {float_literal(float32_reciprocal(b))}", "div_const", (a, b))
         if op == "/" and isinstance(a, float):  # Tensor.__rtruediv__: reciprocal(b) * a
-            recip = self.temp(f"1.0f / {b}")
-            return self.temp(f"{recip} * {float_literal(a)}")
-        return self.temp(f"{self.c(a)} {op} {self.c(b)}")
+            recip = self.emit(f"1.0f / {b}", "reciprocal", (b,))
+            return self.emit(f"{recip} * {float_literal(a)}", "*", (recip, a))
+        return self.emit(f"{self.c(a)} {op} {self.c(b)}", op, (a, b))
+
+    def negate(self, a: Value) -> "_CValue":
+        return self.emit(f"-{a}", "neg", (a,))
 
     def power(self, base: Value, exponent: Value) -> "_CValue":
-        if isinstance(exponent, float):
-            special = {
-                0.0: "1.0f",
-                1.0: f"{base}",
-                2.0: f"{base} * {base}",
-                3.0: f"{base} * {base} * {base}",
-                0.5: f"sqrtf({base})",
-                -0.5: f"1.0f / sqrtf({base})",
-                -1.0: f"1.0f / {base}",
-                -2.0: f"1.0f / ({base} * {base})",
-            }
-            if exponent in special:
-                return self.temp(special[exponent])
-        return self.temp(f"powf({self.c(base)}, {self.c(exponent)})")
+        return self.emit(power_text(base, exponent), "pow", (base, exponent))
+
+
+def power_text(base: Value, exponent: Value) -> str:
+    """``base ** exponent`` as torch's CUDA pow computes it: its special exponents, else powf."""
+    if isinstance(exponent, float):
+        special = {
+            0.0: "1.0f",
+            1.0: f"{base}",
+            2.0: f"{base} * {base}",
+            3.0: f"{base} * {base} * {base}",
+            0.5: f"sqrtf({base})",
+            -0.5: f"1.0f / sqrtf({base})",
+            -1.0: f"1.0f / {base}",
+            -2.0: f"1.0f / ({base} * {base})",
+        }
+        if exponent in special:
+            return special[exponent]
+    return f"powf({_Printer.c(base)}, {_Printer.c(exponent)})"
 
 
 class _CValue:
@@ -153,7 +166,7 @@ class _CValue:
     def __rmul__(self, other): return self.printer.binary(other, "*", self)
     def __truediv__(self, other): return self.printer.binary(self, "/", other)
     def __rtruediv__(self, other): return self.printer.binary(other, "/", self)
-    def __neg__(self): return self.printer.temp(f"-{self}")
+    def __neg__(self): return self.printer.negate(self)
     def __pow__(self, other): return self.printer.power(self, other)
     def __rpow__(self, other): return self.printer.power(other, self)
 

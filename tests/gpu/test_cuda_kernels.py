@@ -15,6 +15,7 @@ import torch
 
 import fxfuse.cuda as fxcuda
 from fxfuse import reference
+from fxfuse.cuda import codegen
 from fxfuse.ir import Gemm, Norm, Program
 from programs import LOW_PRECISION, PROGRAMS, make_params, poison
 
@@ -31,6 +32,8 @@ def all_builds():
     pairs += [(PROGRAMS[n], d) for n in WIDE for d in (torch.float32, torch.bfloat16)]
     pairs += [(PROGRAMS["minus_and_negation"], torch.float16)]
     pairs += [(program, dtype) for _, dtype, program in small_group_cases()]
+    pairs += [(PROGRAMS[name], dtype) for name, dtype, *_ in (c.values for c in grad_cases())]
+    pairs += [(PROGRAMS[n], torch.bfloat16) for n in ("s14_silu_div_clamp_tanh", "scalar_param_pow", "vocabulary_2")]
     return pairs
 
 
@@ -283,3 +286,86 @@ def test_autograd_key_runs_in_cpp_and_records_gradients():
         expected = torch.autograd.grad(expected_out, expected_leaves, grad_out)
         for got, want in zip(grads, expected):
             torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+
+
+# -- the generated backward of pointwise programs ------------------------------------------------
+
+GRAD_PROGRAMS = [name for name, program in PROGRAMS.items() if codegen.has_generated_backward(program)]
+
+
+def grad_cases():
+    for name in GRAD_PROGRAMS:
+        dtypes = [torch.float32] + ([torch.bfloat16, torch.float16] if name in LOW_PRECISION else [])
+        for dtype in dtypes:
+            for m, n in [(7, 1000), (1, 8192), (33, 256), (5, 3), (4096, 1024)]:
+                yield pytest.param(name, dtype, m, n, id=f"{name}-{str(dtype)[6:]}-{m}x{n}")
+
+
+@pytest.mark.parametrize("name,dtype,m,n", list(grad_cases()))
+def test_backward_kernel_matches_reference(name, dtype, m, n):
+    """fxfuse::epilogue_backward through the dispatcher (the runtime's C++ kernel) against the
+    reference's autograd on the same CUDA tensors: dY and the column sums of dY and of each
+    parameter's gradient."""
+    program = PROGRAMS[name]
+    text = program.to_string()
+    for seed in range(DRAWS):
+        g = torch.Generator().manual_seed(seed)
+        y = (torch.randn(m, n, generator=g) * 2).to(DEVICE, dtype)
+        grad = torch.randn(m, n, generator=g).to(DEVICE, dtype)
+        pdtype = dtype if name in LOW_PRECISION else torch.float32
+        params = make_params(program, n, dtype=pdtype, device=DEVICE, generator=g)
+        assert fxcuda.engine.backward_kernel(text, grad, y, params) is not None, "the backward kernel did not run"
+        dy, sums = torch.ops.fxfuse.epilogue_backward(text, grad, y, params)
+        ref_dy, ref_sums = reference.pointwise_backward(program, grad, y, params)
+        tol = TOL[dtype]
+        torch.testing.assert_close(dy.float(), ref_dy.float(), rtol=tol, atol=tol, equal_nan=True)
+        scalar = [1 + i for i, kind in enumerate(program.params) if kind == "scalar"]
+        cols = [r for r in range(sums.shape[0]) if r not in scalar]
+        torch.testing.assert_close(sums[cols], ref_sums[cols], rtol=tol, atol=tol * m ** 0.5, equal_nan=True)
+        if scalar:
+            torch.testing.assert_close(sums[scalar].sum(1), ref_sums[scalar].sum(1), rtol=tol, atol=tol * (m * n) ** 0.5)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("name", ["s01_scale_leaky", "s14_silu_div_clamp_tanh", "scalar_param_pow", "vocabulary_2"])
+def test_fused_op_gradients_equal_eager(name, dtype, monkeypatch):
+    """The fused op's backward (generated kernel, then the GEMMs) against eager autograd through
+    the reference: x, weight, bias and every parameter."""
+    monkeypatch.setenv("FXFUSE_GENERATED_BACKWARD", "1")
+    program = PROGRAMS[name]
+    text = program.to_string()
+    x, w, b, params = inputs(program, dtype, 64, 1000, 96, 0)
+    leaves = [t.detach().requires_grad_() for t in (x, w, b, *params) if t is not None]
+    out, *_ = torch.ops.fxfuse.linear_epilogue(text, *leaves[:2], leaves[2] if b is not None else None,
+                                               leaves[3 if b is not None else 2:], True)
+    grad = torch.randn_like(out)
+    got = torch.autograd.grad(out, leaves, grad)
+    ref_leaves = [t.detach().requires_grad_() for t in leaves]
+    ref_out, _ = reference.forward(program, *ref_leaves[:2], ref_leaves[2] if b is not None else None,
+                                   ref_leaves[3 if b is not None else 2:])
+    want = torch.autograd.grad(ref_out, ref_leaves, grad)
+    tol = TOL[dtype]
+    for a, e in zip(got, want):
+        assert a.dtype == e.dtype and a.shape == e.shape
+        scale = e.float().norm().item() / max(1, e.numel()) ** 0.5 + 1e-6
+        torch.testing.assert_close(a.float(), e.float(), rtol=tol, atol=tol * scale * 10)
+
+
+def test_backward_opcheck_and_cuda_graph():
+    program = PROGRAMS["s14_silu_div_clamp_tanh"]
+    text = program.to_string()
+    fxcuda.prepare(program, torch.bfloat16)
+    y = torch.randn(64, 4096, device=DEVICE, dtype=torch.bfloat16)
+    grad = torch.randn_like(y)
+    torch.library.opcheck(torch.ops.fxfuse.epilogue_backward.default, (text, grad, y, []))
+    static_grad = grad.clone()
+    torch.ops.fxfuse.epilogue_backward(text, static_grad, y, [])
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        static_dy, static_sums = torch.ops.fxfuse.epilogue_backward(text, static_grad, y, [])
+    for seed in range(2):
+        static_grad.copy_(torch.randn(grad.shape, generator=torch.Generator().manual_seed(seed)).to(grad))
+        graph.replay()
+        ref_dy, ref_sums = reference.pointwise_backward(program, static_grad, y, [])
+        torch.testing.assert_close(static_dy.float(), ref_dy.float(), rtol=1e-2, atol=1e-2)
+        torch.testing.assert_close(static_sums, ref_sums, rtol=1e-2, atol=0.1)

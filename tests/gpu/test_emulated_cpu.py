@@ -1,6 +1,7 @@
 """The shipped kernels and runtime, run by the host emulator on CPU tensors, against the reference.
 
-Everything but the CUDA-specific lines runs here: the generated program modules (compiled as host
+Everything but the CUDA-specific lines runs here: the generated program modules — forward and, for
+pointwise programs, backward kernels — (compiled as host
 C++ with FX_EMULATE: every CUDA thread a fiber, barriers and shuffles checked for divergence), the
 launch plans, the runtime binding (GEMM, parameters, outputs, workspace). Each call writes into a
 NaN-filled buffer, so an element the kernels skip shows up, and asserts the kernels ran (no
@@ -19,6 +20,7 @@ import pytest
 import torch
 
 from fxfuse import reference
+from fxfuse.cuda import codegen
 from fxfuse.cuda.build import BuildError, emulate_target
 from fxfuse.cuda.engine import Engine
 from fxfuse.ir import Norm
@@ -212,3 +214,69 @@ def test_params_in_other_dtypes_and_shapes(engine):
     program = PROGRAMS["scalar_param_pow"]
     x, w, b, params = inputs(program, torch.float32, 9, 48, 8, 6)
     run_and_compare(engine, program, torch.float32, x, w, b, [params[0].double().reshape(1)])
+
+
+# -- the generated backward of pointwise programs ------------------------------------------------
+
+GRAD_PROGRAMS = [name for name, program in PROGRAMS.items() if codegen.has_generated_backward(program)]
+GRAD_SHAPES = [(7, 1000), (1, 16), (33, 24), (4, 5), (70, 256)]  # (M, N): odd widths take the scalar path
+
+
+def grad_cases():
+    for name in GRAD_PROGRAMS:
+        dtypes = [torch.float32] + ([torch.bfloat16, torch.float16] if name in LOW_PRECISION else [])
+        for dtype in dtypes:
+            for m, n in GRAD_SHAPES:
+                yield pytest.param(name, dtype, m, n, id=f"{name}-{str(dtype)[6:]}-{m}x{n}")
+
+
+def compare_backward(engine, program, dtype, y, g, params):
+    """The backward kernel (it must run: no fallback) against the reference's autograd: the GEMM
+    output's gradient and the column sums (a scalar parameter's gradient is its row's total)."""
+    got = engine.backward_kernel(program.to_string(), g, y, params)
+    assert got is not None, "the backward kernel did not run"
+    dy, sums = got
+    ref_dy, ref_sums = reference.pointwise_backward(program, g, y, params)
+    tol = TOL[dtype]
+    torch.testing.assert_close(dy.float(), ref_dy.float(), rtol=tol, atol=tol, equal_nan=True)
+    assert sums.shape == ref_sums.shape and sums.dtype == torch.float32
+    m = y.numel() // y.shape[-1]
+    scalar = [1 + i for i, kind in enumerate(program.params) if kind == "scalar"]
+    cols = [r for r in range(sums.shape[0]) if r not in scalar]
+    torch.testing.assert_close(sums[cols], ref_sums[cols], rtol=tol, atol=tol * m, equal_nan=True)
+    if scalar:
+        torch.testing.assert_close(sums[scalar].sum(1), ref_sums[scalar].sum(1), rtol=tol, atol=tol * y.numel())
+
+
+@pytest.mark.parametrize("name,dtype,m,n", list(grad_cases()))
+def test_backward_kernel_matches_reference(engine, name, dtype, m, n):
+    program = PROGRAMS[name]
+    for seed in range(2):
+        g = torch.Generator().manual_seed(seed)
+        y = (torch.randn(m, n, generator=g) * 2).to(dtype)
+        grad = torch.randn(m, n, generator=g).to(dtype)
+        params = make_params(program, n, dtype=dtype if name in LOW_PRECISION else torch.float32, generator=g)
+        compare_backward(engine, program, dtype, y, grad, params)
+
+
+def test_backward_kernel_layouts(engine):
+    """A 3-D output, an expanded gradient (a sum's backward), a misaligned GEMM output."""
+    program = PROGRAMS["s14_silu_div_clamp_tanh"]
+    g = torch.Generator().manual_seed(3)
+    y3 = torch.randn(2, 5, 64, generator=g)
+    compare_backward(engine, program, torch.float32, y3, torch.randn(2, 5, 64, generator=g), [])
+    compare_backward(engine, program, torch.float32, y3, torch.randn(1, 1, 64, generator=g).expand(2, 5, 64), [])
+    storage = torch.randn(10 * 64 + 1, generator=g)
+    compare_backward(engine, program, torch.float32, storage[1:].view(10, 64), torch.randn(10, 64, generator=g), [])
+
+
+def test_backward_kernel_nan_inf(engine):
+    """NaN and infinities in the GEMM output and the gradient propagate as in eager."""
+    for name in ["vocabulary_1", "vocabulary_2", "s01_scale_leaky", "powers"]:
+        program = PROGRAMS[name]
+        g = torch.Generator().manual_seed(4)
+        y = torch.randn(6, 40, generator=g) * 3
+        grad = torch.randn(6, 40, generator=g)
+        y[0, :4] = torch.tensor([math.nan, math.inf, -math.inf, 0.0])
+        grad[1, :3] = torch.tensor([math.nan, math.inf, -math.inf])
+        compare_backward(engine, program, torch.float32, y, grad, make_params(program, 40, generator=g))

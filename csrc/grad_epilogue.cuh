@@ -1,0 +1,188 @@
+// The backward kernel of a pointwise program: one pass over the saved GEMM output y and the
+// output's gradient g that writes the GEMM output's gradient dy and, in the same pass, the column
+// sums the rest of the backward needs -- sum over rows of dy (the bias gradient) and of each
+// parameter's gradient -- so that no later kernel reads dy again for them.
+//
+// `Prog::grad(x, g, p, dx, dp)` (generated, fxfuse/cuda/gradient.py) gives one element's
+// gradients. Layout: a block is kGradCols threads along a row (one 16-byte chunk each) times
+// kGradLanes rows; it walks a chunk of `rows` rows, the lanes taking every kGradLanes-th row, and
+// keeps its column sums in registers. The lanes' sums meet in shared memory, are added in lane
+// order by lane 0 and written to partial[s][chunk][column]: deterministic, no atomics. The runtime
+// adds the chunks (at::sum over dim 1).
+#pragma once
+
+namespace fx {
+
+constexpr int kGradCols = 32;
+constexpr int kGradLanes = 8;
+constexpr int kGradBlock = kGradCols * kGradLanes;
+
+template <int P>
+struct GradArgs {
+  const void* y;
+  const void* g;
+  void* dy;
+  float* partial;  // [1 + num_params][chunks][n]
+  const void* pptr[P];
+  int32_t pdtype[P];
+  int32_t pcol[P];   // 1: a column parameter (N values), 0: a scalar
+  int64_t m;
+  int64_t chunks;    // chunks of rows
+  int64_t rows;      // rows a chunk (a multiple of kGradLanes)
+  int32_t n;
+  int32_t col_blocks;
+};
+
+template <class Prog, typename T, int VEC>
+FX_DEVICE void grad_body(const GradArgs<Prog::kParamSlots>& a, const Thread& t, float* smem) {
+  constexpr int P = Prog::kNumParams;
+  constexpr int S = 1 + P;
+  constexpr int kSlots = Prog::kParamSlots;
+  const int cl = t.tid() % kGradCols;
+  const int lane = t.tid() / kGradCols;
+  const int64_t block_col = t.bid() % a.col_blocks;
+  const int64_t chunk = t.bid() / a.col_blocks;
+  const int64_t c0 = (block_col * kGradCols + cl) * VEC;
+  const bool active = c0 < a.n;  // VEC > 1 only when n is a multiple of VEC: whole chunks
+
+  float pv[kSlots][VEC];
+#pragma unroll
+  for (int k = 0; k < kSlots; ++k)
+#pragma unroll
+    for (int e = 0; e < VEC; ++e) pv[k][e] = 0.0f;
+  if (active) {
+#pragma unroll
+    for (int k = 0; k < P; ++k)
+#pragma unroll
+      for (int e = 0; e < VEC; ++e)
+        pv[k][e] = load_param(a.pptr[k], a.pdtype[k], a.pcol[k] ? c0 + e : 0);
+  }
+  float sums[S][VEC];
+#pragma unroll
+  for (int s = 0; s < S; ++s)
+#pragma unroll
+    for (int e = 0; e < VEC; ++e) sums[s][e] = 0.0f;
+
+  const int64_t r_end = (chunk + 1) * a.rows < a.m ? (chunk + 1) * a.rows : a.m;
+  if (active) {
+    for (int64_t r = chunk * a.rows + lane; r < r_end; r += kGradLanes) {
+      const int64_t i = r * a.n + c0;
+      float x[VEC], g[VEC], d[VEC];
+      if constexpr (VEC > 1) {
+        Mem<T>::load_vec(a.y, i, x);
+        Mem<T>::load_vec(a.g, i, g);
+      } else {
+        x[0] = Mem<T>::load(a.y, i);
+        g[0] = Mem<T>::load(a.g, i);
+      }
+#pragma unroll
+      for (int e = 0; e < VEC; ++e) {
+        float p[kSlots], dp[kSlots];
+#pragma unroll
+        for (int k = 0; k < kSlots; ++k) {
+          p[k] = pv[k][e];
+          dp[k] = 0.0f;
+        }
+        float dx;
+        Prog::grad(x[e], g[e], p, dx, dp);
+        d[e] = round_to<T>(dx);  // the stored gradient is what eager sums for the bias
+        sums[0][e] += d[e];
+#pragma unroll
+        for (int k = 0; k < P; ++k) sums[1 + k][e] += dp[k];
+      }
+      if constexpr (VEC > 1) {
+        Mem<T>::store_vec(a.dy, i, d);
+      } else {
+        Mem<T>::store(a.dy, i, d[0]);
+      }
+    }
+  }
+  // the lanes' sums, one sum at a time through kGradBlock * VEC floats of shared memory
+#pragma unroll
+  for (int s = 0; s < S; ++s) {
+#pragma unroll
+    for (int e = 0; e < VEC; ++e) smem[(lane * kGradCols + cl) * VEC + e] = sums[s][e];
+    t.sync();
+    if (lane == 0 && active) {
+#pragma unroll
+      for (int e = 0; e < VEC; ++e) {
+        float total = smem[cl * VEC + e];
+        for (int l = 1; l < kGradLanes; ++l) total += smem[(l * kGradCols + cl) * VEC + e];
+        a.partial[(s * a.chunks + chunk) * a.n + c0 + e] = total;
+      }
+    }
+    t.sync();
+  }
+}
+
+#if !defined(FX_EMULATE)
+template <class Prog, typename T, int VEC>
+__global__ void __launch_bounds__(kGradBlock) grad_kernel(const __grid_constant__ GradArgs<Prog::kParamSlots> a) {
+  __shared__ float smem[kGradBlock * VEC];
+  const Thread t;
+  grad_body<Prog, T, VEC>(a, t, smem);
+}
+#endif
+
+template <class Prog, typename T>
+struct GradLauncher {
+  static constexpr int VEC = DType<T>::kVec;
+
+  // Rows a chunk: enough blocks for about eight a multiprocessor, at least one row a lane.
+  static int64_t rows_per_chunk(int64_t m, int64_t n, int32_t sm_count) {
+    const int64_t col_blocks = ceil_div(ceil_div(n, VEC), kGradCols);
+    const int64_t want = ceil_div(int64_t{8} * (sm_count > 0 ? sm_count : 1), col_blocks);
+    int64_t rows = ceil_div(ceil_div(m, want), kGradLanes) * kGradLanes;
+    return rows < kGradLanes ? kGradLanes : rows;
+  }
+
+  static int64_t chunks(int64_t m, int64_t n, int32_t sm_count) {
+    if (!Prog::kHasGrad || m < 1 || n < 1) return 0;
+    return ceil_div(m, rows_per_chunk(m, n, sm_count));
+  }
+
+  static const char* launch(const FxGradLaunch* L, void* stream) {
+    if constexpr (!Prog::kHasGrad) {
+      (void)L;
+      (void)stream;
+      return "fxfuse: this program has no generated backward";
+    } else {
+      if (L->num_params != Prog::kNumParams) return "fxfuse: wrong number of parameters";
+      if (L->m < 1 || L->n < 1) return nullptr;
+      GradArgs<Prog::kParamSlots> a = {};
+      a.y = L->y;
+      a.g = L->g;
+      a.dy = L->dy;
+      a.partial = L->partial;
+      for (int k = 0; k < Prog::kNumParams; ++k) {
+        a.pptr[k] = L->params[k].ptr;
+        a.pdtype[k] = L->params[k].dtype;
+        a.pcol[k] = Prog::kParamIsCol[k];
+      }
+      a.m = L->m;
+      a.n = static_cast<int32_t>(L->n);
+      a.rows = rows_per_chunk(L->m, L->n, L->sm_count);
+      a.chunks = ceil_div(L->m, a.rows);
+      const auto aligned16 = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
+      const bool vec = L->n % VEC == 0 && aligned16(L->y) && aligned16(L->g) && aligned16(L->dy);
+      const int64_t cols = vec ? ceil_div(L->n, VEC) : L->n;
+      a.col_blocks = static_cast<int32_t>(ceil_div(cols, kGradCols));
+      const int64_t grid = a.col_blocks * a.chunks;
+#if !defined(FX_EMULATE)
+      return vec ? launch_kernel(&grad_kernel<Prog, T, VEC>, grid, kGradBlock, 0, stream, a)
+                 : launch_kernel(&grad_kernel<Prog, T, 1>, grid, kGradBlock, 0, stream, a);
+#else
+      (void)stream;
+      const size_t smem = static_cast<size_t>(kGradBlock) * (vec ? VEC : 1) * sizeof(float);
+      return vec ? emulate_kernel(grid, kGradBlock, smem, [&a](const Thread& t, float* dyn, float*) {
+        grad_body<Prog, T, VEC>(a, t, dyn);
+      })
+                 : emulate_kernel(grid, kGradBlock, smem, [&a](const Thread& t, float* dyn, float*) {
+                     grad_body<Prog, T, 1>(a, t, dyn);
+                   });
+#endif
+    }
+  }
+};
+
+}  // namespace fx
