@@ -212,3 +212,14 @@ def grad_inputs(device: str, seed: int = 1) -> torch.Tensor:
 def reference(row, a: torch.Tensor, b: torch.Tensor, attrs: tuple) -> torch.Tensor:
     operands = [a, b][: row.operands]
     return row.reference(*operands, *attrs).float()
+
+
+def assert_matches(got: torch.Tensor, want: torch.Tensor, where: dict, what: str, rtol: float) -> None:
+    """NaN exactly where torch has NaN (``where`` names the inputs to print at a mismatch), the
+    other values within ``rtol`` (atol 1e-6)."""
+    bad = torch.isnan(got) != torch.isnan(want)
+    if bad.any():
+        at = " ".join(f"{k}={v[bad][:6].tolist()}" for k, v in where.items())
+        raise AssertionError(f"{what}: NaN mismatch at {at}: got {got[bad][:6].tolist()}, torch {want[bad][:6].tolist()}")
+    ok = ~torch.isnan(want)
+    torch.testing.assert_close(got[ok], want[ok], rtol=rtol, atol=1e-6, msg=lambda m: f"{what}: {m}")
