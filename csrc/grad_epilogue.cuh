@@ -154,11 +154,8 @@ struct GradLauncher {
       a.g = L->g;
       a.dy = L->dy;
       a.partial = L->partial;
-      for (int k = 0; k < Prog::kNumParams; ++k) {
-        a.pptr[k] = L->params[k].ptr;
-        a.pdtype[k] = L->params[k].dtype;
-        a.pcol[k] = Prog::kParamIsCol[k];
-      }
+      set_params<Prog>(a, L->params);
+      for (int k = 0; k < Prog::kNumParams; ++k) a.pcol[k] = Prog::kParamIsCol[k];
       a.m = L->m;
       a.n = static_cast<int32_t>(L->n);
       a.rows = rows_per_chunk(L->m, L->n, L->sm_count);

@@ -246,6 +246,15 @@ struct Args {
   int32_t flags;           // FxFlags
 };
 
+// A launch's parameters into a kernel's arguments (Args or GradArgs)
+template <class Prog, class A>
+inline void set_params(A& a, const FxParam* params) {
+  for (int k = 0; k < Prog::kNumParams; ++k) {
+    a.pptr[k] = params[k].ptr;
+    a.pdtype[k] = params[k].dtype;
+  }
+}
+
 struct OpAdd {
   FX_DEVICE float operator()(float a, float b) const { return a + b; }
 };
@@ -1186,10 +1195,7 @@ struct Launcher {
     a.y = L->y;
     a.out = L->out;
     a.stats = L->stats;
-    for (int k = 0; k < Prog::kNumParams; ++k) {
-      a.pptr[k] = L->params[k].ptr;
-      a.pdtype[k] = L->params[k].dtype;
-    }
+    set_params<Prog>(a, L->params);
     a.m = L->m;
     a.n = static_cast<int32_t>(L->n);
     a.scratch_stride = static_cast<int32_t>(Prog::scratch_floats(L->n, VEC));

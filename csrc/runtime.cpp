@@ -102,6 +102,21 @@ std::optional<Tensor> kernel_param(const Tensor& p, bool is_col, int64_t n, cons
   return q;
 }
 
+// The program's parameters as its kernels read them (kept alive in `kept`); false where one does
+// not fit (the caller then leaves the call to the reference).
+bool kernel_params(at::TensorList params, const FxProgramInfo* info, int64_t n, const Tensor& like,
+                   std::vector<Tensor>& kept, std::vector<FxParam>& fx_params) {
+  kept.reserve(params.size());
+  fx_params.reserve(params.size());
+  for (size_t i = 0; i < params.size(); ++i) {
+    std::optional<Tensor> q = kernel_param(params[i], info->param_is_col[i] != 0, n, like);
+    if (!q) return false;
+    kept.push_back(*q);
+    fx_params.push_back(FxParam{q->data_ptr(), *code_of(q->scalar_type()), 0});
+  }
+  return true;
+}
+
 using Outputs = std::tuple<Tensor, Tensor, Tensor>;  // (out, batch_stats, gemm), as the op's schema
 using Result = std::optional<Outputs>;
 
@@ -129,14 +144,7 @@ Result run(int64_t info_address, const Tensor& x, const Tensor& weight, const st
 
   std::vector<Tensor> kept;
   std::vector<FxParam> fx_params;
-  kept.reserve(params.size());
-  fx_params.reserve(params.size());
-  for (size_t i = 0; i < params.size(); ++i) {
-    std::optional<Tensor> q = kernel_param(params[i], info->param_is_col[i] != 0, n, x);
-    if (!q) return std::nullopt;
-    kept.push_back(*q);
-    fx_params.push_back(FxParam{q->data_ptr(), *code_of(q->scalar_type()), 0});
-  }
+  if (!kernel_params(params, info, n, x, kept, fx_params)) return std::nullopt;
 
   Tensor y;
   {
@@ -215,12 +223,7 @@ std::optional<GradOutputs> run_grad(int64_t info_address, const Tensor& grad, co
   const DeviceFacts facts = device_facts(y.device().is_cpu() ? 0 : y.get_device());
   std::vector<Tensor> kept;
   std::vector<FxParam> fx_params;
-  for (size_t i = 0; i < params.size(); ++i) {
-    std::optional<Tensor> q = kernel_param(params[i], info->param_is_col[i] != 0, n, y);
-    if (!q) return std::nullopt;
-    kept.push_back(*q);
-    fx_params.push_back(FxParam{q->data_ptr(), *code_of(q->scalar_type()), 0});
-  }
+  if (!kernel_params(params, info, n, y, kept, fx_params)) return std::nullopt;
   const Tensor y_c = y.contiguous();
   const Tensor g_c = grad.contiguous();  // an expanded gradient (of a sum, say) is materialised
   Tensor dy = at::empty(y.sizes(), y.options().memory_format(at::MemoryFormat::Contiguous));

@@ -107,6 +107,11 @@ class Engine:
         self._flags = (self._flags & ~mask) | ((items << shift) & mask)
         self._runtime_module.set_fallback(self.call, self._flags)
 
+    def _handle(self, program: str, t: torch.Tensor) -> int:
+        """The module handle for ``program`` on ``t``'s dtype and device (0: no kernels)."""
+        handle = self._handles.get((program, t.dtype, t.get_device()))
+        return self._resolve(program, t.dtype, t.device) if handle is None else handle
+
     def _resolve(self, program: str, dtype: torch.dtype, device: torch.device) -> int:
         """Handle of a key seen for the first time: build as a last resort; 0 if that fails."""
         key = (program, dtype, _index(device))
@@ -127,9 +132,7 @@ class Engine:
 
     def call(self, program: str, x, weight, bias, params, out=None, save_gemm: bool = False):
         """``(out, batch_stats, gemm)`` of the fused op; ``out`` (tests) is a buffer to write into."""
-        handle = self._handles.get((program, x.dtype, x.get_device()))
-        if handle is None:
-            handle = self._resolve(program, x.dtype, x.device)
+        handle = self._handle(program, x)
         runtime = self._runtime_module
         if handle and runtime is not None:
             result = runtime.run(handle, x, weight, bias, params, self._flags, out, save_gemm)
@@ -147,18 +150,14 @@ class Engine:
 
     def backward_kernel(self, program: str, grad, gemm, params):
         """``(dgemm, sums)`` from the backward kernel; None where it does not cover the call."""
-        handle = self._handles.get((program, gemm.dtype, gemm.get_device()))
-        if handle is None:
-            handle = self._resolve(program, gemm.dtype, gemm.device)
+        handle = self._handle(program, gemm)
         if not handle or self._runtime_module is None:
             return None
         return self._runtime_module.run_grad(handle, grad, gemm, list(params))
 
     def covers(self, program: str, x, weight, bias, params) -> bool:
         """Whether ``call`` would run the kernels (tests): it does run them once."""
-        handle = self._handles.get((program, x.dtype, x.get_device()))
-        if handle is None:
-            handle = self._resolve(program, x.dtype, x.device)
+        handle = self._handle(program, x)
         return bool(handle) and self._runtime_module.run(handle, x, weight, bias, params, self._flags, None) is not None
 
 

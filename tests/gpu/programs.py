@@ -190,3 +190,33 @@ def poison(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None) -> None:
     w[500, 2] = float("nan")
     if b is not None:
         b[11] = float("-inf")
+
+
+# -- the generated backward (pointwise programs) ---------------------------------------------------
+
+
+def grad_cases(shapes: list[tuple[int, int]]):
+    """(name, dtype, M, N) for every program with a generated backward: float32, and bfloat16 and
+    float16 for the suite's low-precision programs."""
+    from fxfuse.cuda import codegen
+
+    for name, program in PROGRAMS.items():
+        if not codegen.has_generated_backward(program):
+            continue
+        for dtype in [torch.float32] + ([torch.bfloat16, torch.float16] if name in LOW_PRECISION else []):
+            for m, n in shapes:
+                yield name, dtype, m, n
+
+
+def assert_backward_close(program: Program, got, want, tol: float, col_atol: float, scalar_atol: float) -> None:
+    """``(dy, sums)`` of fxfuse::epilogue_backward against the reference's: dy elementwise, the
+    column sums of dy and of each column parameter's gradient per column, a scalar parameter's
+    gradient as its row's total (the reference puts all of it in column 0)."""
+    (dy, sums), (ref_dy, ref_sums) = got, want
+    torch.testing.assert_close(dy.float(), ref_dy.float(), rtol=tol, atol=tol, equal_nan=True)
+    assert sums.shape == ref_sums.shape and sums.dtype == torch.float32
+    scalar = [1 + i for i, kind in enumerate(program.params) if kind == "scalar"]
+    cols = [r for r in range(sums.shape[0]) if r not in scalar]
+    torch.testing.assert_close(sums[cols], ref_sums[cols], rtol=tol, atol=col_atol, equal_nan=True)
+    if scalar:
+        torch.testing.assert_close(sums[scalar].sum(1), ref_sums[scalar].sum(1), rtol=tol, atol=scalar_atol)

@@ -15,9 +15,8 @@ import torch
 
 import fxfuse.cuda as fxcuda
 from fxfuse import reference
-from fxfuse.cuda import codegen
 from fxfuse.ir import Gemm, Norm, Program
-from programs import LOW_PRECISION, PROGRAMS, make_params, poison
+from programs import LOW_PRECISION, PROGRAMS, assert_backward_close, grad_cases, make_params, poison
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 
@@ -32,7 +31,7 @@ def all_builds():
     pairs += [(PROGRAMS[n], d) for n in WIDE for d in (torch.float32, torch.bfloat16)]
     pairs += [(PROGRAMS["minus_and_negation"], torch.float16)]
     pairs += [(program, dtype) for _, dtype, program in small_group_cases()]
-    pairs += [(PROGRAMS[name], dtype) for name, dtype, *_ in (c.values for c in grad_cases())]
+    pairs += [(PROGRAMS[name], dtype) for name, dtype, *_ in grad_cases(GRAD_SHAPES)]
     pairs += [(PROGRAMS[n], torch.bfloat16) for n in ("s14_silu_div_clamp_tanh", "scalar_param_pow", "vocabulary_2")]
     return pairs
 
@@ -290,18 +289,11 @@ def test_autograd_key_runs_in_cpp_and_records_gradients():
 
 # -- the generated backward of pointwise programs ------------------------------------------------
 
-GRAD_PROGRAMS = [name for name, program in PROGRAMS.items() if codegen.has_generated_backward(program)]
+GRAD_SHAPES = [(7, 1000), (1, 8192), (33, 256), (5, 3), (4096, 1024)]
+GRAD_CASES = [pytest.param(*c, id=f"{c[0]}-{str(c[1])[6:]}-{c[2]}x{c[3]}") for c in grad_cases(GRAD_SHAPES)]
 
 
-def grad_cases():
-    for name in GRAD_PROGRAMS:
-        dtypes = [torch.float32] + ([torch.bfloat16, torch.float16] if name in LOW_PRECISION else [])
-        for dtype in dtypes:
-            for m, n in [(7, 1000), (1, 8192), (33, 256), (5, 3), (4096, 1024)]:
-                yield pytest.param(name, dtype, m, n, id=f"{name}-{str(dtype)[6:]}-{m}x{n}")
-
-
-@pytest.mark.parametrize("name,dtype,m,n", list(grad_cases()))
+@pytest.mark.parametrize("name,dtype,m,n", GRAD_CASES)
 def test_backward_kernel_matches_reference(name, dtype, m, n):
     """fxfuse::epilogue_backward through the dispatcher (the runtime's C++ kernel) against the
     reference's autograd on the same CUDA tensors: dY and the column sums of dY and of each
@@ -315,15 +307,10 @@ def test_backward_kernel_matches_reference(name, dtype, m, n):
         pdtype = dtype if name in LOW_PRECISION else torch.float32
         params = make_params(program, n, dtype=pdtype, device=DEVICE, generator=g)
         assert fxcuda.engine.backward_kernel(text, grad, y, params) is not None, "the backward kernel did not run"
-        dy, sums = torch.ops.fxfuse.epilogue_backward(text, grad, y, params)
-        ref_dy, ref_sums = reference.pointwise_backward(program, grad, y, params)
+        got = torch.ops.fxfuse.epilogue_backward(text, grad, y, params)
         tol = TOL[dtype]
-        torch.testing.assert_close(dy.float(), ref_dy.float(), rtol=tol, atol=tol, equal_nan=True)
-        scalar = [1 + i for i, kind in enumerate(program.params) if kind == "scalar"]
-        cols = [r for r in range(sums.shape[0]) if r not in scalar]
-        torch.testing.assert_close(sums[cols], ref_sums[cols], rtol=tol, atol=tol * m ** 0.5, equal_nan=True)
-        if scalar:
-            torch.testing.assert_close(sums[scalar].sum(1), ref_sums[scalar].sum(1), rtol=tol, atol=tol * (m * n) ** 0.5)
+        assert_backward_close(program, got, reference.pointwise_backward(program, grad, y, params), tol,
+                              col_atol=tol * m ** 0.5, scalar_atol=tol * (m * n) ** 0.5)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
