@@ -6,8 +6,10 @@
     compute-sanitizer --tool synccheck python tests/gpu/sanitize.py
 
 Covers the row kernel (aligned and unaligned paths, several rows a block, multi-warp rows, group
-norm by lane shuffles, by warps, by chunk and staged in shared memory, row reductions) and the BatchNorm statistics and combine
-kernels. Prints one line per call and exits non-zero on a mismatch with the reference.
+norm by lane shuffles, by warps, by chunk and staged in shared memory, row reductions), the BatchNorm statistics and combine
+kernels, and the backward kernel of pointwise programs (16-byte and 1-element paths, several chunks of
+rows handing their column sums to the last block). Prints one line per call and exits non-zero on a
+mismatch with the reference.
 """
 
 from __future__ import annotations
@@ -37,6 +39,11 @@ CALLS = [  # (program, dtype, M, N, K)
     ("s07_vec_batch_train", torch.float32, 9, 1000, 16),  # BN with a pre-BN pointwise, unaligned
     ("s16_sigmoid_sum", torch.bfloat16, 2, 32768, 16),  # the widest row
 ]
+GRAD_CALLS = [  # (program, dtype, M, N) of the backward kernel
+    ("s01_scale_leaky", torch.bfloat16, 300, 256),  # 16-byte path, many chunks of rows a column
+    ("vocabulary_2", torch.float32, 77, 1000),  # 16-byte path, a column parameter
+    ("s14_silu_div_clamp_tanh", torch.float32, 50, 999),  # 1-element path (odd width)
+]
 
 
 def main() -> int:
@@ -44,7 +51,7 @@ def main() -> int:
     parser.add_argument("--build-only", action="store_true")
     args = parser.parse_args()
     torch.backends.cuda.matmul.allow_tf32 = False
-    for name, dtype, *_ in CALLS:
+    for name, dtype, *_ in CALLS + GRAD_CALLS:
         fxcuda.prepare(PROGRAMS[name], dtype)
     if args.build_only:
         return 0
@@ -64,6 +71,20 @@ def main() -> int:
         ok = out.data_ptr() == buffer.data_ptr() and torch.allclose(out, ref, rtol=tol, atol=tol, equal_nan=True)
         failures += not ok
         print(f"{'ok' if ok else 'MISMATCH':8} {name} {str(dtype)[6:]} {m}x{k}x{n}", flush=True)
+    for name, dtype, m, n in GRAD_CALLS:
+        program = PROGRAMS[name]
+        g = torch.Generator().manual_seed(0)
+        y = torch.randn(m, n, generator=g).to("cuda", dtype)
+        grad = torch.randn(m, n, generator=g).to("cuda", dtype)
+        params = make_params(program, n, dtype=dtype, device="cuda", generator=g)
+        got = fxcuda.engine.backward_kernel(program.to_string(), grad, y, params)
+        want = reference.pointwise_backward(program, grad, y, params)
+        torch.cuda.synchronize()
+        tol = 1e-4 if dtype == torch.float32 else 1e-2
+        ok = got is not None and all(torch.allclose(a.float(), b.float(), rtol=tol, atol=tol * m, equal_nan=True)
+                                     for a, b in zip(got, want))
+        failures += not ok
+        print(f"{'ok' if ok else 'MISMATCH':8} backward {name} {str(dtype)[6:]} {m}x{n}", flush=True)
     return 1 if failures else 0
 
 
