@@ -8,7 +8,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#define FX_ABI_VERSION 4
+#define FX_ABI_VERSION 5
 
 // Widest row the row kernel holds in registers (64 floats a thread, 512 threads a row).
 #define FX_MAX_N 32768
@@ -57,8 +57,11 @@ struct FxGradLaunch {
   const void* y;          // (m, n) row-major saved GEMM output, dtype of the module
   const void* g;          // (m, n) row-major gradient of the op's output, same dtype
   void* dy;               // (m, n) row-major gradient of the GEMM output, written
-  float* partial;         // [1 + num_params][grad_chunks(m, n, sm_count)][n] float32, written:
+  float* partial;         // [1 + num_params][grad_chunks(m, n, sm_count)][n] float32 workspace:
                           // per chunk of rows, the sums of dy and of each parameter's gradient
+                          // (unused, may be null, when grad_chunks is 1)
+  float* sums;            // [1 + num_params][n] float32, written: the column sums of dy and of
+                          // each parameter's gradient (the chunks added in order)
   const FxParam* params;  // num_params entries, in program order
   int64_t m;
   int64_t n;

@@ -56,6 +56,16 @@ FX_DEVICE float bits_to_float(uint32_t b) {
 #endif
 }
 
+FX_DEVICE uint32_t float_to_bits(float f) {
+#if defined(__CUDA_ARCH__)
+  return __float_as_uint(f);
+#else
+  uint32_t b;
+  memcpy(&b, &f, sizeof b);
+  return b;
+#endif
+}
+
 template <typename P>
 FX_DEVICE P load_ro(const P* p) {  // read-only data (parameters, statistics)
 #if defined(__CUDA_ARCH__)

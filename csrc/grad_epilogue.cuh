@@ -7,8 +7,9 @@
 // gradients. Layout: a block is kGradCols threads along a row (one 16-byte chunk each) times
 // kGradLanes rows; it walks a chunk of `rows` rows, the lanes taking every kGradLanes-th row, and
 // keeps its column sums in registers. The lanes' sums meet in shared memory, are added in lane
-// order by lane 0 and written to partial[s][chunk][column]: deterministic, no atomics. The runtime
-// adds the chunks (at::sum over dim 1).
+// order by lane 0 and written to partial[s][chunk][column]: deterministic, no atomics. A second
+// kernel adds the chunks in chunk order into sums[s][column] (with one chunk the first kernel
+// writes the sums directly).
 #pragma once
 
 namespace fx {
@@ -91,9 +92,9 @@ FX_DEVICE void grad_body(const GradArgs<Prog::kParamSlots>& a, const Thread& t, 
         for (int k = 0; k < P; ++k) sums[1 + k][e] += dp[k];
       }
       if constexpr (VEC > 1) {
-        Mem<T>::store_vec(a.dy, i, d);
+        Mem<T>::store_vec_rounded(a.dy, i, d);
       } else {
-        Mem<T>::store(a.dy, i, d[0]);
+        Mem<T>::store_rounded(a.dy, i, d[0]);
       }
     }
   }
@@ -115,12 +116,38 @@ FX_DEVICE void grad_body(const GradArgs<Prog::kParamSlots>& a, const Thread& t, 
   }
 }
 
+// sums[i] = the sum over chunks of partial[s][chunk][c], i = s * n + c: one thread a column, the
+// chunks in order (deterministic)
+struct GradSumsArgs {
+  const float* partial;
+  float* sums;
+  int64_t chunks;
+  int64_t n;
+  int64_t total;  // (1 + num_params) * n
+};
+constexpr int kGradSumsBlock = 256;
+
+FX_DEVICE void grad_sums_body(const GradSumsArgs& a, const Thread& t) {
+  const int64_t i = static_cast<int64_t>(t.bid()) * kGradSumsBlock + t.tid();
+  if (i >= a.total) return;
+  const float* p = a.partial + (i / a.n) * a.chunks * a.n + i % a.n;
+  float total = 0.0f;
+  for (int64_t k = 0; k < a.chunks; ++k) total += p[k * a.n];
+  a.sums[i] = total;
+}
+
 #if !defined(FX_EMULATE)
 template <class Prog, typename T, int VEC>
 __global__ void __launch_bounds__(kGradBlock) grad_kernel(const __grid_constant__ GradArgs<Prog::kParamSlots> a) {
   __shared__ float smem[kGradBlock * VEC];
   const Thread t;
   grad_body<Prog, T, VEC>(a, t, smem);
+}
+
+// a template only so that every unit of a module may define it (one definition at link time)
+template <int kBlock = kGradSumsBlock>
+__global__ void __launch_bounds__(kBlock) grad_sums_kernel(const __grid_constant__ GradSumsArgs a) {
+  grad_sums_body(a, Thread());
 }
 #endif
 
@@ -153,32 +180,44 @@ struct GradLauncher {
       a.y = L->y;
       a.g = L->g;
       a.dy = L->dy;
-      a.partial = L->partial;
       set_params<Prog>(a, L->params);
       for (int k = 0; k < Prog::kNumParams; ++k) a.pcol[k] = Prog::kParamIsCol[k];
       a.m = L->m;
       a.n = static_cast<int32_t>(L->n);
       a.rows = rows_per_chunk(L->m, L->n, L->sm_count);
       a.chunks = ceil_div(L->m, a.rows);
+      a.partial = a.chunks == 1 ? L->sums : L->partial;
       const auto aligned16 = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
       const bool vec = L->n % VEC == 0 && aligned16(L->y) && aligned16(L->g) && aligned16(L->dy);
       const int64_t cols = vec ? ceil_div(L->n, VEC) : L->n;
       a.col_blocks = static_cast<int32_t>(ceil_div(cols, kGradCols));
       const int64_t grid = a.col_blocks * a.chunks;
+      const char* error = launch_grad(a, vec, grid, stream);
+      if (error != nullptr || a.chunks == 1) return error;
+      const GradSumsArgs s = {L->partial, L->sums, a.chunks, L->n, (1 + Prog::kNumParams) * L->n};
+      const int64_t sums_grid = ceil_div(s.total, kGradSumsBlock);
 #if !defined(FX_EMULATE)
-      return vec ? launch_kernel(&grad_kernel<Prog, T, VEC>, grid, kGradBlock, 0, stream, a)
-                 : launch_kernel(&grad_kernel<Prog, T, 1>, grid, kGradBlock, 0, stream, a);
+      return launch_kernel(&grad_sums_kernel<>, sums_grid, kGradSumsBlock, 0, stream, s);
 #else
-      (void)stream;
-      const size_t smem = static_cast<size_t>(kGradBlock) * (vec ? VEC : 1) * sizeof(float);
-      return vec ? emulate_kernel(grid, kGradBlock, smem, [&a](const Thread& t, float* dyn, float*) {
-        grad_body<Prog, T, VEC>(a, t, dyn);
-      })
-                 : emulate_kernel(grid, kGradBlock, smem, [&a](const Thread& t, float* dyn, float*) {
-                     grad_body<Prog, T, 1>(a, t, dyn);
-                   });
+      return emulate_kernel(sums_grid, kGradSumsBlock, 0, [&s](const Thread& t, float*, float*) { grad_sums_body(s, t); });
 #endif
     }
+  }
+
+  static const char* launch_grad(const GradArgs<Prog::kParamSlots>& a, bool vec, int64_t grid, void* stream) {
+#if !defined(FX_EMULATE)
+    return vec ? launch_kernel(&grad_kernel<Prog, T, VEC>, grid, kGradBlock, 0, stream, a)
+               : launch_kernel(&grad_kernel<Prog, T, 1>, grid, kGradBlock, 0, stream, a);
+#else
+    (void)stream;
+    const size_t smem = static_cast<size_t>(kGradBlock) * (vec ? VEC : 1) * sizeof(float);
+    return vec ? emulate_kernel(grid, kGradBlock, smem, [&a](const Thread& t, float* dyn, float*) {
+      grad_body<Prog, T, VEC>(a, t, dyn);
+    })
+               : emulate_kernel(grid, kGradBlock, smem, [&a](const Thread& t, float* dyn, float*) {
+                   grad_body<Prog, T, 1>(a, t, dyn);
+                 });
+#endif
   }
 };
 

@@ -79,6 +79,16 @@ DeviceFacts device_facts(int device) {
 #endif
 }
 
+// The stream the kernels of a call on t's device go to (none when emulated on the host).
+void* current_stream(const Tensor& t) {
+#if defined(FX_EMULATE)
+  (void)t;
+  return nullptr;
+#else
+  return c10::cuda::getCurrentCUDAStream(t.get_device()).stream();
+#endif
+}
+
 bool on_kernel_device(const Tensor& t) {
 #if defined(FX_EMULATE)
   return t.is_cpu();
@@ -189,12 +199,7 @@ Result run(int64_t info_address, const Tensor& x, const Tensor& weight, const st
   launch.sm_count = facts.sm_count;
   launch.smem_optin = facts.smem_optin;
   launch.flags = static_cast<int32_t>(flags);
-#if defined(FX_EMULATE)
-  void* stream = nullptr;
-#else
-  void* stream = c10::cuda::getCurrentCUDAStream(x.get_device()).stream();
-#endif
-  const char* error = info->launch(&launch, stream);
+  const char* error = info->launch(&launch, current_stream(x));
   TORCH_CHECK(error == nullptr, "fxfuse: epilogue kernel launch failed: ", error);
   return std::make_tuple(out, stats, save_gemm ? y : at::empty({0}, y.options()));
 }
@@ -231,26 +236,22 @@ std::optional<GradOutputs> run_grad(int64_t info_address, const Tensor& grad, co
   const int64_t chunks = info->grad_chunks(m, n, facts.sm_count);
   const auto floats = y.options().dtype(at::kFloat);
   if (m == 0 || n == 0 || chunks == 0) return std::make_tuple(dy, at::zeros({sums, n}, floats));
-  Tensor partial = at::empty({sums, chunks, n}, floats);
+  Tensor total = at::empty({sums, n}, floats);
+  Tensor partial = chunks > 1 ? at::empty({sums, chunks, n}, floats) : Tensor();
 
   FxGradLaunch launch{};
   launch.y = y_c.data_ptr();
   launch.g = g_c.data_ptr();
   launch.dy = dy.data_ptr();
-  launch.partial = partial.data_ptr<float>();
+  launch.partial = chunks > 1 ? partial.data_ptr<float>() : nullptr;
+  launch.sums = total.data_ptr<float>();
   launch.params = fx_params.data();
   launch.m = m;
   launch.n = n;
   launch.num_params = static_cast<int32_t>(fx_params.size());
   launch.sm_count = facts.sm_count;
-#if defined(FX_EMULATE)
-  void* stream = nullptr;
-#else
-  void* stream = c10::cuda::getCurrentCUDAStream(y.get_device()).stream();
-#endif
-  const char* error = info->launch_grad(&launch, stream);
+  const char* error = info->launch_grad(&launch, current_stream(y));
   TORCH_CHECK(error == nullptr, "fxfuse: backward kernel launch failed: ", error);
-  Tensor total = chunks == 1 ? partial.select(1, 0) : partial.sum(1);
   return std::make_tuple(dy, total);
 }
 

@@ -13,8 +13,10 @@ The backward starts from the saved GEMM output. dY comes from autograd through t
 epilogue, plain torch ops that AOTAutograd traces into the backward graph for Inductor to fuse. A
 pointwise program also has a generated backward, ``torch.ops.fxfuse.epilogue_backward`` (opt-in,
 ``FXFUSE_GENERATED_BACKWARD=1``): one kernel that writes dY and, in the same pass, the column sums
-for db and for each parameter's gradient (its CPU kernel is autograd through the reference). Then dX = dY W and dW = dYᵀ X as
-eager's linear computes them (cuBLAS, in Inductor's graph).
+for db and for each parameter's gradient, its gradients in float32 and rounded once at the store
+as Inductor's derivative (fxfuse/cuda/gradient.py; its CPU kernel is autograd through the
+reference). Then dX = dY W and dW = dYᵀ X as eager's linear computes them (cuBLAS, in Inductor's
+graph).
 """
 
 from __future__ import annotations

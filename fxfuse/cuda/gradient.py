@@ -7,11 +7,14 @@ eager's autograd uses for it — ``grad * other`` for a product, ``-grad * ((a /
 quotient's divisor, the vocabulary's ``_bwd`` device functions (eager's CUDA backward kernels) for
 calls — accumulating a value's gradient over all its uses (``x * sigmoid(x)``, ``x + x``).
 
-Why reverse mode and not sympy's ``diff``: a bfloat16/float16 chain must round its gradients where
-eager's backward rounds them. Eager hands each op a gradient of the dtype, so every gradient that
-reaches a rounded value (a rounding point, the GEMM output, a parameter) is rounded, and a value
-with several uses sums rounded gradients with a rounding after each addition. A symbolic derivative
-would be one expression in float32 with none of those roundings; the reverse sweep reproduces them.
+Numerics: the forward values are eager's (a bfloat16/float16 chain keeps its rounding points, so
+every mask, clamp bound and output-reading derivative sees eager's values), while the gradients
+flow in float32 and are rounded once, when the kernel stores dY — as Inductor's derivative does.
+Eager's backward rounds each op's gradient to the dtype; repeating those roundings cost the kernel
+half its time on the suite (a conversion instruction per rounding, at a quarter of the
+arithmetic rate; BENCHMARKS.md section 6) and changes dY by at most a few units in the last
+place of the dtype (within the 1e-2 tolerance of low-precision chains). Where each gradient op is
+exact in the dtype (products by powers of two, masks) the result is eager's to the bit.
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ import sympy
 import torch
 
 from .. import expr as E
-from ..vocabulary import ROUNDING, EpilogueFunction
+from ..vocabulary import ROUNDING
 from .printer import (
     UnsupportedExpression,
     _CValue,
@@ -57,18 +60,12 @@ class _Tape(_Printer):
 
 class _Reverse:
     """Emits the reverse sweep: one ``float`` gradient a value, created at its first
-    contribution; in a low-precision chain a contribution to a rounded value is rounded, and so is
-    each sum of two contributions (eager adds dtype gradients)."""
+    contribution and summed over the value's uses."""
 
-    def __init__(self, rounding: str | None, rounded: set[str]) -> None:
-        self.round_fn = None if rounding is None else f"fx_round_{rounding}"
-        self.rounded = rounded  # C names of values of the dtype: x, parameters, rounding points
+    def __init__(self) -> None:
         self.grads: dict[str, str] = {}
         self.lines: list[str] = []
         self._count = 0
-
-    def _round(self, name: str, text: str) -> str:
-        return f"{self.round_fn}({text})" if self.round_fn and name in self.rounded else text
 
     def add(self, target, text: str) -> None:
         """Adds ``text`` to the gradient of ``target`` (constants have none)."""
@@ -78,11 +75,10 @@ class _Reverse:
         if name not in self.grads:
             grad = f"g_{name}"
             self.grads[name] = grad
-            self.lines.append(f"float {grad} = {self._round(name, text)};")
+            self.lines.append(f"float {grad} = {text};")
         else:
             grad = self.grads[name]
-            term = self.temp(self._round(name, text))
-            self.lines.append(f"{grad} = {self._round(name, f'{grad} + {term}')};")
+            self.lines.append(f"{grad} += {text};")
 
     def temp(self, text: str) -> str:
         name = f"r{self._count}"
@@ -100,12 +96,10 @@ def print_gradient(expression: sympy.Expr, dtype: torch.dtype, num_params: int, 
     except (ZeroDivisionError, OverflowError) as error:
         raise UnsupportedExpression(f"constant arithmetic in {expression}: {error}") from None
     rounding = ROUNDING.get(dtype)
-    rounded = {x_name} | {f"p{i}" for i in range(num_params)}
-    roundings = {str(v): operands[1][0] for v, op, operands in tape.ops if op == "call" and _is_rounding(operands[0])}
-    rounded |= set(roundings)
+    roundings = {str(v) for v, op, operands in tape.ops if op == "call" and operands[0].row.name == rounding}
     # a backward that reads the output (sigmoid, tanh, exp, relu) reads the dtype's output in eager
-    stored = {str(operand): name for name, operand in roundings.items()} if rounding else {}
-    reverse = _Reverse(rounding, rounded)
+    stored = {str(operands[1][0]): str(v) for v, op, operands in tape.ops if str(v) in roundings}
+    reverse = _Reverse()
     reverse.add(result, "g")
     c = _Printer.c
     for value, op, operands in reversed(tape.ops):
@@ -143,6 +137,8 @@ def print_gradient(expression: sympy.Expr, dtype: torch.dtype, num_params: int, 
             if exponent != 0.0:  # eager: exponent == 0 gives a zero gradient
                 derivative = reverse.temp(f"{power_text(base, exponent - 1.0)} * {float_literal(exponent)}")
                 reverse.add(base, f"{g} * {derivative}")
+        elif op == "call" and str(value) in roundings:  # gradients stay float32 (module docstring)
+            reverse.add(operands[1][0], g)
         elif op == "call":
             function, args = operands
             row = function.row
@@ -157,6 +153,3 @@ def print_gradient(expression: sympy.Expr, dtype: torch.dtype, num_params: int, 
     outputs += [f"dp[{i}] = {reverse.grads.get(f'p{i}', '0.0f')};" for i in range(num_params)]
     return PrintedGradient(tape.lines + reverse.lines + outputs, tape.params)
 
-
-def _is_rounding(function: EpilogueFunction) -> bool:
-    return function.row.name in ROUNDING.values()

@@ -265,6 +265,20 @@ def test_a_stage_drops_the_rounding_of_an_input_that_is_already_rounded():
     assert body.count("fx_round_bf16") == 2
 
 
+def test_the_derivative_keeps_eagers_forward_and_rounds_no_gradient():
+    """Masks, clamp bounds and output-reading derivatives see eager's bf16 values; the gradients
+    stay float32 until the kernel stores dY (one rounding, as Inductor's derivative)."""
+    traced = Program(Gemm(True), (Pointwise(bf16(call("clamp", bf16(E.mul(X, call("sigmoid", X))), c(-1.0), c(1.0)))),))
+    header = codegen.generate(traced, torch.bfloat16, "n", "e")["program.cuh"]
+    grad = header[header.index("static void grad(") :]
+    grad = grad[: grad.index("\n  }\n")]
+    forward = [line for line in grad.splitlines() if line.strip().startswith("const float t")]
+    gradients = [line for line in grad.splitlines() if "g_" in line or "dx =" in line]
+    assert sum("fx_round_bf16" in line for line in forward) == 2
+    assert gradients and not any("fx_round" in line for line in gradients)
+    assert "fx_clamp_bwd(g_t3, t2, t4, " in grad  # input and output as eager rounded them (t2, t4)
+
+
 @pytest.mark.parametrize(
     "stages,condition",
     [

@@ -19,11 +19,13 @@ import shutil
 import pytest
 import torch
 
+from fxfuse import expr as E
 from fxfuse import reference
 from fxfuse.cuda.build import BuildError, emulate_target
 from fxfuse.cuda.engine import Engine
-from fxfuse.ir import Norm
-from programs import LOW_PRECISION, PROGRAMS, assert_backward_close, grad_cases, make_params, poison
+from fxfuse.ir import Gemm, Norm, Program
+from fxfuse.vocabulary import call
+from programs import LOW_PRECISION, PROGRAMS, assert_backward_close, grad_cases, make_params, poison, pw
 
 SHAPES = [(7, 1000, 300), (1, 64, 16), (5, 256, 16), (3, 4096, 8), (4, 3, 8), (6, 24, 5)]
 EXTRA = ["s16_sigmoid_sum", "s04_group_silu_vec_silu", "group_odd", "s03_batch_train_gelu_relu"]  # widest rows
@@ -240,6 +242,20 @@ def test_backward_kernel_matches_reference(engine, name, dtype, m, n):
         grad = torch.randn(m, n, generator=g).to(dtype)
         params = make_params(program, n, dtype=dtype if name in LOW_PRECISION else torch.float32, generator=g)
         compare_backward(engine, program, dtype, y, grad, params)
+
+
+def test_backward_kernel_is_eager_to_the_bit_where_each_gradient_op_is_exact(engine):
+    """bf16(relu(bf16(bf16(x - 2) * 1.5))), as Dynamo traces S13 in bfloat16: eager rounds after
+    the mask and the product, the kernel once at the store -- the same single rounding of g * 1.5."""
+    def bf16(e):
+        return call("bf16", e)
+
+    program = Program(Gemm(True), (pw(bf16(call("relu", bf16(E.mul(bf16(E.sub(E.X, E.const(2.0))), E.const(1.5)))))),))
+    g = torch.Generator().manual_seed(0)
+    y = (torch.randn(64, 256, generator=g) * 3).to(torch.bfloat16)
+    grad = torch.randn(64, 256, generator=g).to(torch.bfloat16)
+    dy, _ = engine.backward_kernel(program.to_string(), grad, y, [])
+    assert torch.equal(dy, reference.pointwise_backward(program, grad, y, [])[0])
 
 
 def test_backward_kernel_layouts(engine):
