@@ -1,6 +1,7 @@
 """Build the CUDA modules of every suite program in parallel, ahead of tests and benchmarks.
 
-    python bench/prebuild_suite.py [--sizes full,small] [--dtypes bf16,fp32,fp16] [--rows S01,...]
+    python bench/prebuild_suite.py [--sizes full,small] [--dtypes bf16,fp32,fp16,autocast,autocast-fp16]
+                                   [--rows S01,...]
 
 Dynamo traces each suite model on the GPU, fxfuse's matcher names its programs, and
 ``fxfuse.cuda.prepare_many`` compiles all of them at once into the build cache, so that the
@@ -23,11 +24,19 @@ from examples import suite  # noqa: E402
 from fxfuse.canonicalize import canonicalize  # noqa: E402
 from fxfuse.match import match_all  # noqa: E402
 
-DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32, "fp16": torch.float16}
+# name -> (the model's dtype, autocast's dtype or None)
+DTYPES = {
+    "bf16": (torch.bfloat16, None),
+    "fp32": (torch.float32, None),
+    "fp16": (torch.float16, None),
+    "autocast": (torch.float32, torch.bfloat16),  # autocast(bf16) over the float32 model
+    "autocast-fp16": (torch.float32, torch.float16),
+}
 
 
 def suite_programs(rows, sizes, dtypes) -> set:
-    """(program, dtype) of every fused chain of ``rows`` at ``sizes`` in ``dtypes``, on CUDA."""
+    """(program, dtype) of every fused chain of ``rows`` at ``sizes`` in ``dtypes`` (DTYPES
+    values), on CUDA."""
     found = set()
 
     def collect(gm, example_inputs, **kwargs):
@@ -41,10 +50,10 @@ def suite_programs(rows, sizes, dtypes) -> set:
             mod = suite.load(row)
             if size not in mod.SIZES:
                 continue
-            for dtype in dtypes:
+            for dtype, autocast in dtypes:
                 torch._dynamo.reset()
                 model, inputs = suite.build(row, size, "cuda", dtype)
-                with torch.no_grad():
+                with torch.no_grad(), torch.autocast("cuda", dtype=autocast, enabled=autocast is not None):
                     torch.compile(model, backend=collect)(*inputs)
                 del model, inputs
     return found
@@ -53,7 +62,7 @@ def suite_programs(rows, sizes, dtypes) -> set:
 def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--sizes", default="full,small")
-    parser.add_argument("--dtypes", default="bf16,fp32,fp16")
+    parser.add_argument("--dtypes", default=",".join(DTYPES))
     parser.add_argument("--rows", default=None)
     parser.add_argument("--workers", type=int, default=None)
     args = parser.parse_args()

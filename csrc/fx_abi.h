@@ -8,7 +8,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#define FX_ABI_VERSION 5
+#define FX_ABI_VERSION 6
 
 // Widest row the row kernel holds in registers (64 floats a thread, 512 threads a row).
 #define FX_MAX_N 32768
@@ -40,7 +40,7 @@ struct FxParam {
 
 struct FxLaunch {
   const void* y;          // (m, n) row-major GEMM output, dtype of the module
-  void* out;              // FX_OUT_ROWS: (m, n), may equal y; else (m,)
+  void* out;              // out_dtype; FX_OUT_ROWS: (m, n), may equal y when of its dtype; else (m,)
   float* stats;           // (2, n) float32 [mean, unbiased var] of a training BatchNorm, else null
   float* workspace;       // workspace_floats(m, n, sm_count) floats, else null when that is 0
   const FxParam* params;  // num_params entries, in program order
@@ -71,7 +71,8 @@ struct FxGradLaunch {
 
 struct FxProgramInfo {
   int32_t abi_version;
-  int32_t dtype;           // FxDtype of x, weight and the output
+  int32_t dtype;           // FxDtype of x, weight and the GEMM output
+  int32_t out_dtype;       // FxDtype of the output: dtype, or FX_F32 for a chain that widens
   int32_t out_kind;        // FxOutKind
   int32_t batch_train;     // 1 when the program returns (2, N) batch statistics
   int32_t channels_dim1;   // 1 with a batch or group norm: torch takes dim 1 as channels, so the

@@ -351,6 +351,12 @@ struct Row {
     }
   }
 
+  // The output is of the program's type Out: T, or float for a chain that widened (a chunk's VEC
+  // values then take two 16-byte stores).
+  using Out = typename Prog::Out;
+  static constexpr int OUT_VEC = DType<Out>::kVec;
+  static_assert(VEC % OUT_VEC == 0, "the output type is T or float");
+
   FX_DEVICE void store_rows() const {
     if (!active) return;
     const int64_t base = row * a.n;
@@ -358,17 +364,19 @@ struct Row {
     for (int i = 0; i < ITEMS; ++i) {
       const int c0 = col(i, 0);
       if constexpr (ALIGNED) {
-        if (c0 < a.n) Mem<T>::store_vec(a.out, base + c0, v[i]);
+        if (c0 < a.n)
+#pragma unroll
+          for (int k = 0; k < VEC; k += OUT_VEC) Mem<Out>::store_vec(a.out, base + c0 + k, v[i] + k);
       } else {
 #pragma unroll
         for (int e = 0; e < VEC; ++e)
-          if (c0 + e < a.n) Mem<T>::store(a.out, base + c0 + e, v[i][e]);
+          if (c0 + e < a.n) Mem<Out>::store(a.out, base + c0 + e, v[i][e]);
       }
     }
   }
 
   FX_DEVICE void store_scalar(float s) const {
-    if (active && lt == 0) Mem<T>::store(a.out, row, s);
+    if (active && lt == 0) Mem<Out>::store(a.out, row, s);
   }
 
   template <int K>
@@ -474,9 +482,11 @@ struct Row {
   }
 
   // Every norm ends here: v = (v - shift) * scale * w + b (the last two as one fma, as eager's CUDA
-  // norms compile), rounded to T as eager's norm of a T input returns it.
-  // `shift_scale(i, shift, scale)` fills chunk i's VEC shifts and scales.
-  template <int W, int B, class F>
+  // norms compile), rounded to U as eager's norm of a U input returns it. U, every norm's first
+  // template argument, is the dtype the norm computes for: T, or float once the chain widened
+  // (a float32 norm of autocast or type promotion). `shift_scale(i, shift, scale)` fills chunk
+  // i's VEC shifts and scales.
+  template <typename U, int W, int B, class F>
   FX_DEVICE void normalise(F shift_scale) {
 #pragma unroll
     for (int i = 0; i < ITEMS; ++i) {
@@ -494,15 +504,15 @@ struct Row {
         } else if constexpr (B >= 0) {
           y = y + b[e];
         }
-        v[i][e] = round_to<T>(y);
+        v[i][e] = round_to<U>(y);
       }
     }
   }
 
   // shift and scale the same for a whole chunk
-  template <int W, int B, class F>
+  template <typename U, int W, int B, class F>
   FX_DEVICE void normalise_by_chunk(F shift_scale_of_chunk) {
-    normalise<W, B>([&](int i, float* shift, float* scale) {
+    normalise<U, W, B>([&](int i, float* shift, float* scale) {
       float sh, sc;
       shift_scale_of_chunk(i, sh, sc);
 #pragma unroll
@@ -520,24 +530,24 @@ struct Row {
   }
 
   // F.layer_norm over the row: biased variance (two-pass), (x - mean) * rstd * w + b
-  template <int W, int B>
+  template <typename U, int W, int B>
   FX_DEVICE void layer_norm(float eps) {
     const float n = static_cast<float>(a.n);
     const float mean = reduce_sum() / n;
     const float var = reduce(0.0f, OpAdd(), [mean](float x) { return (x - mean) * (x - mean); }) / n;
     const float rstd = fx_rsqrt(var + eps);
-    normalise_by_chunk<W, B>([mean, rstd](int, float& sh, float& sc) {
+    normalise_by_chunk<U, W, B>([mean, rstd](int, float& sh, float& sc) {
       sh = mean;
       sc = rstd;
     });
   }
 
   // F.rms_norm: x * rsqrt(mean(x^2) + eps) * w
-  template <int W>
+  template <typename U, int W>
   FX_DEVICE void rms_norm(float eps) {
     const float ms = reduce(0.0f, OpAdd(), [](float x) { return x * x; }) / static_cast<float>(a.n);
     const float r = fx_rsqrt(ms + eps);
-    normalise_by_chunk<W, -1>([r](int, float& sh, float& sc) {
+    normalise_by_chunk<U, W, -1>([r](int, float& sh, float& sc) {
       sh = 0.0f;
       sc = r;
     });
@@ -550,24 +560,25 @@ struct Row {
   //    the row's threads; every suite shape): shuffle sums, no shared memory;
   //  - other whole-chunk groups: per-chunk partial sums in shared memory, one thread a group;
   //  - a group size that is not a multiple of 16 bytes of T: the row staged in shared memory.
-  template <int G, int W, int B>
+  template <typename U, int G, int W, int B>
   FX_DEVICE void group_norm(float eps) {
-    const float eps_t = round_to<T>(eps);
+    const float eps_t = round_to<U>(eps);
     const int gs = a.n / G;
     const int lanes = gs / VEC;
     if (group_in_lanes(a.n, G, VEC) || (gs % VEC == 0 && (lanes & (lanes - 1)) == 0 && a.rt % lanes == 0)) {
-      group_norm_by_lanes<W, B>(eps_t, gs, lanes);
+      group_norm_by_lanes<U, W, B>(eps_t, gs, lanes);
     } else if (gs % VEC == 0) {
-      group_norm_by_chunk<G, W, B>(eps_t, gs);
+      group_norm_by_chunk<U, G, W, B>(eps_t, gs);
     } else {
-      group_norm_staged<G, W, B>(eps_t, gs);
+      group_norm_staged<U, G, W, B>(eps_t, gs);
     }
   }
 
+  template <typename U>
   FX_DEVICE void group_stats(float& mean, float& rstd) const {
     if (a.flags & FX_GROUP_NORM_ROUNDS_STATS) {
-      mean = round_to<T>(mean);
-      rstd = round_to<T>(rstd);
+      mean = round_to<U>(mean);
+      rstd = round_to<U>(rstd);
     }
   }
 
@@ -596,10 +607,10 @@ struct Row {
     t.sync();
   }
 
-  template <int W, int B>
+  template <typename U, int W, int B>
   FX_DEVICE void group_norm_by_lanes(float eps, int gs, int lanes) {
     if (gs <= 32) {
-      group_norm_as_eager_warp<W, B>(eps, gs, lanes);
+      group_norm_as_eager_warp<U, W, B>(eps, gs, lanes);
       return;
     }
     const float count = static_cast<float>(gs);
@@ -624,9 +635,9 @@ struct Row {
 #pragma unroll
     for (int i = 0; i < ITEMS; ++i) {
       rstd[i] = fx_rsqrt(rstd[i] / count + eps);
-      group_stats(mean[i], rstd[i]);
+      group_stats<U>(mean[i], rstd[i]);
     }
-    normalise_by_chunk<W, B>([&](int i, float& sh, float& sc) {
+    normalise_by_chunk<U, W, B>([&](int i, float& sh, float& sc) {
       sh = mean[i];
       sc = rstd[i];
     });
@@ -640,7 +651,7 @@ struct Row {
   // state bit for bit (the lower side of each pair is combined first, as lane 0 combines). Levels
   // at or above the group size only meet empty lanes (no-ops). A one-ulp difference in a statistic
   // rounded to bf16 can grow past 1e-2 through a bf16 chain (S04), so the order is eager's.
-  template <int W, int B>
+  template <typename U, int W, int B>
   FX_DEVICE void group_norm_as_eager_warp(float eps, int gs, int lanes) {
     float mean[ITEMS], rstd[ITEMS];
     const int r = lt % lanes;  // this thread's place in its group
@@ -668,9 +679,9 @@ struct Row {
         for (int e = 0; e < off; ++e) welford_combine(m[e], s[e], m[e + off], s[e + off], count);
       mean[i] = m[0];
       rstd[i] = fx_rsqrt(s[0] / static_cast<float>(gs) + eps);
-      group_stats(mean[i], rstd[i]);
+      group_stats<U>(mean[i], rstd[i]);
     }
-    normalise_by_chunk<W, B>([&](int i, float& sh, float& sc) {
+    normalise_by_chunk<U, W, B>([&](int i, float& sh, float& sc) {
       sh = mean[i];
       sc = rstd[i];
     });
@@ -691,7 +702,7 @@ struct Row {
     mean = fx_fma(delta, 0.5f, mean);
   }
 
-  template <int G, int W, int B>
+  template <typename U, int G, int W, int B>
   FX_DEVICE void group_norm_by_chunk(float eps, int gs) {
     const int per_group = gs / VEC;
     const float count = static_cast<float>(gs);
@@ -709,8 +720,8 @@ struct Row {
     chunk_group_values(gs, per_group, rstd);
     t.sync();
 #pragma unroll
-    for (int i = 0; i < ITEMS; ++i) group_stats(mean[i], rstd[i]);
-    normalise_by_chunk<W, B>([&](int i, float& sh, float& sc) {
+    for (int i = 0; i < ITEMS; ++i) group_stats<U>(mean[i], rstd[i]);
+    normalise_by_chunk<U, W, B>([&](int i, float& sh, float& sc) {
       sh = mean[i];
       sc = rstd[i];
     });
@@ -751,7 +762,7 @@ struct Row {
     }
   }
 
-  template <int G, int W, int B>
+  template <typename U, int G, int W, int B>
   FX_DEVICE void group_norm_staged(float eps, int gs) {
     if (active) {
 #pragma unroll
@@ -771,23 +782,23 @@ struct Row {
         float ss = 0.0f;
         for (int k = 0; k < gs; ++k) ss += (x[k] - mean) * (x[k] - mean);
         float rstd = fx_rsqrt(ss / count + eps);
-        group_stats(mean, rstd);
+        group_stats<U>(mean, rstd);
         for (int k = 0; k < gs; ++k) x[k] = (x[k] - mean) * rstd;
       }
     }
     t.sync();
     map([this](float, int c) { return scratch[c]; });
     t.sync();
-    normalise_by_chunk<W, B>([](int, float& sh, float& sc) {
+    normalise_by_chunk<U, W, B>([](int, float& sh, float& sc) {
       sh = 0.0f;
       sc = 1.0f;
     });
   }
 
   // BatchNorm with running statistics: (x - rm) / sqrt(rv + eps) * w + b
-  template <int W, int B, int RM, int RV>
+  template <typename U, int W, int B, int RM, int RV>
   FX_DEVICE void batch_norm_eval(float eps) {
-    normalise<W, B>([this, eps](int i, float* shift, float* scale) {
+    normalise<U, W, B>([this, eps](int i, float* shift, float* scale) {
       float rm[VEC], rv[VEC];
       col_chunk<RM>(i, rm);
       col_chunk<RV>(i, rv);
@@ -800,9 +811,9 @@ struct Row {
   }
 
   // BatchNorm with the batch statistics of the combine kernel
-  template <int W, int B>
+  template <typename U, int W, int B>
   FX_DEVICE void batch_norm_train() {
-    normalise<W, B>([this](int i, float* shift, float* scale) {
+    normalise<U, W, B>([this](int i, float* shift, float* scale) {
       float m[VEC], r[VEC];
       chunk_of(a.bn_mean, FX_F32, i, m);
       chunk_of(a.bn_rstd, FX_F32, i, r);
@@ -1295,6 +1306,7 @@ struct Launcher {
   extern "C" FX_EXPORT const FxProgramInfo* ENTRY() {                                                \
     static const FxProgramInfo info = {FX_ABI_VERSION,                                               \
                                        fx::DType<T>::kCode,                                          \
+                                       fx::DType<typename PROG::Out>::kCode,                         \
                                        PROG::kOutKind,                                               \
                                        PROG::kBatchTrain ? 1 : 0,                                    \
                                        PROG::kChannelsDim1 ? 1 : 0,                                  \

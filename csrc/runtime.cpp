@@ -166,17 +166,19 @@ Result run(int64_t info_address, const Tensor& x, const Tensor& weight, const st
   if (y.scalar_type() != x.scalar_type()) return std::nullopt;
 
   std::vector<int64_t> shape(x.sizes().begin(), x.sizes().end() - 1);
+  const auto out_options = y.options().dtype(*scalar_type_of(info->out_dtype));
   Tensor out;
   if (info->out_kind == FX_OUT_ROWS) {
     shape.push_back(n);
-    out = save_gemm ? at::empty_like(y) : y;
+    const bool in_place = !save_gemm && info->out_dtype == info->dtype;
+    out = in_place ? y : at::empty(shape, out_options);
   } else {
     if (info->out_kind == FX_OUT_REDUCED_KEEP) shape.push_back(1);
-    out = at::empty(shape, y.options());
+    out = at::empty(shape, out_options);
   }
   if (out_buffer) {  // tests: a caller-filled buffer shows any element the kernels do not write
     const Tensor& b = *out_buffer;
-    TORCH_CHECK(b.sizes() == at::IntArrayRef(shape) && b.scalar_type() == y.scalar_type() &&
+    TORCH_CHECK(b.sizes() == at::IntArrayRef(shape) && b.scalar_type() == out.scalar_type() &&
                     b.device() == y.device() && b.is_contiguous(),
                 "fxfuse: out buffer of the wrong shape, dtype, device or layout");
     out = b;

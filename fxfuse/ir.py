@@ -9,6 +9,10 @@ String form, stages separated by `` | `` and parameter kinds after `` || ``::
 
     linear(bias=True) | pointwise(leaky_relu(x * 2.0, 0.1)) | group_norm(groups=512, eps=1e-05,
     weight=p0, bias=p1) | sum(keepdim=True) || col col
+
+A program is dtype-agnostic: it runs on the GEMM's dtype (the module is built per program and
+dtype), a bfloat16/float16 chain carries its rounding points in its expressions, and a ``float32()``
+stage marks where the chain widens to float32, as autocast and type promotion widen eager's.
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ from dataclasses import dataclass, fields
 from typing import Literal, Union
 
 import sympy
+import torch
 
 from . import expr as E
 
@@ -76,7 +81,17 @@ class Reduce:
         return self.kind in ROW_REDUCTIONS
 
 
-Stage = Union[Pointwise, Norm, Reduce]
+@dataclass(frozen=True)
+class Widen:
+    """From here on the chain computes in float32, as eager's does where autocast runs an op in
+    float32 (norms, softmax, sums on CUDA) or a float32 operand promotes one: the values are taken
+    exactly, pointwise stages after it round nowhere, norms after it take and return float32, and
+    the op's output is float32. The stages before it keep the GEMM dtype's rounding points; an op
+    of the segment that widened reads them unrounded, so the stage sits at the end of that
+    pointwise segment (before the norm or reduction that follows, or at the chain's end)."""
+
+
+Stage = Union[Pointwise, Norm, Reduce, Widen]
 
 
 @dataclass(frozen=True)
@@ -105,6 +120,14 @@ class Program:
             i for s in self.stages if isinstance(s, Norm)
             for i in (s.running_mean, s.running_var) if i is not None
         )
+
+    @property
+    def widens(self) -> bool:
+        return any(isinstance(s, Widen) for s in self.stages)
+
+    def output_dtype(self, dtype: torch.dtype) -> torch.dtype:
+        """The op's output dtype for a GEMM in ``dtype`` (float64, which gradcheck uses, stays)."""
+        return torch.promote_types(dtype, torch.float32) if self.widens else dtype
 
     def output_shape(self, batch_shape: tuple, n: int) -> tuple:
         """Shape of the op's output for an input of shape ``(*batch_shape, K)``."""
@@ -138,6 +161,7 @@ class Program:
 _NORM_NAMES = {"group": "group_norm", "layer": "layer_norm", "rms": "rms_norm", "batch": "batch_norm"}
 _NORM_KINDS = {v: k for k, v in _NORM_NAMES.items()}
 _PARAM_FIELDS = ("weight", "bias", "running_mean", "running_var")
+_WIDEN_NAME = "float32"
 
 
 def _stage_string(stage: Stage) -> str:
@@ -145,6 +169,8 @@ def _stage_string(stage: Stage) -> str:
         return f"pointwise({E.to_string(stage.expr)})"
     if isinstance(stage, Reduce):
         return f"{stage.kind}(keepdim={stage.keepdim})" if stage.changes_shape else f"{stage.kind}()"
+    if isinstance(stage, Widen):
+        return f"{_WIDEN_NAME}()"
     defaults = Norm(kind=stage.kind, eps=0.0)
     items = [f"eps={stage.eps!r}"]
     for f in fields(Norm)[2:]:
@@ -181,4 +207,6 @@ def _parse_stage(text: str) -> Stage:
         return Norm(kind=_NORM_KINDS[name], **_keywords(node))
     if name in ROW_REDUCTIONS or name in ROW_MAPS:
         return Reduce(kind=name, **_keywords(node))
+    if name == _WIDEN_NAME and not node.args and not node.keywords:
+        return Widen()
     raise ValueError(f"unknown stage {text!r}")

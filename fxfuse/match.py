@@ -6,6 +6,12 @@ canonical op fits (pointwise ops may read any value of the current pointwise seg
 The first node that does not fit stops growth, with a reason. The fused region is then the longest
 prefix whose only value read from outside is its last one, so an intermediate that something else
 also reads is never fused away.
+
+Every op rounds its result to its own output dtype, as eager's does. In a bfloat16/float16 chain
+that is the GEMM's dtype, or float32 where autocast runs an op in float32 (a norm, softmax or sum
+on CUDA), a float32 operand promotes one, or the user casts (``x.float()``): such an op reads the
+chain's values exactly, and from there on the chain computes in float32 (a Widen stage in the IR;
+a pointwise op of the GEMM's dtype may still read values from before it).
 """
 
 from __future__ import annotations
@@ -28,7 +34,7 @@ from .canonical import (
     Rejected,
 )
 from .describe import describe
-from .ir import Gemm, Norm, Pointwise, Program, Reduce, Stage
+from .ir import Gemm, Norm, Pointwise, Program, Reduce, Stage, Widen
 from .vocabulary import ROUNDING, call, is_rounding
 
 FUSABLE_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
@@ -62,13 +68,13 @@ class Chain:
     batch_norm_update: BatchNormUpdate | None = None
     dtype: torch.dtype | None = None  # the GEMM's output dtype, the chain's element type
     casts_operands: bool = False  # autocast casts the GEMM's operands to ``dtype``
-    stops_at_wider_dtype: bool = False  # growth ended at an op computing in another dtype
+    stops_at_wider_dtype: bool = False  # growth ended at an op computing in a dtype it cannot widen to
 
 
 class Stop(Exception):
     """Growth ends at this node, for this reason (None: the chain simply ends here);
-    ``wider_dtype`` when the node computes in another dtype than the chain (autocast's float32
-    ops, type promotion): an op Inductor would fuse with the chain."""
+    ``wider_dtype`` when the node computes in a wider dtype than the chain can take (float64, or
+    a second widening): an op Inductor would fuse with the chain."""
 
     def __init__(self, reason: str | None, wider_dtype: bool = False):
         super().__init__(reason)
@@ -134,6 +140,8 @@ class _Matcher:
         self.snapshots: list[_Snapshot] = []
         self._downstream: set[Node] | None = None
         self.dtype: torch.dtype | None = None  # the GEMM's output dtype: the chain's element type
+        self.node_dtype: torch.dtype | None = None  # the output dtype of the node being absorbed
+        self.widened = False  # an op of the chain computes in float32 (in a bf16/fp16 chain)
         self.casts_operands = False
         self.stopped_at_wider_dtype = False
 
@@ -220,6 +228,7 @@ class _Matcher:
             raise Stop("GEMM operands are not tensors")
         out = example_value(self.gemm)
         self.dtype, self.device = getattr(out, "dtype", x.dtype), x.device
+        self.node_dtype = self.dtype
         if any(t.dtype not in FUSABLE_DTYPES for t in (*tensors, out)):
             raise Stop(f"dtype {self.dtype} (fxfuse fuses float32, bfloat16 and float16)")
         if any(t.device != x.device for t in tensors):
@@ -248,9 +257,7 @@ class _Matcher:
         if isinstance(op, Rejected):
             raise Stop(op.reason)
         value = example_value(node)
-        if isinstance(value, torch.Tensor) and value.dtype != self.dtype:
-            raise Stop(f"{describe(node)} computes in {value.dtype} (autocast's or type promotion's "
-                       f"choice); a fused chain stays in the GEMM's {self.dtype}", wider_dtype=True)
+        self.node_dtype = self._dtype_of(node, op, value.dtype if isinstance(value, torch.Tensor) else self.dtype)
         expr, is_tuple = self._rounded(E.X), False
         if isinstance(op, AliasOp):
             expr = self._segment_value(op.input)
@@ -270,10 +277,26 @@ class _Matcher:
                       self.batch_norm_update, is_tuple)
         )
 
+    def _dtype_of(self, node: Node, op: CanonicalOp, dtype: torch.dtype) -> torch.dtype:
+        """The dtype ``node`` computes in: the GEMM's, or float32 in a bfloat16/float16 chain
+        (autocast's float32 ops, a float32 operand's promotion, a cast), which widens the chain
+        from here on. Promotion never lets a value of a widened op flow into an op of the
+        GEMM's dtype, so only pointwise ops of that dtype may follow (on earlier values)."""
+        if dtype == self.dtype:
+            if self.widened and not isinstance(op, (PointwiseOp, AliasOp)):
+                raise Stop(f"{describe(node)} computes in {dtype} after the chain widened to float32")
+            return dtype
+        if dtype != torch.float32 or self.dtype not in ROUNDING:
+            raise Stop(f"{describe(node)} computes in {dtype} (autocast's or type promotion's choice); "
+                       f"a fused chain computes in the GEMM's {self.dtype} or widens it to float32",
+                       wider_dtype=True)
+        self.widened = True
+        return dtype
+
     def _rounded(self, expr: sympy.Expr) -> sympy.Expr:
-        """``expr`` rounded to the chain's dtype, as eager rounds each op's result (a no-op in
-        float32; the last rounding of a chain is the op's output cast and is kept too)."""
-        name = ROUNDING.get(self.dtype)
+        """``expr`` rounded to the node's dtype, as eager rounds each op's result (a no-op in
+        float32; the last rounding of a chain is the op's output cast and is kept)."""
+        name = ROUNDING.get(self.node_dtype)
         if name is None or self._is_rounding(expr):
             return expr
         return call(name, expr)
@@ -282,8 +305,12 @@ class _Matcher:
         return is_rounding(expr, self.dtype)
 
     def _stages_with(self, expr: sympy.Expr) -> tuple[Stage, ...]:
+        """The stages so far, the current pointwise segment's (unless it is the identity) and,
+        once the chain widened, the Widen stage after the segment where it happened."""
         trivial = expr == E.X or (self._is_rounding(expr) and expr.args[0] == E.X)
-        return tuple(self.stages) + (() if trivial else (Pointwise(expr),))
+        segment = () if trivial else (Pointwise(expr),)
+        widen = (Widen(),) if self.widened and Widen() not in self.stages else ()
+        return tuple(self.stages) + segment + widen
 
     def _segment_value(self, node: Node) -> sympy.Expr:
         if node in self.segment:
@@ -347,7 +374,7 @@ class _Matcher:
         value = example_value(node)
         if not isinstance(value, torch.Tensor):
             raise Stop(f"operand {describe(node)} is a symbolic scalar")
-        if value.dtype != self.dtype or value.device != self.device:
+        if value.dtype not in {self.dtype, self.node_dtype} or value.device != self.device:
             raise Stop(f"operand {describe(node)} has dtype {value.dtype} on {value.device}")
         shape = tuple(value.shape)
         if len(shape) > self.ndim:
@@ -372,7 +399,7 @@ class _Matcher:
         value = example_value(node)
         if self._is_downstream(node) or not isinstance(value, torch.Tensor):
             raise Stop(f"norm argument {describe(node)} is not a parameter")
-        if tuple(value.shape) != (self.n,) or value.dtype not in (self.dtype, torch.float32):
+        if tuple(value.shape) != (self.n,) or value.dtype not in (self.node_dtype, torch.float32):
             raise Stop(f"norm argument {describe(node)} of shape {tuple(value.shape)}, {value.dtype}")
         return self._param(node, "col")
 

@@ -48,7 +48,7 @@ def linear_epilogue(
 def _linear_epilogue_fake(program, x, weight, bias, params, save_gemm):
     prog = Program.parse(program)
     n = weight.shape[0]
-    out = x.new_empty(prog.output_shape(tuple(x.shape[:-1]), n))
+    out = x.new_empty(prog.output_shape(tuple(x.shape[:-1]), n), dtype=prog.output_dtype(x.dtype))
     stats_shape = (2, n) if prog.batch_norm_training else reference.EMPTY_STATS_SHAPE
     gemm = x.new_empty((*x.shape[:-1], n) if save_gemm else (0,))
     return out, x.new_empty(stats_shape, dtype=torch.float32), gemm

@@ -6,11 +6,12 @@ chains with a norm stage (group, layer, RMS or batch norm) over at least 2^20 el
 1.03-1.21x Inductor's GPU time in bfloat16 (S17 the exception, 0.96x) and 1.00-1.09x in float32 /
 TF32 — those epilogue kernels are instruction-bound at 3-7x their byte floor — while pointwise and
 row-reduction chains (S01, S11, S16), and norm chains at decode sizes (M = 16), ran at or near
-Inductor's time. A chain cut short by an op that computes in a wider dtype (autocast's float32
-norms, softmax and sums; a promotion by a float32 parameter) also goes to Inductor: Inductor fuses
-that op and what follows with the chain's ops into kernels that read the GEMM output, while a fused
-prefix makes them read its output instead — one more write and read of M x N (S08 under bf16
-autocast, forward + backward: 2.51 ms of kernels fused against 2.30 ms as Inductor's).
+Inductor's time. A chain cut short by an op that computes in a dtype it cannot widen to (float64;
+autocast's float32 ops and float32 promotions widen the chain instead) also goes to Inductor:
+Inductor fuses that op and what follows with the chain's ops into kernels that read the GEMM
+output, while a fused prefix makes them read its output instead — one more write and read of
+M x N (S08 under bf16 autocast, when its chain stopped at the float32 add: forward + backward
+2.51 ms of kernels with the prefix fused against 2.30 ms as Inductor's).
 ``options={"policy": "always"}`` (or FXFUSE_POLICY=always) fuses every chain regardless.
 """
 

@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 
 from . import expr as E
-from .ir import Norm, Pointwise, Program, Reduce
+from .ir import Norm, Pointwise, Program, Reduce, Widen
 
 EMPTY_STATS_SHAPE = (0,)
 
@@ -48,10 +48,11 @@ def gemm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> to
 
 
 def epilogue(program: Program, y: torch.Tensor, params: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
-    """``program``'s stages applied to the GEMM output ``y``: ``(out, batch_stats)``."""
-    out_dtype = y.dtype
+    """``program``'s stages applied to the GEMM output ``y``: ``(out, batch_stats)``. ``dtype`` is
+    the dtype eager's op of each stage sees: the GEMM's, float32 from a Widen stage on."""
+    dtype = y.dtype
     n = y.shape[-1]
-    opmath = torch.float64 if out_dtype == torch.float64 else torch.float32
+    opmath = torch.float64 if dtype == torch.float64 else torch.float32
     values = [
         p.to(opmath).reshape(n) if kind == "col" else p.to(opmath).reshape(())
         for p, kind in zip(params, program.params)
@@ -63,12 +64,14 @@ def epilogue(program: Program, y: torch.Tensor, params: list[torch.Tensor]) -> t
             if isinstance(stage, Pointwise):
                 v = _pointwise(stage, v, values)
             elif isinstance(stage, Norm):
-                v, batch_stats = _norm(stage, v, list(params), out_dtype)
+                v, batch_stats = _norm(stage, v, list(params), dtype)
                 if batch_stats is not None:
                     stats = batch_stats
+            elif isinstance(stage, Widen):
+                dtype = torch.promote_types(dtype, torch.float32)
             else:
                 v = _reduce(stage, v)
-        return v.to(out_dtype), stats
+        return v.to(program.output_dtype(y.dtype)), stats
 
 
 def _no_autocast(t: torch.Tensor):

@@ -112,3 +112,20 @@ def test_mismatched_dtypes_raise_eagers_error():
 def test_softmax_over_the_batch_dim_is_not_fused():
     row = _row(lambda m, y: F.softmax(y, dim=0))
     assert row.status == "not_fused" and "not the feature dim" in row.reason
+
+
+def test_a_cast_to_a_narrower_dtype_ends_the_chain():
+    row = _row(lambda m, y: (y.float() * 2.0).to(torch.bfloat16), dtype=torch.bfloat16)
+    assert row.status == "partial" and row.fused == ["linear", "float", "mul(2.0)"]
+    assert "only a cast to float32" in row.reason
+
+
+def test_a_norm_of_the_gemms_dtype_after_the_chain_widened_ends_the_chain():
+    """A bf16 norm that comes after the chain widened (here on the GEMM output itself) is not
+    fused into it; the result is still eager's."""
+    def epilogue(m, y):
+        wide = y.float() * 2.0
+        return wide + F.layer_norm(y, (N,)).float()
+
+    row = _row(epilogue, dtype=torch.bfloat16)
+    assert row.status in ("partial", "not_fused") and "layer_norm" not in row.fused

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -11,6 +14,9 @@ from fxfuse import reference
 from fxfuse.ir import Gemm, Norm, Pointwise, Program, Reduce
 from fxfuse.vocabulary import call
 from support import compile_fxfuse
+
+sys.path.insert(0, str(Path(__file__).resolve().parent / "gpu"))  # the shared program table
+from programs import PROGRAMS, make_params  # noqa: E402
 
 BASE_ROWS = [r for r in suite.ROWS if not r.id.startswith("S23")]
 
@@ -50,6 +56,21 @@ def test_every_suite_program_passes_opcheck(row):
                 None if bias is None else bias.requires_grad_(), params)
         for save_gemm in (True, False):  # a training graph's call; a direct call recomputes the GEMM
             torch.library.opcheck(torch.ops.fxfuse.linear_epilogue.default, (*args, save_gemm))
+
+
+@pytest.mark.parametrize("name", [n for n in PROGRAMS if n.startswith("widen_")])
+def test_a_chain_that_widens_returns_float32_and_passes_opcheck(name):
+    """bfloat16 x, weight and bias, float32 parameters (autocast's): a float32 output, from the
+    real kernel and the fake one, with gradients of every input."""
+    program = PROGRAMS[name]
+    g = torch.Generator().manual_seed(0)
+    x, w, b = (torch.randn(s, generator=g).to(torch.bfloat16) for s in [(6, 8), (16, 8), (16,)])
+    params = [p.requires_grad_(i not in program.constant_params) for i, p in enumerate(make_params(program, 16, generator=g))]
+    args = (program.to_string(), x.requires_grad_(), w.requires_grad_(), b.requires_grad_(), params)
+    out, *_ = torch.ops.fxfuse.linear_epilogue(*args, False)
+    assert out.dtype == torch.float32
+    for save_gemm in (True, False):
+        torch.library.opcheck(torch.ops.fxfuse.linear_epilogue.default, (*args, save_gemm))
 
 
 def test_fake_impl_gives_shapes_for_symbolic_batch():

@@ -64,11 +64,17 @@ def _chain_under_autocast(tail):
     return chain
 
 
-def test_a_chain_cut_by_autocasts_wider_dtype_goes_to_inductor_with_the_cut_named():
+def test_a_chain_widened_by_a_float32_parameter_fuses_in_full():
     chain = _chain_under_autocast(lambda v, scale: v * scale)  # bf16 * float32 parameter: float32
+    assert chain.status == "fused" and chain.program.widens and not chain.stops_at_wider_dtype
+    assert inductor_is_faster(chain.program, gemm_output(1024, 8)) is None
+
+
+def test_a_chain_cut_by_a_dtype_it_cannot_widen_to_goes_to_inductor_with_the_cut_named():
+    chain = _chain_under_autocast(lambda v, scale: v * scale.double())  # float64: no fused kernel
     assert chain.status == "partial" and chain.stops_at_wider_dtype
     reason = inductor_is_faster(chain.program, gemm_output(1024, 8), chain.reason)
-    assert "Inductor is faster" in reason and "computes in torch.float32" in reason
+    assert "Inductor is faster" in reason and "computes in torch.float64" in reason
     assert inductor_is_faster(chain.program, gemm_output(1024, 8, device="cpu"), chain.reason) is None
 
 

@@ -195,6 +195,19 @@ def test_half_precision_chain_matches_eager(dtype):
     _check(lambda m, y: F.gelu(F.group_norm(y * 2.0, 4)) + m.vector, "group_norm", dtype=dtype)
 
 
+# a bfloat16 chain that goes on in float32, as eager's does after an explicit cast
+WIDENINGS = [
+    ("float-then-softmax", lambda m, y: F.gelu(y).float().softmax(-1), "pointwise(bf16(gelu(x))) | float32() | softmax()"),
+    ("to-float32-then-layer_norm", lambda m, y: F.layer_norm(y.to(torch.float32), (N,)), "float32() | layer_norm("),
+    ("to-dtype-kwarg", lambda m, y: y.to(dtype=torch.float32) * 0.5 + y.sigmoid(), "pointwise((x * 0.5) + bf16(sigmoid(x))) | float32()"),
+]
+
+
+@pytest.mark.parametrize("name,epilogue,fragment", WIDENINGS, ids=[c[0] for c in WIDENINGS])
+def test_a_cast_to_float32_widens_a_bfloat16_chain(name, epilogue, fragment):
+    _check(epilogue, fragment, dtype=torch.bfloat16)
+
+
 def test_three_dimensional_input_fuses_feature_ops():
     row = _check(lambda m, y: F.silu(F.layer_norm(y, (N,))).softmax(-1), "layer_norm",
                  inputs=_inputs((2, 3, K)))

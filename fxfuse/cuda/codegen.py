@@ -14,12 +14,12 @@ import math
 import torch
 
 from .. import expr as E
-from ..ir import Norm, Pointwise, Program, Reduce, Stage
+from ..ir import Norm, Pointwise, Program, Reduce, Stage, Widen
 from ..vocabulary import ROUNDING, call, is_rounding
 from .gradient import print_gradient
 from .printer import UnsupportedExpression, float_literal, print_expr
 
-CODEGEN_VERSION = "4"
+CODEGEN_VERSION = "5"
 
 ELEMENT_TYPES = {
     torch.float32: "float",
@@ -120,6 +120,7 @@ def _program_header(program: Program, dtype: torch.dtype, namespace: str) -> str
             f"  static constexpr bool kChannelsDim1 = {'true' if channels_dim1 else 'false'};",
             f"  static constexpr float kBatchEps = {float_literal(bn.eps) if bn else '0.0f'};",
             f"  static constexpr int kLocalItems = {_local_items(program)};  // chunks a thread, row-local plans",
+            f"  using Out = {ELEMENT_TYPES[program.output_dtype(dtype)]};  // the output's element type",
             "",
             "  static bool groups_ok(int64_t n) {",
             "    return " + " && ".join([f"n % {g} == 0" for g in groups] or ["true"]) + ";",
@@ -179,6 +180,8 @@ def _check(program: Program) -> None:
     trains = [s for s in program.stages if isinstance(s, Norm) and s.kind == "batch" and s.training]
     if len(trains) > 1:
         raise UnsupportedProgram("more than one training BatchNorm")
+    if sum(isinstance(s, Widen) for s in program.stages) > 1:
+        raise UnsupportedProgram("more than one widening to float32")
     reduced = False
     for stage in program.stages:
         if reduced and not isinstance(stage, Pointwise):
@@ -265,13 +268,15 @@ def _batch_train_index(program: Program) -> int | None:
 class _Emitter:
     """Emits stages in order, tracking whether the row holds values of the element type T (a low
     precision chain rounds after every op where eager rounds): a norm rounds its input only when
-    it is not, and a pointwise stage drops the rounding of its input ``x`` when it already is."""
+    it is not, and a pointwise stage drops the rounding of its input ``x`` when it already is.
+    After a Widen stage the chain computes in float32: nothing rounds, norms are float norms."""
 
     def __init__(self, program: Program, dtype: torch.dtype) -> None:
         self.program = program
         self.dtype = dtype
         self.rounding = ROUNDING.get(dtype)  # the vocabulary's rounding function, None in float32
         self.rounded = True  # the GEMM output is loaded as T values
+        self.norm_type = ELEMENT_TYPES[dtype]  # the dtype a norm computes for: T, float once widened
 
     def stages(self, stages: tuple[Stage, ...], store: bool) -> list[str]:
         lines: list[str] = []
@@ -283,8 +288,10 @@ class _Emitter:
                 self.rounded = self._is_rounding(stage.expr)
             elif isinstance(stage, Norm):
                 lines += self.norm_input()
-                lines.append(_emit_norm(stage))
-                self.rounded = True  # Row::normalise rounds to T
+                lines.append(_emit_norm(stage, self.norm_type))
+                self.rounded = True  # Row::normalise rounds to the norm's type
+            elif isinstance(stage, Widen):
+                self.rounding, self.rounded, self.norm_type = None, True, ELEMENT_TYPES[torch.float32]
             elif stage.changes_shape:
                 lines.append(f"float s = r.{_REDUCTIONS[stage.kind]}();")
                 reduced, self.rounded = True, False
@@ -360,22 +367,24 @@ def _emit_scalar_pointwise(program: Program, stage: Pointwise) -> list[str]:
     ]
 
 
-def _emit_norm(norm: Norm) -> str:
+def _emit_norm(norm: Norm, element: str) -> str:
+    """The norm's call on the row, computing for ``element`` (T, or float once widened)."""
+
     def idx(index: int | None) -> int:
         return -1 if index is None else index
 
     eps = float_literal(norm.eps)
     w, b = idx(norm.weight), idx(norm.bias)
     if norm.kind == "group":
-        return f"r.template group_norm<{norm.groups}, {w}, {b}>({eps});"
+        return f"r.template group_norm<{element}, {norm.groups}, {w}, {b}>({eps});"
     if norm.kind == "layer":
-        return f"r.template layer_norm<{w}, {b}>({eps});"
+        return f"r.template layer_norm<{element}, {w}, {b}>({eps});"
     if norm.kind == "rms":
-        return f"r.template rms_norm<{w}>({eps});"
+        return f"r.template rms_norm<{element}, {w}>({eps});"
     if norm.training:
-        return f"r.template batch_norm_train<{w}, {b}>();"
+        return f"r.template batch_norm_train<{element}, {w}, {b}>();"
     rm, rv = idx(norm.running_mean), idx(norm.running_var)
-    return f"r.template batch_norm_eval<{w}, {b}, {rm}, {rv}>({eps});"
+    return f"r.template batch_norm_eval<{element}, {w}, {b}, {rm}, {rv}>({eps});"
 
 
 def _indent(lines: list[str], spaces: int) -> list[str]:

@@ -123,6 +123,21 @@ def identity(input, *args, **kwargs):
     return AliasOp(input)
 
 
+def to_float32(input):
+    """``x.float()``: the value in float32. The matcher widens a bfloat16/float16 chain there, as
+    it does where autocast or type promotion make an op compute in float32."""
+    return AliasOp(input)
+
+
+def to(input, *args, dtype=None, non_blocking=False, copy=False, memory_format=None):
+    """``x.to(torch.float32)`` / ``x.to(dtype=torch.float32)``; other casts and moves are not
+    epilogue ops (a narrowing cast would need a rounding point, a move another device)."""
+    target = dtype if dtype is not None and not args else args[0] if len(args) == 1 and dtype is None else None
+    if target is torch.float32 and memory_format is None:
+        return AliasOp(input)
+    return Rejected(f"to({', '.join(map(str, args)) or f'dtype={dtype}'}): only a cast to float32 fuses")
+
+
 SPELLINGS = (
     spell(add, operator.add, torch.add, "add", "__add__", "__radd__",
           inplace=(operator.iadd, "add_", "__iadd__")),
@@ -159,4 +174,6 @@ SPELLINGS = (
     spell(_act("exp"), torch.exp, "exp", inplace=(torch.exp_, "exp_")),
     spell(dropout, F.dropout),
     spell(identity, "contiguous", "clone", torch.clone),
+    spell(to_float32, "float"),
+    spell(to, "to"),
 )

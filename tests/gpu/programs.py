@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from fxfuse import expr as E
-from fxfuse.ir import Gemm, Norm, Pointwise, Program, Reduce
+from fxfuse.ir import Gemm, Norm, Pointwise, Program, Reduce, Widen
 from fxfuse.vocabulary import POINTWISE, call
 
 X = E.X
@@ -152,6 +152,35 @@ PROGRAMS: dict[str, Program] = {
         (pw(E.add(E.add(E.power(call("abs", X), c(0.5)), E.power(X, c(3.0))), E.power(E.add(call("abs", X), c(1.0)), c(-1.5)))),),
     ),
     "minus_and_negation": Program(Gemm(True), (pw(E.sub(E.neg(X), E.sub(c(2.0), E.mul(c(3.0), X)))),)),
+    # chains that widen to float32 as autocast's do (the output is float32; a no-op in float32)
+    "widen_s08_silu_vec_group": Program(
+        Gemm(True),
+        (pw(E.add(E.mul(X, call("sigmoid", X)), p(0))), Widen(), Norm("group", 1e-5, groups=4, weight=1, bias=2)),
+        ("col", "col", "col"),
+    ),
+    "widen_s20_layer_silu": Program(
+        Gemm(True), (Widen(), Norm("layer", 1e-5, weight=0, bias=1), pw(call("silu", X))), ("col", "col")
+    ),
+    "widen_s11_gelu_softmax": Program(Gemm(True), (pw(call("gelu", X)), Widen(), Reduce("softmax"))),
+    "widen_s05_logsumexp_chain": Program(
+        Gemm(True), (Widen(), Reduce("logsumexp", keepdim=True), pw(call("gelu", call("leaky_relu", X, c(0.01)))))
+    ),
+    "widen_s07_vec_batch_train": Program(
+        Gemm(True), (pw(E.mul(X, p(0))), Widen(), Norm("batch", 1e-5, weight=1, bias=2, training=True)),
+        ("col", "col", "col"),
+    ),
+    "widen_s18_batch_train_scalar_silu": Program(
+        Gemm(True),
+        (
+            Norm("batch", 1e-5, weight=0, bias=1, training=True),
+            pw(E.mul(E.add(X, p(2)), call("sigmoid", E.add(X, p(2))))),
+            Widen(),
+        ),
+        ("col", "col", "scalar"),
+    ),
+    "widen_rms_then_group": Program(
+        Gemm(False), (Norm("rms", 1e-6, weight=0), Widen(), Norm("group", 1e-5, groups=2)), ("col",)
+    ),
 }
 
 for _kind in ("sum", "mean", "max", "min", "logsumexp"):
@@ -166,7 +195,7 @@ PROGRAMS["vocabulary_2"] = vocabulary_program(_names[len(_names) // 2 :])
 
 # programs each test dtype runs in full (the others run in float32 only)
 LOW_PRECISION = ["s01_scale_leaky", "s04_group_silu_vec_silu", "s03_batch_train_gelu_relu", "s11_gelu_softmax",
-                 "s16_sigmoid_sum", "s21_rms_silu", "group_odd"]
+                 "s16_sigmoid_sum", "s21_rms_silu", "group_odd"] + [name for name in PROGRAMS if name.startswith("widen_")]
 
 
 def make_params(program: Program, n: int, dtype=torch.float32, device="cpu", generator=None) -> list[torch.Tensor]:

@@ -17,7 +17,7 @@ import torch
 from fxfuse import expr as E
 from fxfuse.cuda import codegen
 from fxfuse.cuda.printer import float32, float_literal, print_expr
-from fxfuse.ir import Gemm, Norm, Pointwise, Program, Reduce
+from fxfuse.ir import Gemm, Norm, Pointwise, Program, Reduce, Widen
 from fxfuse.vocabulary import POINTWISE, call
 
 X, p, c = E.X, E.param, E.const
@@ -204,7 +204,8 @@ def test_sources_of_a_program():
     bf16 = codegen.generate(program, torch.bfloat16, "fxm_a", "fx_entry_a")
     assert sorted(bf16) == ["items_1.cu", "items_2.cu", "items_4.cu", "items_8.cu", "main.cu", "program.cuh"]
     assert "FX_DEFINE_PROGRAM(fxm_a::Prog, __nv_bfloat16, fx_entry_a)" in bf16["main.cu"]
-    assert "r.template group_norm<4, 0, 1>(9.999999747378752e-06f);" in bf16["program.cuh"]
+    assert "r.template group_norm<__nv_bfloat16, 4, 0, 1>(9.999999747378752e-06f);" in bf16["program.cuh"]
+    assert "using Out = __nv_bfloat16;" in bf16["program.cuh"]
     assert "n % 4 == 0" in bf16["program.cuh"]
     f32 = codegen.generate(program, torch.float32, "fxm_a", "fx_entry_a", ext=".cpp")
     assert "items_16.cpp" in f32 and "#define FX_ITEMS_UNIT" in f32["items_16.cpp"]
@@ -216,7 +217,7 @@ def test_batch_norm_training_splits_prefix_and_rest():
     prefix = header[header.index("prefix(R& r)") : header.index("rest(R& r)")]
     rest = header[header.index("rest(R& r)") :]
     assert "col_chunk<0>" in prefix and "batch_norm_train" not in prefix
-    assert "batch_norm_train<1, -1>()" in rest and "fx_relu" in rest
+    assert "batch_norm_train<float, 1, -1>()" in rest and "fx_relu" in rest
     assert "kBatchTrain = true" in header and "kBatchEps = 9.999999747378752e-06f" in header
 
 
@@ -254,6 +255,26 @@ def test_the_batch_norm_input_is_rounded_at_the_end_of_the_prefix():
     header = codegen.generate(program, torch.bfloat16, "n", "e")["program.cuh"]
     assert body_of(header, "prefix").rstrip().endswith("r.round_input();")
     assert "round_input" not in body_of(header, "rest")
+
+
+def test_after_the_chain_widens_nothing_rounds_and_norms_compute_in_float32():
+    """bf16(silu(x)) + p0 in float32 (S08 under autocast: a float32 parameter promotes), then a
+    float32 group norm: one rounding (silu's), a float norm, a float output; the batch norm before
+    the widening (S18) computes for bf16."""
+    s08 = Program(Gemm(True), (Pointwise(E.add(bf16(call("silu", X)), p(0))), Widen(), Norm("group", 1e-5, groups=4)), ("col",))
+    header = codegen.generate(s08, torch.bfloat16, "n", "e")["program.cuh"]
+    rest = body_of(header, "rest")
+    assert rest.count("fx_round_bf16") == 1 and "round_input" not in rest
+    assert "r.template group_norm<float, 4, -1, -1>" in rest and "using Out = float;" in header
+    s18 = Program(Gemm(True), (Norm("batch", 1e-5, training=True), Pointwise(call("silu", E.add(X, p(0)))), Widen()), ("scalar",))
+    header = codegen.generate(s18, torch.bfloat16, "n", "e")["program.cuh"]
+    assert "batch_norm_train<__nv_bfloat16, -1, -1>()" in header and "using Out = float;" in header
+
+
+def test_a_program_widens_at_most_once():
+    program = Program(Gemm(True), (Widen(), Reduce("softmax"), Widen()))
+    with pytest.raises(codegen.UnsupportedProgram, match="more than one widening"):
+        codegen.generate(program, torch.bfloat16, "n", "e")
 
 
 def test_a_stage_drops_the_rounding_of_an_input_that_is_already_rounded():

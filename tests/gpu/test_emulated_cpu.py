@@ -28,7 +28,8 @@ from fxfuse.vocabulary import call
 from programs import LOW_PRECISION, PROGRAMS, assert_backward_close, grad_cases, make_params, poison, pw
 
 SHAPES = [(7, 1000, 300), (1, 64, 16), (5, 256, 16), (3, 4096, 8), (4, 3, 8), (6, 24, 5)]
-EXTRA = ["s16_sigmoid_sum", "s04_group_silu_vec_silu", "group_odd", "s03_batch_train_gelu_relu"]  # widest rows
+EXTRA = ["s16_sigmoid_sum", "s04_group_silu_vec_silu", "group_odd", "s03_batch_train_gelu_relu",
+         "widen_s08_silu_vec_group"]  # widest rows
 TOL = {torch.float32: 1e-4, torch.bfloat16: 1e-2, torch.float16: 1e-2}
 
 
@@ -96,7 +97,7 @@ def run_and_compare(engine, program, dtype, x, w, b, params, misaligned=False):
     with norms_as_on_cuda(dtype):
         ref_out, ref_stats = reference.forward(program, x, w, b, params)
     numel = ref_out.numel()
-    storage = torch.full((numel + 1,), math.nan, dtype=dtype)
+    storage = torch.full((numel + 1,), math.nan, dtype=ref_out.dtype)  # float32 where the chain widens
     buffer = (storage[1:] if misaligned else storage[:numel]).view(ref_out.shape)
     out, stats, _ = engine.call(text, x, w, b, params, out=buffer)
     assert out.data_ptr() == buffer.data_ptr(), "the kernels did not run (fallback to the reference)"
@@ -130,6 +131,17 @@ def test_unaligned_path_on_aligned_shapes(engine, name):
     """An output that is not 16-byte aligned takes the scalar (unaligned) kernels."""
     program = PROGRAMS[name]
     run_and_compare(engine, program, torch.float32, *inputs(program, torch.float32, 5, 256, 16, 0), misaligned=True)
+
+
+@pytest.mark.parametrize("misaligned", [False, True], ids=["aligned", "misaligned"])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
+@pytest.mark.parametrize("name", ["widen_s08_silu_vec_group", "widen_s20_layer_silu", "widen_s05_logsumexp_chain"])
+def test_a_chain_that_widens_writes_float32(engine, name, dtype, misaligned):
+    """A bfloat16/float16 chain that widens loads 16-byte chunks of its dtype and stores float32:
+    two 16-byte stores a chunk, or one element at a time where the output is misaligned."""
+    program = PROGRAMS[name]
+    out, _ = run_and_compare(engine, program, dtype, *inputs(program, dtype, 5, 256, 16, 7), misaligned=misaligned)
+    assert out.dtype == torch.float32
 
 
 @pytest.mark.parametrize("name", EXTRA)
