@@ -6,7 +6,9 @@ chains with a norm stage (group, layer, RMS or batch norm) over at least 2^20 el
 1.03-1.21x Inductor's GPU time in bfloat16 (S17 the exception, 0.96x) and 1.00-1.09x in float32 /
 TF32 — those epilogue kernels are instruction-bound at 3-7x their byte floor — while pointwise and
 row-reduction chains (S01, S11, S16), and norm chains at decode sizes (M = 16), ran at or near
-Inductor's time. A chain cut short by an op that computes in a dtype it cannot widen to (float64;
+Inductor's time. A pointwise chain that widens to a float32 output (S09 under bf16 autocast: a
+float32 vector promotes) ran 1.04x Inductor's time (the same chain in bf16: 1.00x), so it goes to
+Inductor at that size too; a widened chain ending in a row reduction or softmax stays (S11: 0.97x). A chain cut short by an op that computes in a dtype it cannot widen to (float64;
 autocast's float32 ops and float32 promotions widen the chain instead) also goes to Inductor:
 Inductor fuses that op and what follows with the chain's ops into kernels that read the GEMM
 output, while a fused prefix makes them read its output instead — one more write and read of
@@ -21,10 +23,10 @@ import math
 
 import torch
 
-from .ir import Norm, Program
+from .ir import Norm, Program, Reduce
 
 POLICIES = ("fastest", "always")
-NORM_ELEMENTS_TO_INDUCTOR = 1 << 20  # M x N from which norm chains measured slower than Inductor
+LARGE_ELEMENTS = 1 << 20  # M x N from which the chains below measured slower than Inductor
 
 
 def _size_hint(size) -> int:
@@ -33,7 +35,7 @@ def _size_hint(size) -> int:
         return int(size)
     except Exception:  # noqa: BLE001 - an unbacked or unhinted symbol: assume a large batch
         hint = getattr(getattr(size, "node", None), "hint", None)
-        return int(hint) if hint is not None else NORM_ELEMENTS_TO_INDUCTOR
+        return int(hint) if hint is not None else LARGE_ELEMENTS
 
 
 def inductor_is_faster(program: Program, gemm_out: torch.Tensor, stopped_at: str | None = None) -> str | None:
@@ -46,10 +48,25 @@ def inductor_is_faster(program: Program, gemm_out: torch.Tensor, stopped_at: str
         return (f"Inductor is faster: {stopped_at}, and Inductor fuses that op with the chain into "
                 "kernels reading the GEMM output (a fused prefix costs one more pass over it; "
                 "BENCHMARKS.md); policy='always' fuses the prefix")
-    if not any(isinstance(s, Norm) for s in program.stages):
+    slower = _measured_slower(program)
+    if slower is None:
         return None
     elements = math.prod(_size_hint(s) for s in gemm_out.shape)
-    if elements < NORM_ELEMENTS_TO_INDUCTOR:
+    if elements < LARGE_ELEMENTS:
         return None
-    return (f"Inductor is faster: norm epilogues over {elements} elements measured 1.0-1.2x "
-            "Inductor's time on CUDA (BENCHMARKS.md); policy='always' fuses them")
+    return f"Inductor is faster: {slower} over {elements} elements ({_MEASURED[slower]}); policy='always' fuses them"
+
+
+_MEASURED = {  # what the benchmark found (BENCHMARKS.md), by the kind of chain
+    "norm epilogues": "1.0-1.2x Inductor's time on CUDA",
+    "pointwise epilogues that widen to float32": "1.04x Inductor's time on CUDA, S09 under bf16 autocast",
+}
+
+
+def _measured_slower(program: Program) -> str | None:
+    """The kind of chain, among those the benchmark found slower than Inductor, that ``program`` is."""
+    if any(isinstance(s, Norm) for s in program.stages):
+        return "norm epilogues"
+    if program.widens and not any(isinstance(s, Reduce) for s in program.stages):
+        return "pointwise epilogues that widen to float32"
+    return None

@@ -7,10 +7,11 @@ import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 from fxfuse.canonicalize import canonicalize
+from fxfuse import expr as E
 from fxfuse.expr import X, call
-from fxfuse.ir import Gemm, Norm, Pointwise, Program, Reduce
+from fxfuse.ir import Gemm, Norm, Pointwise, Program, Reduce, Widen
 from fxfuse.match import match_all
-from fxfuse.policy import NORM_ELEMENTS_TO_INDUCTOR, inductor_is_faster
+from fxfuse.policy import LARGE_ELEMENTS, inductor_is_faster
 from support import compile_fxfuse
 
 GROUP_NORM = Program(Gemm(True), (Norm("group", 1e-5, groups=8, weight=0, bias=1),), ("col", "col"))
@@ -33,9 +34,23 @@ def test_pointwise_and_reduction_chains_stay_fused(program):
     assert inductor_is_faster(program, gemm_output(1024, 8192)) is None
 
 
+WIDENED_POINTWISE = Program(Gemm(False), (Pointwise(call("relu", X + E.param(0))), Widen()), ("col",))
+WIDENED_SOFTMAX = Program(Gemm(True), (Pointwise(call("gelu", X)), Widen(), Reduce("softmax")))
+
+
+def test_large_widened_pointwise_chains_on_cuda_go_to_inductor_small_ones_stay():
+    reason = inductor_is_faster(WIDENED_POINTWISE, gemm_output(1024, 8192))
+    assert reason is not None and "widen to float32" in reason
+    assert inductor_is_faster(WIDENED_POINTWISE, gemm_output(16, 8192)) is None
+
+
+def test_a_widened_chain_ending_in_a_row_map_stays_fused():
+    assert inductor_is_faster(WIDENED_SOFTMAX, gemm_output(1024, 8192)) is None
+
+
 def test_small_norm_chains_stay_fused():
     assert inductor_is_faster(GROUP_NORM, gemm_output(16, 8192)) is None
-    assert NORM_ELEMENTS_TO_INDUCTOR > 16 * 8192
+    assert LARGE_ELEMENTS > 16 * 8192
 
 
 class _SwishThen(torch.nn.Module):

@@ -200,8 +200,10 @@ LOW_PRECISION = ["s01_scale_leaky", "s04_group_silu_vec_silu", "s03_batch_train_
 
 def make_params(program: Program, n: int, dtype=torch.float32, device="cpu", generator=None) -> list[torch.Tensor]:
     """Parameters for ``program``: column vectors of N values, scalars as 0-d tensors. Variance-like
-    parameters (BatchNorm running_var) are positive."""
+    parameters (BatchNorm running_var) are positive. A program that widens gets float32 ones, as
+    autocast's float32 model has (a float32 norm of bf16 parameters is an error in eager)."""
     positive = {s.running_var for s in program.stages if isinstance(s, Norm) and s.running_var is not None}
+    dtype = torch.float32 if program.widens else dtype
     out = []
     for i, kind in enumerate(program.params):
         shape = (n,) if kind == "col" else ()
