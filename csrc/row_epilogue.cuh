@@ -135,6 +135,16 @@ struct Mem16 {
       v[2 * k + 1] = Codec::decode(w[k] >> 16);
     }
   }
+  // 4 values (8 bytes): a chunk of a chain that widens to float32 (chunk_elements)
+  static FX_DEVICE void load_vec4(const void* base, int64_t i, float* v) {
+    const uint2 q = *reinterpret_cast<const uint2*>(static_cast<const uint16_t*>(base) + i);
+    const uint32_t w[2] = {q.x, q.y};
+#pragma unroll
+    for (int k = 0; k < 2; ++k) {
+      v[2 * k] = Codec::decode(w[k] & 0xffffu);
+      v[2 * k + 1] = Codec::decode(w[k] >> 16);
+    }
+  }
   static FX_DEVICE void store_vec(void* base, int64_t i, const float* v) { store_bits<false>(base, i, v); }
   // stores of values already rounded to the type (Codec::encode_rounded)
   static FX_DEVICE void store_rounded(void* base, int64_t i, float v) {
@@ -164,6 +174,15 @@ template <>
 struct Mem<__nv_bfloat16> : Mem16<Bf16Codec> {};
 template <>
 struct Mem<__half> : Mem16<F16Codec> {};
+
+// Elements a chunk of a program's rows, the code generator's choice (Prog::kVec): 16 bytes of T,
+// or for a bf16/fp16 chain that widens to a float output, 16 bytes of float (8-byte loads, one
+// whole 16-byte store a chunk) or still 16 bytes of T (two stores a chunk).
+template <class Prog, typename T>
+constexpr int chunk_elements() {
+  static_assert(Prog::kVec == DType<T>::kVec || Prog::kVec == DType<typename Prog::Out>::kVec, "a chunk is 16 bytes");
+  return Prog::kVec;
+}
 
 // A program parameter: float32, bfloat16 or float16, converted exactly to float.
 FX_DEVICE float load_param(const void* p, int32_t dtype, int64_t i) {
@@ -289,7 +308,7 @@ struct OpMin {
 
 template <class Prog, typename T, int ITEMS, bool ALIGNED>
 struct Row {
-  static constexpr int VEC = DType<T>::kVec;
+  static constexpr int VEC = chunk_elements<Prog, T>();
   using A = Args<Prog::kParamSlots>;
 
   const A& a;
@@ -339,7 +358,11 @@ struct Row {
       const int c0 = col(i, 0);
       if constexpr (ALIGNED) {
         if (active && c0 < a.n) {
-          Mem<T>::load_vec(a.y, base + c0, v[i]);
+          if constexpr (VEC == DType<T>::kVec) {
+            Mem<T>::load_vec(a.y, base + c0, v[i]);
+          } else {
+            Mem<T>::load_vec4(a.y, base + c0, v[i]);
+          }
         } else {
 #pragma unroll
           for (int e = 0; e < VEC; ++e) v[i][e] = 0.0f;
@@ -351,8 +374,8 @@ struct Row {
     }
   }
 
-  // The output is of the program's type Out: T, or float for a chain that widened (a chunk's VEC
-  // values then take two 16-byte stores).
+  // The output is of the program's type Out: T, or float for a chain that widened; a chunk of it
+  // is one 16-byte vector, or two (chunk_elements).
   using Out = typename Prog::Out;
   static constexpr int OUT_VEC = DType<Out>::kVec;
   static_assert(VEC % OUT_VEC == 0, "the output type is T or float");
@@ -873,7 +896,7 @@ FX_DEVICE void apply_body(const Args<Prog::kParamSlots>& a, const Thread& t, flo
 // chunk k = block * rpc + lr holds rows k, k + chunks, k + 2 chunks, ...
 template <class Prog, typename T, int ITEMS, bool ALIGNED>
 FX_DEVICE void stats_body(const Args<Prog::kParamSlots>& a, const Thread& t, float* dyn, float* red) {
-  constexpr int VEC = DType<T>::kVec;
+  constexpr int VEC = chunk_elements<Prog, T>();
   float mean[ITEMS][VEC];
   float m2[ITEMS][VEC];
 #pragma unroll
@@ -997,7 +1020,7 @@ template <int ITEMS, int VEC>
 constexpr int min_blocks() { return ITEMS * VEC <= 8 ? 2 : 1; }
 
 template <class Prog, typename T, int ITEMS, bool ALIGNED>
-__global__ void __launch_bounds__(kMaxBlock, min_blocks<ITEMS, DType<T>::kVec>())
+__global__ void __launch_bounds__(kMaxBlock, min_blocks<ITEMS, chunk_elements<Prog, T>()>())
     apply_kernel(const __grid_constant__ Args<Prog::kParamSlots> a) {
   __shared__ float red[FX_RED_FLOATS];
   const Thread t;
@@ -1005,7 +1028,7 @@ __global__ void __launch_bounds__(kMaxBlock, min_blocks<ITEMS, DType<T>::kVec>()
 }
 
 template <class Prog, typename T, int ITEMS, bool ALIGNED>
-__global__ void __launch_bounds__(kMaxBlock, min_blocks<ITEMS, DType<T>::kVec>())
+__global__ void __launch_bounds__(kMaxBlock, min_blocks<ITEMS, chunk_elements<Prog, T>()>())
     stats_kernel(const __grid_constant__ Args<Prog::kParamSlots> a) {
   __shared__ float red[FX_RED_FLOATS];
   const Thread t;
@@ -1119,14 +1142,14 @@ inline int64_t group_norm_scratch(int64_t so_far, int64_t n, int vec, int64_t gr
   return need > so_far ? need : so_far;
 }
 
-// The chunk counts a thread that the units of an element type cover: 1, 2, 4, ... 64 / VEC.
-template <typename T>
-constexpr int max_items() { return 64 / DType<T>::kVec; }
+// The chunk counts a thread that a program's units cover: 1, 2, 4, ... 64 / VEC.
+template <class Prog, typename T>
+constexpr int max_items() { return 64 / chunk_elements<Prog, T>(); }
 
 template <class Prog, typename T>
 struct Launcher {
-  static constexpr int VEC = DType<T>::kVec;
-  static constexpr int kMaxItems = max_items<T>();
+  static constexpr int VEC = chunk_elements<Prog, T>();
+  static constexpr int kMaxItems = max_items<Prog, T>();
   using A = Args<Prog::kParamSlots>;
 
   // Whole rows: the fewest chunks a thread that keep a row within 256 threads; failing that,

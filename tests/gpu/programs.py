@@ -158,6 +158,7 @@ PROGRAMS: dict[str, Program] = {
         (pw(E.add(E.mul(X, call("sigmoid", X)), p(0))), Widen(), Norm("group", 1e-5, groups=4, weight=1, bias=2)),
         ("col", "col", "col"),
     ),
+    "widen_s09_vec_relu": Program(Gemm(False), (pw(call("relu", E.add(X, p(0)))), Widen()), ("col",)),
     "widen_s20_layer_silu": Program(
         Gemm(True), (Widen(), Norm("layer", 1e-5, weight=0, bias=1), pw(call("silu", X))), ("col", "col")
     ),

@@ -343,8 +343,13 @@ def test_unsupported_dtype():
 
 
 def test_items_units():
-    assert codegen.items_units(torch.float32) == [1, 2, 4, 8, 16]
-    assert codegen.items_units(torch.bfloat16) == [1, 2, 4, 8]
+    relu = Program(Gemm(True), (Pointwise(call("relu", X)),))
+    widening = Program(Gemm(True), (Pointwise(call("relu", X)), Widen()))
+    assert codegen.items_units(relu, torch.float32) == [1, 2, 4, 8, 16]
+    assert codegen.items_units(relu, torch.bfloat16) == [1, 2, 4, 8]
+    assert codegen.items_units(widening, torch.bfloat16) == [1, 2, 4, 8, 16]  # chunks of 4: 16 bytes of float
+    widening_norm = Program(Gemm(True), (Widen(), Norm("layer", 1e-5)))
+    assert codegen.items_units(widening_norm, torch.bfloat16) == [1, 2, 4, 8]  # 16 bytes of bf16, two stores
 
 
 def test_float32_helper():

@@ -135,10 +135,12 @@ def test_unaligned_path_on_aligned_shapes(engine, name):
 
 @pytest.mark.parametrize("misaligned", [False, True], ids=["aligned", "misaligned"])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
-@pytest.mark.parametrize("name", ["widen_s08_silu_vec_group", "widen_s20_layer_silu", "widen_s05_logsumexp_chain"])
+@pytest.mark.parametrize("name", ["widen_s08_silu_vec_group", "widen_s09_vec_relu", "widen_s20_layer_silu",
+                                  "widen_s05_logsumexp_chain"])
 def test_a_chain_that_widens_writes_float32(engine, name, dtype, misaligned):
-    """A bfloat16/float16 chain that widens loads 16-byte chunks of its dtype and stores float32:
-    two 16-byte stores a chunk, or one element at a time where the output is misaligned."""
+    """A bfloat16/float16 chain that widens stores float32: a pointwise or reduction chain loads
+    chunks of 4 values (8 bytes) and stores each as one 16-byte vector, a norm chain loads 16
+    bytes and stores two; one element at a time where the output is misaligned."""
     program = PROGRAMS[name]
     out, _ = run_and_compare(engine, program, dtype, *inputs(program, dtype, 5, 256, 16, 7), misaligned=misaligned)
     assert out.dtype == torch.float32
