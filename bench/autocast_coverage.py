@@ -1,5 +1,6 @@
 """Which part of each suite chain fuses under ``torch.autocast("cuda", torch.bfloat16)`` over the
-float32 model, and why the rest does not (the coverage report of each row, one line a GEMM).
+float32 model, and why the rest does not (the coverage report of each row, one line a GEMM, and
+the fused program: its bf16 rounding points and the ``float32()`` stage where it widens).
 
     python bench/autocast_coverage.py [--device cuda|cpu]
 """
@@ -35,6 +36,8 @@ def main() -> None:
             compiled(*[t.to(device) for t in mod.get_inputs("small")])
         for chain in fxfuse.last_report().rows:
             print(f"{row.id}  {chain.status:9s}  {' > '.join(chain.fused) or '-'}  {chain.reason or ''}")
+            if chain.program:  # where the chain rounds to bf16 and where it widens to float32
+                print(f"     {chain.program}")
 
 
 if __name__ == "__main__":

@@ -3,8 +3,9 @@
 The program becomes a ``struct Prog`` whose ``prefix``/``rest`` functions call the stages of
 ``csrc/row_epilogue.cuh`` on a register-resident row; small units instantiate the kernels for one
 element type. ``prefix`` holds the stages before a training BatchNorm (the statistics kernel
-recomputes them); ``rest`` holds everything else and the store. The code generator decides nothing
-about layout or launch; the template does.
+recomputes them); ``rest`` holds everything else and the store. The template decides layout and
+launch; the code generator only passes two measured per-program choices (``kLocalItems``, the
+chunks a thread of row-local plans, and ``kVec``, the elements a chunk).
 """
 
 from __future__ import annotations

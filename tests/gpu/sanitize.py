@@ -7,9 +7,9 @@
 
 Covers the row kernel (aligned and unaligned paths, several rows a block, multi-warp rows, group
 norm by lane shuffles, by warps, by chunk and staged in shared memory, row reductions, chains that
-widen to a float32 output), the BatchNorm statistics and combine kernels, and the backward kernel of pointwise programs (16-byte and 1-element paths, many chunks of
-rows, a column parameter). Prints one line per call and exits non-zero on a mismatch with the
-reference.
+widen to a float32 output in both chunk layouts), the BatchNorm statistics and combine kernels,
+and the backward kernel of pointwise programs (16-byte and 1-element paths, many chunks of rows, a
+column parameter). Prints one line per call and exits non-zero on a mismatch with the reference.
 """
 
 from __future__ import annotations
@@ -41,6 +41,7 @@ CALLS = [  # (program, dtype, M, N, K)
     ("widen_s08_silu_vec_group", torch.bfloat16, 5, 256, 16),  # bf16 in, float32 out: two stores a chunk
     ("widen_s20_layer_silu", torch.float16, 3, 1000, 16),  # widened, unaligned tail: one element at a time
     ("widen_s07_vec_batch_train", torch.bfloat16, 37, 200, 16),  # widened BN statistics + combine + row
+    ("widen_s09_vec_relu", torch.bfloat16, 7, 1000, 16),  # chunks of 4 values: 8-byte loads, one store
 ]
 GRAD_CALLS = [  # (program, dtype, M, N) of the backward kernel
     ("s01_scale_leaky", torch.bfloat16, 300, 256),  # 16-byte path, many chunks of rows a column
