@@ -73,8 +73,8 @@ class Chain:
 
 class Stop(Exception):
     """Growth ends at this node, for this reason (None: the chain simply ends here);
-    ``wider_dtype`` when the node computes in a wider dtype than the chain can take (float64, or
-    a second widening): an op Inductor would fuse with the chain."""
+    ``wider_dtype`` when the node computes in a wider dtype than the chain can take (float64):
+    an op Inductor would fuse with the chain."""
 
     def __init__(self, reason: str | None, wider_dtype: bool = False):
         super().__init__(reason)

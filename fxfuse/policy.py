@@ -9,12 +9,14 @@ row-reduction chains (S01, S11, S16), and norm chains at decode sizes (M = 16), 
 Inductor's time. A pointwise chain that widens to a float32 output (S09 under bf16 autocast: a
 float32 vector promotes) ran 1.03-1.04x Inductor's time with two 16-byte stores a chunk and 1.01x
 with one (the same chain in bf16: 1.00x): no gain to take, so it goes to Inductor at that size
-too; a widened chain ending in a row reduction or softmax stays (S11: 0.97x). A chain cut short by an op that computes in a dtype it cannot widen to (float64;
-autocast's float32 ops and float32 promotions widen the chain instead) also goes to Inductor:
-Inductor fuses that op and what follows with the chain's ops into kernels that read the GEMM
-output, while a fused prefix makes them read its output instead — one more write and read of
-M x N (S08 under bf16 autocast, when its chain stopped at the float32 add: forward + backward
-2.51 ms of kernels with the prefix fused against 2.30 ms as Inductor's).
+too; a widened chain ending in a row reduction or softmax stays (S11: 0.97x).
+
+A chain cut short by an op that computes in a dtype it cannot take (float64; autocast's float32
+ops and float32 promotions widen the chain instead) also goes to Inductor: Inductor fuses that op
+and what follows with the chain's ops into kernels that read the GEMM output, while a fused prefix
+makes them read its output instead — one more write and read of M x N (S08 under bf16 autocast,
+when its chain stopped at the float32 add: forward + backward 2.51 ms of kernels with the prefix
+fused against 2.30 ms as Inductor's).
 ``options={"policy": "always"}`` (or FXFUSE_POLICY=always) fuses every chain regardless.
 """
 

@@ -132,7 +132,10 @@ def to_float32(input):
 def to(input, *args, dtype=None, non_blocking=False, copy=False, memory_format=None):
     """``x.to(torch.float32)`` / ``x.to(dtype=torch.float32)``; other casts and moves are not
     epilogue ops (a narrowing cast would need a rounding point, a move another device)."""
-    target = dtype if dtype is not None and not args else args[0] if len(args) == 1 and dtype is None else None
+    if args:  # x.to(torch.float32); x.to(device), x.to(other), x.to(device, dtype) are no casts here
+        target = args[0] if len(args) == 1 and dtype is None else None
+    else:
+        target = dtype
     if target is torch.float32 and memory_format is None:
         return AliasOp(input)
     return Rejected(f"to({', '.join(map(str, args)) or f'dtype={dtype}'}): only a cast to float32 fuses")
