@@ -57,19 +57,15 @@ def inductor_is_faster(program: Program, gemm_out: torch.Tensor, stopped_at: str
     elements = math.prod(_size_hint(s) for s in gemm_out.shape)
     if elements < LARGE_ELEMENTS:
         return None
-    return f"Inductor is faster: {slower} over {elements} elements ({_MEASURED[slower]}); policy='always' fuses them"
+    kind, measured = slower
+    return f"Inductor is faster: {kind} over {elements} elements ({measured}); policy='always' fuses them"
 
 
-_MEASURED = {  # what the benchmark found (BENCHMARKS.md), by the kind of chain
-    "norm epilogues": "1.0-1.2x Inductor's time on CUDA",
-    "pointwise epilogues that widen to float32": "1.01-1.04x Inductor's time on CUDA, S09 under bf16 autocast",
-}
-
-
-def _measured_slower(program: Program) -> str | None:
-    """The kind of chain, among those the benchmark found slower than Inductor, that ``program`` is."""
+def _measured_slower(program: Program) -> tuple[str, str] | None:
+    """(kind, what the benchmark found) where ``program`` is of a kind of chain that measured
+    slower than Inductor at large sizes (BENCHMARKS.md)."""
     if any(isinstance(s, Norm) for s in program.stages):
-        return "norm epilogues"
+        return "norm epilogues", "1.0-1.2x Inductor's time on CUDA"
     if program.widens and not any(isinstance(s, Reduce) for s in program.stages):
-        return "pointwise epilogues that widen to float32"
+        return "pointwise epilogues that widen to float32", "1.01-1.04x Inductor's time on CUDA, S09 under bf16 autocast"
     return None

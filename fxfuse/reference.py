@@ -68,7 +68,7 @@ def epilogue(program: Program, y: torch.Tensor, params: list[torch.Tensor]) -> t
                 if batch_stats is not None:
                     stats = batch_stats
             elif isinstance(stage, Widen):
-                dtype = torch.promote_types(dtype, torch.float32)
+                dtype = program.output_dtype(dtype)
             else:
                 v = _reduce(stage, v)
         return v.to(program.output_dtype(y.dtype)), stats

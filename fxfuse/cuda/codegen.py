@@ -288,10 +288,13 @@ class _Emitter:
 
     def __init__(self, program: Program, dtype: torch.dtype) -> None:
         self.program = program
-        self.dtype = dtype
-        self.rounding = ROUNDING.get(dtype)  # the vocabulary's rounding function, None in float32
+        self.dtype = dtype  # the dtype the chain computes in: the element type, float32 once widened
         self.rounded = True  # the GEMM output is loaded as T values
-        self.norm_type = ELEMENT_TYPES[dtype]  # the dtype a norm computes for: T, float once widened
+
+    @property
+    def rounding(self) -> str | None:
+        """The vocabulary's rounding function of the current dtype, None in float32."""
+        return ROUNDING.get(self.dtype)
 
     def stages(self, stages: tuple[Stage, ...], store: bool) -> list[str]:
         lines: list[str] = []
@@ -303,10 +306,10 @@ class _Emitter:
                 self.rounded = self._is_rounding(stage.expr)
             elif isinstance(stage, Norm):
                 lines += self.norm_input()
-                lines.append(_emit_norm(stage, self.norm_type))
+                lines.append(_emit_norm(stage, ELEMENT_TYPES[self.dtype]))
                 self.rounded = True  # Row::normalise rounds to the norm's type
             elif isinstance(stage, Widen):
-                self.rounding, self.rounded, self.norm_type = None, True, ELEMENT_TYPES[torch.float32]
+                self.dtype, self.rounded = torch.float32, True
             elif stage.changes_shape:
                 lines.append(f"float s = r.{_REDUCTIONS[stage.kind]}();")
                 reduced, self.rounded = True, False

@@ -123,15 +123,11 @@ def identity(input, *args, **kwargs):
     return AliasOp(input)
 
 
-def to_float32(input):
-    """``x.float()``: the value in float32. The matcher widens a bfloat16/float16 chain there, as
-    it does where autocast or type promotion make an op compute in float32."""
-    return AliasOp(input)
-
-
 def to(input, *args, dtype=None, non_blocking=False, copy=False, memory_format=None):
-    """``x.to(torch.float32)`` / ``x.to(dtype=torch.float32)``; other casts and moves are not
-    epilogue ops (a narrowing cast would need a rounding point, a move another device)."""
+    """``x.to(torch.float32)`` / ``x.to(dtype=torch.float32)``: the value in float32 (the matcher
+    widens a bfloat16/float16 chain there, as where autocast or type promotion make an op compute
+    in float32); other casts and moves are not epilogue ops (a narrowing cast would need a
+    rounding point, a move another device)."""
     if args:  # x.to(torch.float32); x.to(device), x.to(other), x.to(device, dtype) are no casts here
         target = args[0] if len(args) == 1 and dtype is None else None
     else:
@@ -177,6 +173,6 @@ SPELLINGS = (
     spell(_act("exp"), torch.exp, "exp", inplace=(torch.exp_, "exp_")),
     spell(dropout, F.dropout),
     spell(identity, "contiguous", "clone", torch.clone),
-    spell(to_float32, "float"),
+    spell(lambda input: to(input, torch.float32), "float"),  # x.float()
     spell(to, "to"),
 )
