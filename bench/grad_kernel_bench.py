@@ -1,7 +1,7 @@
 """The backward of a fused pointwise chain: fxfuse's generated kernel against Inductor's fusion of
 the same derivative, per suite row at full size.
 
-    python bench/grad_kernel_bench.py [--rows S01,S10] [--dtype bf16|autocast] [--once]
+    python bench/grad_kernel_bench.py [--rows S01,S10] [--dtype bf16|autocast] [--policy always] [--once]
 
 For every row: the model (training mode) compiled by Inductor, by fxfuse (its default backward:
 Inductor compiles the reference's derivative), and by fxfuse with ``FXFUSE_GENERATED_BACKWARD=1``
@@ -32,7 +32,7 @@ from tabulate import tabulate
 
 import fxfuse.cuda as fxcuda
 from bench.epilogue_breakdown import DTYPES, event_us, traced_calls
-from bench.train_bench import variant
+from bench.train_bench import Compile, variant
 from bench.train_profile import is_gemm
 from examples import suite
 from fxfuse.cuda import codegen
@@ -58,7 +58,7 @@ def backward_kernels(backward, calls: int = 5) -> tuple[float, float, dict[str, 
     return gemm, sum(per_name.values()) - gemm, per_name
 
 
-def compiled_backward(row, name: str, autocast: bool):
+def compiled_backward(row, name: str, autocast: bool, policy: str = "fastest"):
     """The backward of one forward of ``row``'s model compiled as ``name``, as a callable."""
     torch._dynamo.reset()
     torch.manual_seed(0)
@@ -68,7 +68,7 @@ def compiled_backward(row, name: str, autocast: bool):
         os.environ[GENERATED_BACKWARD_ENV] = "1"
     else:
         os.environ.pop(GENERATED_BACKWARD_ENV, None)
-    module, compiled = variant(model.train(), "inductor" if name == "inductor" else "fxfuse")
+    module, compiled = variant(model.train(), "inductor" if name == "inductor" else "fxfuse", Compile(policy=policy))
     leaves = [t.requires_grad_() for t in inputs if t.is_floating_point()] + list(module.parameters())
     with torch.autocast("cuda", dtype=torch.bfloat16, enabled=autocast):
         out = compiled(*inputs)
@@ -93,6 +93,7 @@ def main() -> int:
     parser.add_argument("--rows", default=POINTWISE_ROWS)
     parser.add_argument("--dtype", default="bf16", choices=("bf16", "autocast"))
     parser.add_argument("--once", action="store_true")
+    parser.add_argument("--policy", default="fastest", choices=("fastest", "always"))
     parser.add_argument("--bandwidth-gbs", type=float, default=4300.0, help="copy bandwidth for the floor")
     args = parser.parse_args()
     rows = suite.select(args.rows.split(","))
@@ -109,7 +110,7 @@ def main() -> int:
         floor_us = sum(3 * 2 * m * n for m, n in shapes) / (args.bandwidth_gbs * 1e3)  # bf16 y, g, dy
         rest = {}
         for name in VARIANTS:
-            backward = compiled_backward(row, name, args.dtype == "autocast")
+            backward = compiled_backward(row, name, args.dtype == "autocast", args.policy)
             gemm, rest[name], kernels = backward_kernels(backward)
             wall = event_us(backward, calls=20)
             table.append([row.id, name, f"{gemm:.1f}", f"{rest[name]:.1f}", f"{wall:.1f}"])

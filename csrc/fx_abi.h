@@ -8,7 +8,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#define FX_ABI_VERSION 6
+#define FX_ABI_VERSION 7
 
 // Widest row the row kernel holds in registers (64 floats a thread, 512 threads a row).
 #define FX_MAX_N 32768
@@ -52,10 +52,11 @@ struct FxLaunch {
   int32_t flags;          // FxFlags
 };
 
-// The backward kernel of a pointwise program: dy = the GEMM output's gradient, and column sums.
+// The backward kernel of a pointwise or norm program: dy = the GEMM output's gradient, and column
+// sums.
 struct FxGradLaunch {
   const void* y;          // (m, n) row-major saved GEMM output, dtype of the module
-  const void* g;          // (m, n) row-major gradient of the op's output, same dtype
+  const void* g;          // (m, n) row-major gradient of the op's output, of the output's dtype
   void* dy;               // (m, n) row-major gradient of the GEMM output, written
   float* partial;         // [1 + num_params][grad_chunks(m, n, sm_count)][n] float32 workspace:
                           // per chunk of rows, the sums of dy and of each parameter's gradient
@@ -67,6 +68,7 @@ struct FxGradLaunch {
   int64_t n;
   int32_t num_params;
   int32_t sm_count;
+  int32_t flags;          // FxFlags (a norm program's backward recomputes the forward's statistics)
 };
 
 struct FxProgramInfo {
@@ -84,7 +86,8 @@ struct FxProgramInfo {
   int64_t (*workspace_floats)(int64_t m, int64_t n, int32_t sm_count);
   // Enqueues the kernels on `stream` (a cudaStream_t); returns null or an error message.
   const char* (*launch)(const FxLaunch* args, void* stream);
-  int32_t has_grad;  // 1 when the module carries the program's backward kernel (pointwise programs)
+  int32_t has_grad;  // 1 when the module carries the program's backward kernel (codegen.py says which)
+  // chunks of rows of the backward's column sums; -1 where the kernel does not cover (m, n)
   int64_t (*grad_chunks)(int64_t m, int64_t n, int32_t sm_count);
   const char* (*launch_grad)(const FxGradLaunch* args, void* stream);
 };

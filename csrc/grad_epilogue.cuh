@@ -1,4 +1,4 @@
-// The backward kernel of a pointwise program: one pass over the saved GEMM output y and the
+// The backward kernel of a pointwise program (norm programs: norm_grad.cuh): one pass over the saved GEMM output y and the
 // output's gradient g that writes the GEMM output's gradient dy and, in the same pass, the column
 // sums the rest of the backward needs -- sum over rows of dy (the bias gradient) and of each
 // parameter's gradient -- so that no later kernel reads dy again for them.
@@ -116,8 +116,9 @@ FX_DEVICE void grad_body(const GradArgs<Prog::kParamSlots>& a, const Thread& t, 
   }
 }
 
-// sums[i] = the sum over chunks of partial[s][chunk][c], i = s * n + c: one thread a column, the
-// chunks in order (deterministic)
+// sums[i] = the sum over chunks of partial[s][chunk][c], i = s * n + c: a block is 32 columns
+// times kGradSumsParts fixed ranges of chunks, each range added in order, then the ranges in
+// order (deterministic); a warp reads 32 consecutive columns of a chunk at a time.
 struct GradSumsArgs {
   const float* partial;
   float* sums;
@@ -125,15 +126,28 @@ struct GradSumsArgs {
   int64_t n;
   int64_t total;  // (1 + num_params) * n
 };
-constexpr int kGradSumsBlock = 256;
+constexpr int kGradSumsCols = 32;
+constexpr int kGradSumsParts = 8;
+constexpr int kGradSumsBlock = kGradSumsCols * kGradSumsParts;
 
-FX_DEVICE void grad_sums_body(const GradSumsArgs& a, const Thread& t) {
-  const int64_t i = static_cast<int64_t>(t.bid()) * kGradSumsBlock + t.tid();
-  if (i >= a.total) return;
-  const float* p = a.partial + (i / a.n) * a.chunks * a.n + i % a.n;
+FX_DEVICE void grad_sums_body(const GradSumsArgs& a, const Thread& t, float* parts) {
+  const int lane = t.tid() % kGradSumsCols;
+  const int part = t.tid() / kGradSumsCols;
+  const int64_t i = static_cast<int64_t>(t.bid()) * kGradSumsCols + lane;
+  const int64_t per = (a.chunks + kGradSumsParts - 1) / kGradSumsParts;
+  const int64_t k0 = part * per;
+  const int64_t k1 = k0 + per < a.chunks ? k0 + per : a.chunks;
   float total = 0.0f;
-  for (int64_t k = 0; k < a.chunks; ++k) total += p[k * a.n];
-  a.sums[i] = total;
+  if (i < a.total) {
+    const float* p = a.partial + (i / a.n) * a.chunks * a.n + i % a.n;
+    for (int64_t k = k0; k < k1; ++k) total += p[k * a.n];
+  }
+  parts[t.tid()] = total;
+  t.sync();
+  if (part != 0 || i >= a.total) return;
+  float sum = parts[lane];
+  for (int q = 1; q < kGradSumsParts; ++q) sum += parts[q * kGradSumsCols + lane];
+  a.sums[i] = sum;
 }
 
 #if !defined(FX_EMULATE)
@@ -147,9 +161,78 @@ __global__ void __launch_bounds__(kGradBlock) grad_kernel(const __grid_constant_
 // a template only so that every unit of a module may define it (one definition at link time)
 template <int kBlock = kGradSumsBlock>
 __global__ void __launch_bounds__(kBlock) grad_sums_kernel(const __grid_constant__ GradSumsArgs a) {
-  grad_sums_body(a, Thread());
+  __shared__ float parts[kBlock];
+  grad_sums_body(a, Thread(), parts);
 }
 #endif
+
+// The norm programs' backward (norm_grad.cuh): the apply kernel's plan where the norm's
+// statistics take the forward's shuffle path (every group norm of the suite; others fall back).
+template <class Prog, typename T>
+struct NormGradLauncher {
+  using Rows = Launcher<Prog, T>;
+  static constexpr int VEC = Rows::VEC;
+
+  static bool plan(int64_t m, int64_t n, Plan* p) {
+    if (m < 1 || !Prog::groups_ok(n) || !Rows::apply_plan(m, n, p)) return false;
+    if (Prog::kNormKind != kGroupNorm) return true;
+    const int64_t gs = n / Prog::kNormGroups;
+    const int64_t lanes = gs / VEC;
+    return gs % VEC == 0 && lanes >= 1 && (lanes & (lanes - 1)) == 0 && p->rt % lanes == 0;
+  }
+
+  // Strips of rows a segment: about 512 threads an SM in all (each strip's column sums cost a
+  // write and a read of n floats a sum: fewer, longer strips), at most one a row slot
+  static int64_t strips(int64_t m, const Plan& p, int32_t sm_count) {
+    const int64_t per_sm = 512 / p.block > 0 ? 512 / p.block : 1;
+    const int64_t want = (sm_count > 0 ? sm_count : 1) * per_sm / p.segs;
+    const int64_t rows = ceil_div(m, p.rpc);
+    return want < 1 ? 1 : (want < rows ? want : rows);
+  }
+
+  static int64_t chunks(int64_t m, int64_t n, int32_t sm_count) {
+    Plan p;
+    if (m < 1 || n < 1) return 0;
+    return plan(m, n, &p) ? strips(m, p, sm_count) * p.rpc : -1;
+  }
+
+  static const char* launch(const FxGradLaunch* L, void* stream) {
+    Plan p;
+    if (L->m < 1 || L->n < 1) return nullptr;
+    if (!plan(L->m, L->n, &p)) return "fxfuse: row width outside the backward kernel's range";
+    Args<Prog::kParamSlots> a = {};
+    a.y = L->y;
+    a.g = L->g;
+    a.dy = L->dy;
+    set_params<Prog>(a, L->params);
+    a.m = L->m;
+    a.n = static_cast<int32_t>(L->n);
+    a.flags = L->flags;
+    Rows::with_plan(a, p);
+    const int64_t strips_ = strips(L->m, p, L->sm_count);
+    a.chunks = strips_ * p.rpc;
+    a.partial = a.chunks == 1 ? L->sums : L->partial;
+    const auto aligned16 = [](const void* q) { return reinterpret_cast<uintptr_t>(q) % 16 == 0; };
+    const bool aligned = L->n % VEC == 0 && aligned16(L->y) && aligned16(L->g) && aligned16(L->dy);
+    const Launch l{strips_ * p.segs, p.block, 0, stream};
+    return Rows::with_items(p.items, [&](auto items) {
+      return ItemsUnit<Prog, T, decltype(items)::value>::grad_rows(a, aligned, l);
+    });
+  }
+};
+
+// Adds the chunks' column sums in order (sums = partial when there is one chunk)
+inline const char* launch_grad_sums(const FxGradLaunch* L, int64_t chunks, int num_params, void* stream) {
+  if (chunks <= 1) return nullptr;
+  const GradSumsArgs s = {L->partial, L->sums, chunks, L->n, (1 + num_params) * L->n};
+  const int64_t sums_grid = ceil_div(s.total, kGradSumsCols);
+#if !defined(FX_EMULATE)
+  return launch_kernel(&grad_sums_kernel<>, sums_grid, kGradSumsBlock, 0, stream, s);
+#else
+  return emulate_kernel(sums_grid, kGradSumsBlock, kGradSumsBlock * sizeof(float),
+                        [&s](const Thread& t, float* dyn, float*) { grad_sums_body(s, t, dyn); });
+#endif
+}
 
 template <class Prog, typename T>
 struct GradLauncher {
@@ -163,13 +246,20 @@ struct GradLauncher {
     return rows < kGradLanes ? kGradLanes : rows;
   }
 
+  // -1 where the kernel does not cover (m, n): the caller falls back to the reference
   static int64_t chunks(int64_t m, int64_t n, int32_t sm_count) {
-    if (!Prog::kHasGrad || m < 1 || n < 1) return 0;
+    if constexpr (Prog::kGradKind == kNormGrad) return NormGradLauncher<Prog, T>::chunks(m, n, sm_count);
+    if (Prog::kGradKind != kPointwiseGrad) return -1;
+    if (m < 1 || n < 1) return 0;
     return ceil_div(m, rows_per_chunk(m, n, sm_count));
   }
 
   static const char* launch(const FxGradLaunch* L, void* stream) {
-    if constexpr (!Prog::kHasGrad) {
+    if constexpr (Prog::kGradKind == kNormGrad) {
+      if (L->num_params != Prog::kNumParams) return "fxfuse: wrong number of parameters";
+      if (const char* error = NormGradLauncher<Prog, T>::launch(L, stream)) return error;
+      return launch_grad_sums(L, chunks(L->m, L->n, L->sm_count), Prog::kNumParams, stream);
+    } else if constexpr (Prog::kGradKind != kPointwiseGrad) {
       (void)L;
       (void)stream;
       return "fxfuse: this program has no generated backward";
@@ -192,15 +282,8 @@ struct GradLauncher {
       const int64_t cols = vec ? ceil_div(L->n, VEC) : L->n;
       a.col_blocks = static_cast<int32_t>(ceil_div(cols, kGradCols));
       const int64_t grid = a.col_blocks * a.chunks;
-      const char* error = launch_grad(a, vec, grid, stream);
-      if (error != nullptr || a.chunks == 1) return error;
-      const GradSumsArgs s = {L->partial, L->sums, a.chunks, L->n, (1 + Prog::kNumParams) * L->n};
-      const int64_t sums_grid = ceil_div(s.total, kGradSumsBlock);
-#if !defined(FX_EMULATE)
-      return launch_kernel(&grad_sums_kernel<>, sums_grid, kGradSumsBlock, 0, stream, s);
-#else
-      return emulate_kernel(sums_grid, kGradSumsBlock, 0, [&s](const Thread& t, float*, float*) { grad_sums_body(s, t); });
-#endif
+      if (const char* error = launch_grad(a, vec, grid, stream)) return error;
+      return launch_grad_sums(L, a.chunks, Prog::kNumParams, stream);
     }
   }
 

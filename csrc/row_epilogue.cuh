@@ -282,6 +282,11 @@ struct Args {
   int32_t segs_shift;
   int32_t scratch_stride;  // shared-memory floats a row (group norm)
   int32_t flags;           // FxFlags
+  // the backward of a norm program (norm_grad.cuh): the output's gradient (Out), the GEMM
+  // output's gradient (T, written) and the column sums' partials [1 + P][chunks][n]
+  const void* g;
+  void* dy;
+  float* partial;
 };
 
 // A launch's parameters into a kernel's arguments (Args or GradArgs)
@@ -552,13 +557,26 @@ struct Row {
     if constexpr (DType<T>::kCode != FX_F32) map([](float x, int) { return round_to<T>(x); });
   }
 
+  // The row's mean and 1/sqrt(biased variance + eps), two passes (layer_norm and its backward)
+  FX_DEVICE void layer_moments(float eps, float& mean, float& rstd) const {
+    const float n = static_cast<float>(a.n);
+    mean = reduce_sum() / n;
+    const float m = mean;
+    const float var = reduce(0.0f, OpAdd(), [m](float x) { return (x - m) * (x - m); }) / n;
+    rstd = fx_rsqrt(var + eps);
+  }
+
+  // 1/sqrt(mean(x^2) + eps) of the row (rms_norm and its backward)
+  FX_DEVICE float rms_scale(float eps) const {
+    const float ms = reduce(0.0f, OpAdd(), [](float x) { return x * x; }) / static_cast<float>(a.n);
+    return fx_rsqrt(ms + eps);
+  }
+
   // F.layer_norm over the row: biased variance (two-pass), (x - mean) * rstd * w + b
   template <typename U, int W, int B>
   FX_DEVICE void layer_norm(float eps) {
-    const float n = static_cast<float>(a.n);
-    const float mean = reduce_sum() / n;
-    const float var = reduce(0.0f, OpAdd(), [mean](float x) { return (x - mean) * (x - mean); }) / n;
-    const float rstd = fx_rsqrt(var + eps);
+    float mean, rstd;
+    layer_moments(eps, mean, rstd);
     normalise_by_chunk<U, W, B>([mean, rstd](int, float& sh, float& sc) {
       sh = mean;
       sc = rstd;
@@ -568,8 +586,7 @@ struct Row {
   // F.rms_norm: x * rsqrt(mean(x^2) + eps) * w
   template <typename U, int W>
   FX_DEVICE void rms_norm(float eps) {
-    const float ms = reduce(0.0f, OpAdd(), [](float x) { return x * x; }) / static_cast<float>(a.n);
-    const float r = fx_rsqrt(ms + eps);
+    const float r = rms_scale(eps);
     normalise_by_chunk<U, W, -1>([r](int, float& sh, float& sc) {
       sh = 0.0f;
       sc = r;
@@ -632,12 +649,24 @@ struct Row {
 
   template <typename U, int W, int B>
   FX_DEVICE void group_norm_by_lanes(float eps, int gs, int lanes) {
+    float mean[ITEMS], rstd[ITEMS];
+    group_moments_by_lanes<U>(eps, gs, lanes, mean, rstd);
+    normalise_by_chunk<U, W, B>([&](int i, float& sh, float& sc) {
+      sh = mean[i];
+      sc = rstd[i];
+    });
+  }
+
+  // mean[i] and rstd[i] of chunk i's group, the group's chunks held by `lanes` consecutive
+  // threads (group_norm and its backward): eager's Welford tree for groups of up to 32 values,
+  // else two shuffle-summed passes; rounded where eager rounds them (group_stats).
+  template <typename U>
+  FX_DEVICE void group_moments_by_lanes(float eps, int gs, int lanes, float (&mean)[ITEMS], float (&rstd)[ITEMS]) const {
     if (gs <= 32) {
-      group_norm_as_eager_warp<U, W, B>(eps, gs, lanes);
+      group_moments_as_eager_warp<U>(eps, gs, lanes, mean, rstd);
       return;
     }
     const float count = static_cast<float>(gs);
-    float mean[ITEMS], rstd[ITEMS];
 #pragma unroll
     for (int i = 0; i < ITEMS; ++i) {
       float s = 0.0f;
@@ -660,10 +689,6 @@ struct Row {
       rstd[i] = fx_rsqrt(rstd[i] / count + eps);
       group_stats<U>(mean[i], rstd[i]);
     }
-    normalise_by_chunk<U, W, B>([&](int i, float& sh, float& sc) {
-      sh = mean[i];
-      sc = rstd[i];
-    });
   }
 
   // Eager's own statistics for a group of at most 32 values (torch's CUDA group norm, a group of
@@ -674,9 +699,9 @@ struct Row {
   // state bit for bit (the lower side of each pair is combined first, as lane 0 combines). Levels
   // at or above the group size only meet empty lanes (no-ops). A one-ulp difference in a statistic
   // rounded to bf16 can grow past 1e-2 through a bf16 chain (S04), so the order is eager's.
-  template <typename U, int W, int B>
-  FX_DEVICE void group_norm_as_eager_warp(float eps, int gs, int lanes) {
-    float mean[ITEMS], rstd[ITEMS];
+  template <typename U>
+  FX_DEVICE void group_moments_as_eager_warp(float eps, int gs, int lanes, float (&mean)[ITEMS],
+                                             float (&rstd)[ITEMS]) const {
     const int r = lt % lanes;  // this thread's place in its group
 #pragma unroll
     for (int i = 0; i < ITEMS; ++i) {
@@ -704,10 +729,6 @@ struct Row {
       rstd[i] = fx_rsqrt(s[0] / static_cast<float>(gs) + eps);
       group_stats<U>(mean[i], rstd[i]);
     }
-    normalise_by_chunk<U, W, B>([&](int i, float& sh, float& sc) {
-      sh = mean[i];
-      sc = rstd[i];
-    });
   }
 
   // WelfordOps::reduce of one value into the empty state, as torch compiles it
@@ -1072,6 +1093,12 @@ inline const char* emulate_kernel(int64_t grid, int block, size_t smem, const Bo
 }
 #endif
 
+}  // namespace fx
+
+#include "norm_grad.cuh"
+
+namespace fx {
+
 struct Launch {  // one kernel launch's geometry
   int64_t grid;
   int block;
@@ -1085,6 +1112,7 @@ struct ItemsUnit {
   using A = Args<Prog::kParamSlots>;
   static const char* stats(const A& a, bool aligned, const Launch& l);
   static const char* apply(const A& a, bool aligned, const Launch& l);
+  static const char* grad_rows(const A& a, bool aligned, const Launch& l);  // norm programs' backward
 };
 
 #if defined(FX_ITEMS_UNIT)
@@ -1122,6 +1150,26 @@ const char* ItemsUnit<Prog, T, ITEMS>::apply(const A& a, bool aligned, const Lau
                      apply_body<Prog, T, ITEMS, false>(a, t, dyn, red);
                    });
 #endif
+}
+
+template <class Prog, typename T, int ITEMS>
+const char* ItemsUnit<Prog, T, ITEMS>::grad_rows(const A& a, bool aligned, const Launch& l) {
+  if constexpr (Prog::kGradKind != kNormGrad) {
+    return "fxfuse: row backward kernel of a program without one";
+  } else {
+#if !defined(FX_EMULATE)
+    return aligned ? launch_kernel(&norm_grad_kernel<Prog, T, ITEMS, true>, l.grid, l.block, l.smem, l.stream, a)
+                   : launch_kernel(&norm_grad_kernel<Prog, T, ITEMS, false>, l.grid, l.block, l.smem, l.stream, a);
+#else
+    return aligned ? emulate_kernel(l.grid, l.block, l.smem,
+                                    [&a](const Thread& t, float* dyn, float* red) {
+                                      norm_grad_body<Prog, T, ITEMS, true>(a, t, dyn, red);
+                                    })
+                   : emulate_kernel(l.grid, l.block, l.smem, [&a](const Thread& t, float* dyn, float* red) {
+                       norm_grad_body<Prog, T, ITEMS, false>(a, t, dyn, red);
+                     });
+#endif
+  }
 }
 #endif  // FX_ITEMS_UNIT
 
@@ -1338,7 +1386,7 @@ struct Launcher {
                                        &fx::Launcher<PROG, T>::supports,                             \
                                        &fx::Launcher<PROG, T>::workspace_floats,                     \
                                        &fx::Launcher<PROG, T>::launch,                               \
-                                       PROG::kHasGrad ? 1 : 0,                                       \
+                                       PROG::kGradKind != fx::kNoGrad ? 1 : 0,                       \
                                        &fx::GradLauncher<PROG, T>::chunks,                           \
                                        &fx::GradLauncher<PROG, T>::launch};                          \
     return &info;                                                                                    \

@@ -1,5 +1,5 @@
-// The per-call path of the fused op's CUDA kernels (forward, and the backward of pointwise
-// programs): checks, GEMM through ATen (cuBLAS(Lt), bias
+// The per-call path of the fused op's CUDA kernels (forward, and the generated backward of pointwise
+// and norm programs): checks, GEMM through ATen (cuBLAS(Lt), bias
 // epilogue, TF32 as eager), output allocation from the caching allocator, and the launch of a
 // program module's kernels on the current stream. No host synchronisation, so CUDA graphs capture
 // it. Built once per toolchain; program modules (csrc/row_epilogue.cuh) are reached through the
@@ -208,16 +208,19 @@ Result run(int64_t info_address, const Tensor& x, const Tensor& weight, const st
 
 using GradOutputs = std::tuple<Tensor, Tensor>;  // (dgemm, sums), as fxfuse::epilogue_backward
 
-// The backward kernel of a pointwise program: from the saved GEMM output y and the output's
+// The backward kernel of a pointwise or norm program: from the saved GEMM output y and the output's
 // gradient, the GEMM output's gradient and the (1 + num_params, n) float32 column sums (of it, and
 // of each parameter's gradient). nullopt where the kernel does not cover the call.
-std::optional<GradOutputs> run_grad(int64_t info_address, const Tensor& grad, const Tensor& y, at::TensorList params) {
+std::optional<GradOutputs> run_grad(int64_t info_address, const Tensor& grad, const Tensor& y, at::TensorList params,
+                                    int64_t flags) {
   if (info_address == 0) return std::nullopt;
   const auto* info = reinterpret_cast<const FxProgramInfo*>(info_address);
   TORCH_CHECK(info->abi_version == FX_ABI_VERSION, "fxfuse: program module ABI ", info->abi_version,
               " != runtime ABI ", FX_ABI_VERSION);
   if (!info->has_grad || y.dim() < 1 || !on_kernel_device(y) || !on_kernel_device(grad)) return std::nullopt;
-  if (scalar_type_of(info->dtype) != y.scalar_type() || grad.scalar_type() != y.scalar_type()) return std::nullopt;
+  if (scalar_type_of(info->dtype) != y.scalar_type() || scalar_type_of(info->out_dtype) != grad.scalar_type()) {
+    return std::nullopt;
+  }
   if (grad.sizes() != y.sizes() || grad.device() != y.device()) return std::nullopt;
   if (static_cast<int64_t>(params.size()) != info->num_params) return std::nullopt;
   const int64_t n = y.size(-1);
@@ -236,6 +239,7 @@ std::optional<GradOutputs> run_grad(int64_t info_address, const Tensor& grad, co
   Tensor dy = at::empty(y.sizes(), y.options().memory_format(at::MemoryFormat::Contiguous));
   const int64_t sums = 1 + info->num_params;
   const int64_t chunks = info->grad_chunks(m, n, facts.sm_count);
+  if (chunks < 0) return std::nullopt;
   const auto floats = y.options().dtype(at::kFloat);
   if (m == 0 || n == 0 || chunks == 0) return std::make_tuple(dy, at::zeros({sums, n}, floats));
   Tensor total = at::empty({sums, n}, floats);
@@ -252,6 +256,7 @@ std::optional<GradOutputs> run_grad(int64_t info_address, const Tensor& grad, co
   launch.n = n;
   launch.num_params = static_cast<int32_t>(fx_params.size());
   launch.sm_count = facts.sm_count;
+  launch.flags = static_cast<int32_t>(flags);
   const char* error = info->launch_grad(&launch, current_stream(y));
   TORCH_CHECK(error == nullptr, "fxfuse: backward kernel launch failed: ", error);
   return std::make_tuple(dy, total);
@@ -345,7 +350,7 @@ GradOutputs epilogue_backward_kernel(c10::string_view program, const Tensor& gra
   if (dtype) {
     const int64_t info = table.find(program, *dtype, gemm.is_cpu() ? -1 : gemm.get_device());
     if (info != 0) {
-      std::optional<GradOutputs> result = run_grad(info, grad, gemm, params);
+      std::optional<GradOutputs> result = run_grad(info, grad, gemm, params, table.flags());
       if (result) return *result;
     }
   }
@@ -437,11 +442,12 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       "The Python callable for backward calls the registered programs do not cover");
   m.def(
       "run_grad",
-      [](int64_t info, const Tensor& grad, const Tensor& gemm, const std::vector<Tensor>& params) {
-        return run_grad(info, grad, gemm, params);
+      [](int64_t info, const Tensor& grad, const Tensor& gemm, const std::vector<Tensor>& params, int64_t flags) {
+        return run_grad(info, grad, gemm, params, flags);
       },
-      "The backward kernel of a pointwise program: (dgemm, column sums); None when it does not cover the call",
-      py::arg("info"), py::arg("grad"), py::arg("gemm"), py::arg("params"));
+      "The backward kernel of a pointwise or norm program: (dgemm, column sums); None when it does not cover "
+      "the call",
+      py::arg("info"), py::arg("grad"), py::arg("gemm"), py::arg("params"), py::arg("flags") = 0);
 #if !defined(FX_EMULATE)
   m.def("register_autograd", &register_autograd,
         "Serve the op's AutogradCUDA key in C++, calling this Python autograd implementation "

@@ -35,7 +35,8 @@ def columns(program) -> int:
 @pytest.mark.parametrize("generated", [False, True], ids=["autograd", "generated_backward_op"])
 @pytest.mark.parametrize("name", list(CASES))
 def test_gradients_match_finite_differences(name, generated, monkeypatch):
-    """``generated``: through fxfuse::epilogue_backward where the program has one (pointwise)."""
+    """``generated``: through fxfuse::epilogue_backward where the program has one (pointwise and
+    norm programs)."""
     if generated:
         monkeypatch.setenv("FXFUSE_GENERATED_BACKWARD", "1")
     program = CASES[name]

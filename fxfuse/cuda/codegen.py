@@ -11,7 +11,9 @@ chunks a thread of row-local plans, and ``kVec``, the elements a chunk).
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
+import sympy
 import torch
 
 from .. import expr as E
@@ -20,7 +22,7 @@ from ..vocabulary import ROUNDING, call, is_rounding
 from .gradient import print_gradient
 from .printer import UnsupportedExpression, float_literal, print_expr
 
-CODEGEN_VERSION = "5"
+CODEGEN_VERSION = "6"
 
 ELEMENT_TYPES = {
     torch.float32: "float",
@@ -108,7 +110,7 @@ def _program_header(program: Program, dtype: torch.dtype, namespace: str) -> str
         rest_body = emitter.stages(rest, store=True)
     except UnsupportedExpression as error:
         raise UnsupportedProgram(str(error)) from None
-    grad_body = _grad_body(program, dtype)
+    backward = _backward_lines(program, dtype)
     reduction = program.reduction
     kinds = [("1" if kind == "col" else "0") for kind in program.params] or ["0"]
     groups = [s.groups for s in program.stages if isinstance(s, Norm) and s.kind == "group"]
@@ -168,14 +170,7 @@ def _program_header(program: Program, dtype: torch.dtype, namespace: str) -> str
             *_indent(rest_body, 4),
             "  }",
             "",
-            "  // the gradients of the GEMM output and of each parameter at one element (grad_epilogue.cuh)",
-            f"  static constexpr bool kHasGrad = {'true' if grad_body is not None else 'false'};",
-            "  FX_DEVICE static void grad(float x, float g, const float* p, float& dx, float* dp) {",
-            "    (void)x;",
-            "    (void)p;",
-            "    (void)dp;",
-            *_indent(grad_body if grad_body is not None else ["dx = g;"], 4),
-            "  }",
+            *_indent(backward, 2),
             "};",
             "",
             f"}}  // namespace {namespace}",
@@ -248,26 +243,153 @@ def _local_items(program: Program) -> int:
     return 1 if any(isinstance(s, Norm) and s.kind == "group" for s in program.stages) else 4
 
 
+# -- the backward ---------------------------------------------------------------------------------
+
+_NORM_CODES = {"group": "fx::kGroupNorm", "layer": "fx::kLayerNorm", "rms": "fx::kRmsNorm"}
+
+
+@dataclass(frozen=True)
+class NormSplit:
+    """A norm program as its backward kernel sees it: ``pre | norm | post``, pre and post pointwise
+    (each the composition of its stages; None when empty), the norm a group, layer or RMS norm;
+    ``widened`` when the norm computes in float32 (a Widen stage before it)."""
+
+    pre: sympy.Expr | None
+    norm: Norm
+    post: sympy.Expr | None
+    widened: bool
+
+
+def norm_split(program: Program) -> NormSplit | None:
+    """The program as ``pre | norm | post``; None where it is not of that form."""
+    norms = [i for i, s in enumerate(program.stages) if isinstance(s, Norm)]
+    if len(norms) != 1 or program.stages[norms[0]].kind not in _NORM_CODES:
+        return None
+    at = norms[0]
+    if not all(isinstance(s, (Pointwise, Widen)) for i, s in enumerate(program.stages) if i != at):
+        return None
+    before, after = program.stages[:at], program.stages[at + 1 :]
+    widened = any(isinstance(s, Widen) for s in before)
+    return NormSplit(_composed(before), program.stages[at], _composed(after), widened)
+
+
+def _composed(stages: tuple[Stage, ...]) -> sympy.Expr | None:
+    """The pointwise stages as one expression (Widen stages only change where later ones round,
+    which their expressions already say); None when there are none."""
+    expression = None
+    for stage in stages:
+        if isinstance(stage, Pointwise):
+            expression = stage.expr if expression is None else E.substitute(stage.expr, {E.X: expression})
+    return expression
+
+
+def _pointwise_expression(program: Program) -> sympy.Expr:
+    """A pointwise program's stages as one expression (the identity for none)."""
+    expression = _composed(program.stages)
+    return E.X if expression is None else expression
+
+
 def has_generated_backward(program: Program) -> bool:
-    """Whether the program's modules carry a backward kernel (pointwise programs whose derivative
-    prints; the dtype only changes where it rounds); otherwise the op's backward stays plain torch
-    ops for Inductor."""
-    return _grad_body(program, torch.float32) is not None
+    """Whether the program's modules carry a backward kernel: pointwise programs and norm programs
+    (``norm_split``) whose derivatives print (the dtype only changes where they round); otherwise
+    the op's backward stays plain torch ops for Inductor."""
+    return _grad_kind(program, torch.float32) != "fx::kNoGrad"
 
 
-def _grad_body(program: Program, dtype: torch.dtype) -> list[str] | None:
-    """The statements of ``Prog::grad``: the program's pointwise stages as one expression, its
-    forward and reverse sweep; None where the program has other stages or no printed derivative."""
-    if not all(isinstance(stage, Pointwise) for stage in program.stages):
-        return None
-    expression = E.X
-    for stage in program.stages:
-        expression = E.substitute(stage.expr, {E.X: expression})
+def _grad_kind(program: Program, dtype: torch.dtype) -> str:
     try:
-        printed = print_gradient(expression, dtype, len(program.params))
+        if all(isinstance(stage, Pointwise) for stage in program.stages):
+            _gradient_function("grad", _pointwise_expression(program), program, dtype)
+            return "fx::kPointwiseGrad"
+        split = norm_split(program)
+        if split is not None:
+            for expression in (split.pre, split.post):
+                if expression is not None:
+                    _gradient_function("grad", expression, program, dtype)
+            return "fx::kNormGrad"
     except UnsupportedExpression:
-        return None
-    return [f"const float p{i} = p[{i}];" for i in sorted(printed.params)] + printed.lines
+        pass
+    return "fx::kNoGrad"
+
+
+def _backward_lines(program: Program, dtype: torch.dtype) -> list[str]:
+    """``Prog``'s backward members: kGradKind; ``grad`` (a pointwise program's derivative at one
+    element, grad_epilogue.cuh); a norm program's split (norm_grad.cuh): the norm's constants,
+    ``pre`` (pre's value at one element) and ``grad_pre`` / ``grad_post`` (pre's and post's
+    derivatives, the forward recomputed from their input). Members a program does not use are
+    identities, so that every module compiles the same templates."""
+    kind = _grad_kind(program, dtype)
+    split = norm_split(program) if kind == "fx::kNormGrad" else None
+    pointwise = kind == "fx::kPointwiseGrad"
+    grad = _gradient_function("grad", _pointwise_expression(program), program, dtype) if pointwise else None
+    norm = split.norm if split else None
+    pre = split.pre if split else None
+    post = split.post if split else None
+
+    def param(index: int | None) -> int:
+        return -1 if index is None else index
+
+    lines = [
+        "// the backward: a pointwise program's grad_kernel (grad_epilogue.cuh) or a norm program's",
+        "// norm_grad_kernel (norm_grad.cuh)",
+        f"static constexpr int kGradKind = {kind};",
+        *(grad or _identity_gradient("grad")),
+        f"using NormU = {ELEMENT_TYPES[torch.float32 if split is None or split.widened else dtype]};",
+        f"static constexpr int kNormKind = {_NORM_CODES[norm.kind] if norm else 'fx::kLayerNorm'};",
+        f"static constexpr int kNormGroups = {norm.groups if norm else 1};",
+        f"static constexpr int kNormW = {param(norm.weight) if norm else -1};",
+        f"static constexpr int kNormB = {param(norm.bias) if norm else -1};",
+        f"static constexpr float kNormEps = {float_literal(norm.eps) if norm else '0.0f'};",
+        f"static constexpr bool kHasPre = {'true' if pre is not None else 'false'};",
+        f"static constexpr bool kHasPost = {'true' if post is not None else 'false'};",
+        f"static constexpr uint32_t kColParams = {sum(1 << i for i, k in enumerate(program.params) if k == 'col')}u;",
+        f"static constexpr uint32_t kPreParams = {_param_mask(pre)}u;",
+        f"static constexpr uint32_t kPostParams = {_param_mask(post)}u;",
+        *_value_function("pre", pre),
+        *(_gradient_function("grad_pre", pre, program, dtype) if pre is not None else _identity_gradient("grad_pre")),
+        *(_gradient_function("grad_post", post, program, dtype) if post is not None else _identity_gradient("grad_post")),
+    ]
+    return lines
+
+
+def _gradient_function(name: str, expression: sympy.Expr, program: Program, dtype: torch.dtype) -> list[str]:
+    """``name(x, g, p, dx, dp)``: the gradients of ``expression`` at one element (its forward and
+    reverse sweep, fxfuse/cuda/gradient.py); UnsupportedExpression where no derivative prints."""
+    printed = print_gradient(expression, dtype, len(program.params))
+    _param_indices(program, printed.params, "col")  # every parameter is the program's
+    body = [f"const float p{i} = p[{i}];" for i in sorted(printed.params)] + printed.lines
+    return [
+        f"FX_DEVICE static void {name}(float x, float g, const float* p, float& dx, float* dp) {{",
+        "  (void)x;",
+        "  (void)p;",
+        "  (void)dp;",
+        *_indent(body, 2),
+        "}",
+    ]
+
+
+def _identity_gradient(name: str) -> list[str]:
+    return [f"FX_DEVICE static void {name}(float, float g, const float*, float& dx, float*) {{ dx = g; }}"]
+
+
+def _value_function(name: str, expression: sympy.Expr | None) -> list[str]:
+    """``name(x, p)``: the value of ``expression`` at one element, as the forward computes it."""
+    if expression is None:
+        return [f"FX_DEVICE static float {name}(float x, const float*) {{ return x; }}"]
+    printed = print_expr(expression)
+    return [
+        f"FX_DEVICE static float {name}(float x, const float* p) {{",
+        "  (void)p;",
+        *_indent([f"const float p{i} = p[{i}];" for i in sorted(printed.params)] + printed.lines, 2),
+        f"  return {printed.result};",
+        "}",
+    ]
+
+
+def _param_mask(expression: sympy.Expr | None) -> int:
+    if expression is None:
+        return 0
+    return sum(1 << i for i in {E.param_index(s) for s in expression.free_symbols} if i is not None)
 
 
 def _batch_train_index(program: Program) -> int | None:

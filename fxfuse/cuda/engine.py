@@ -153,7 +153,7 @@ class Engine:
         handle = self._handle(program, gemm)
         if not handle or self._runtime_module is None:
             return None
-        return self._runtime_module.run_grad(handle, grad, gemm, list(params))
+        return self._runtime_module.run_grad(handle, grad, gemm, list(params), self._flags)
 
     def covers(self, program: str, x, weight, bias, params) -> bool:
         """Whether ``call`` would run the kernels (tests): it does run them once."""

@@ -224,12 +224,28 @@ def poison(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None) -> None:
         b[11] = float("-inf")
 
 
-# -- the generated backward (pointwise programs) ---------------------------------------------------
+# -- the generated backward (pointwise and norm programs) ------------------------------------------
+
+
+def backward_covers(program: Program, dtype: torch.dtype, n: int) -> bool:
+    """Whether the generated backward kernel covers rows of ``n`` (the norm kernel's group norms
+    take groups of whole 16-byte chunks held by a power of two of at most 32 threads; the rest
+    fall back to the reference)."""
+    from fxfuse.cuda import codegen
+
+    split = codegen.norm_split(program)
+    if split is None or split.norm.kind != "group":
+        return True
+    if n % split.norm.groups:
+        return False
+    size, vec = n // split.norm.groups, codegen.chunk_elements(program, dtype)
+    lanes = size // vec
+    return size % vec == 0 and 1 <= lanes <= 32 and lanes & (lanes - 1) == 0
 
 
 def grad_cases(shapes: list[tuple[int, int]]):
-    """(name, dtype, M, N) for every program with a generated backward: float32, and bfloat16 and
-    float16 for the suite's low-precision programs."""
+    """(name, dtype, M, N) for every program with a generated backward and every shape its kernel
+    covers: float32, and bfloat16 and float16 for the suite's low-precision programs."""
     from fxfuse.cuda import codegen
 
     for name, program in PROGRAMS.items():
@@ -237,7 +253,8 @@ def grad_cases(shapes: list[tuple[int, int]]):
             continue
         for dtype in [torch.float32] + ([torch.bfloat16, torch.float16] if name in LOW_PRECISION else []):
             for m, n in shapes:
-                yield name, dtype, m, n
+                if backward_covers(program, dtype, n):
+                    yield name, dtype, m, n
 
 
 def assert_backward_close(program: Program, got, want, tol: float, col_atol: float, scalar_atol: float) -> None:
@@ -249,7 +266,12 @@ def assert_backward_close(program: Program, got, want, tol: float, col_atol: flo
     ``col_atol``: two float32 sums of large terms in different orders differ by a few ulps of the
     terms (the reference's own sum of 4096 terms up to 4e6 is 0.006 off the exact one)."""
     (dy, sums), (ref_dy, ref_sums) = got, want
-    torch.testing.assert_close(dy.float(), ref_dy.float(), rtol=tol, atol=tol, equal_nan=True)
+    rtol = tol
+    if any(isinstance(s, Norm) for s in program.stages) and dy.dtype != torch.float32:
+        # the norm's backward sums a group in another order than eager's kernel: where its terms
+        # cancel, the float32 difference can move dY's rounding by two units in the last place
+        rtol = max(tol, 2 * torch.finfo(dy.dtype).eps)
+    torch.testing.assert_close(dy.float(), ref_dy.float(), rtol=rtol, atol=tol, equal_nan=True)
     assert sums.shape == ref_sums.shape and sums.dtype == torch.float32
     scalar = [1 + i for i, kind in enumerate(program.params) if kind == "scalar"]
     cols = [r for r in range(sums.shape[0]) if r not in scalar]

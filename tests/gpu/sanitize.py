@@ -8,8 +8,8 @@
 Covers the row kernel (aligned and unaligned paths, several rows a block, multi-warp rows, group
 norm by lane shuffles, by warps, by chunk and staged in shared memory, row reductions, chains that
 widen to a float32 output in both chunk layouts), the BatchNorm statistics and combine kernels,
-and the backward kernel of pointwise programs (16-byte and 1-element paths, many chunks of rows, a
-column parameter). Prints one line per call and exits non-zero on a mismatch with the reference.
+and the backward kernels of pointwise and norm programs (16-byte and 1-element paths, many chunks
+of rows, a column parameter, group norms by lanes, layer norms over several warps). Prints one line per call and exits non-zero on a mismatch with the reference.
 """
 
 from __future__ import annotations
@@ -47,6 +47,9 @@ GRAD_CALLS = [  # (program, dtype, M, N) of the backward kernel
     ("s01_scale_leaky", torch.bfloat16, 300, 256),  # 16-byte path, many chunks of rows a column
     ("vocabulary_2", torch.float32, 77, 1000),  # 16-byte path, a column parameter
     ("s14_silu_div_clamp_tanh", torch.float32, 50, 999),  # 1-element path (odd width)
+    ("widen_s08_silu_vec_group", torch.bfloat16, 300, 512),  # norm kernel: row-local group norm, strips
+    ("s20_layer_silu", torch.float32, 33, 2048),  # norm kernel: a row over several warps
+    ("s21_rms_silu", torch.float32, 9, 999),  # norm kernel: 1-element path
 ]
 
 
@@ -79,7 +82,7 @@ def main() -> int:
         program = PROGRAMS[name]
         g = torch.Generator().manual_seed(0)
         y = torch.randn(m, n, generator=g).to("cuda", dtype)
-        grad = torch.randn(m, n, generator=g).to("cuda", dtype)
+        grad = torch.randn(m, n, generator=g).to("cuda", program.output_dtype(dtype))
         params = make_params(program, n, dtype=dtype, device="cuda", generator=g)
         got = fxcuda.engine.backward_kernel(program.to_string(), grad, y, params)
         torch.cuda.synchronize()

@@ -15,6 +15,7 @@ import torch
 
 import fxfuse.cuda as fxcuda
 from fxfuse import reference
+from fxfuse.cuda import codegen
 from fxfuse.ir import Gemm, Norm, Program
 from programs import LOW_PRECISION, PROGRAMS, assert_backward_close, grad_cases, make_params, poison
 
@@ -32,7 +33,7 @@ def all_builds():
     pairs += [(PROGRAMS["minus_and_negation"], torch.float16)]
     pairs += [(program, dtype) for _, dtype, program in small_group_cases()]
     pairs += [(PROGRAMS[name], dtype) for name, dtype, *_ in grad_cases(GRAD_SHAPES)]
-    pairs += [(PROGRAMS[n], torch.bfloat16) for n in ("s14_silu_div_clamp_tanh", "scalar_param_pow", "vocabulary_2")]
+    pairs += [(PROGRAMS[n], d) for n in GRADIENT_PROGRAMS for d in (torch.float32, torch.bfloat16)]
     return pairs
 
 
@@ -287,7 +288,7 @@ def test_autograd_key_runs_in_cpp_and_records_gradients():
             torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
 
 
-# -- the generated backward of pointwise programs ------------------------------------------------
+# -- the generated backward of pointwise and norm programs ------------------------------------------------
 
 GRAD_SHAPES = [(7, 1000), (1, 8192), (33, 256), (5, 3), (4096, 1024)]
 GRAD_CASES = [pytest.param(*c, id=f"{c[0]}-{str(c[1])[6:]}-{c[2]}x{c[3]}") for c in grad_cases(GRAD_SHAPES)]
@@ -303,7 +304,7 @@ def test_backward_kernel_matches_reference(name, dtype, m, n):
     for seed in range(DRAWS):
         g = torch.Generator().manual_seed(seed)
         y = (torch.randn(m, n, generator=g) * 2).to(DEVICE, dtype)
-        grad = torch.randn(m, n, generator=g).to(DEVICE, dtype)
+        grad = torch.randn(m, n, generator=g).to(DEVICE, program.output_dtype(dtype))
         pdtype = dtype if name in LOW_PRECISION else torch.float32
         params = make_params(program, n, dtype=pdtype, device=DEVICE, generator=g)
         assert fxcuda.engine.backward_kernel(text, grad, y, params) is not None, "the backward kernel did not run"
@@ -313,15 +314,21 @@ def test_backward_kernel_matches_reference(name, dtype, m, n):
                               col_atol=tol * m ** 0.5, scalar_atol=tol * (m * n) ** 0.5)
 
 
+GRADIENT_PROGRAMS = ["s01_scale_leaky", "s14_silu_div_clamp_tanh", "scalar_param_pow", "vocabulary_2",
+                     "s04_group_silu_vec_silu", "s20_layer_silu", "s21_rms_silu", "widen_s08_silu_vec_group",
+                     "widen_s20_layer_silu"]
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("name", ["s01_scale_leaky", "s14_silu_div_clamp_tanh", "scalar_param_pow", "vocabulary_2"])
+@pytest.mark.parametrize("name", GRADIENT_PROGRAMS)
 def test_fused_op_gradients_equal_eager(name, dtype, monkeypatch):
     """The fused op's backward (generated kernel, then the GEMMs) against eager autograd through
     the reference: x, weight, bias and every parameter."""
     monkeypatch.setenv("FXFUSE_GENERATED_BACKWARD", "1")
     program = PROGRAMS[name]
     text = program.to_string()
-    x, w, b, params = inputs(program, dtype, 64, 1000, 96, 0)
+    n = 1024 if codegen.norm_split(program) else 1000  # 1024: whole 16-byte chunks a group
+    x, w, b, params = inputs(program, dtype, 64, n, 96, 0)
     leaves = [t.detach().requires_grad_() for t in (x, w, b, *params) if t is not None]
     out, *_ = torch.ops.fxfuse.linear_epilogue(text, *leaves[:2], leaves[2] if b is not None else None,
                                                leaves[3 if b is not None else 2:], True)

@@ -1,7 +1,7 @@
 """The shipped kernels and runtime, run by the host emulator on CPU tensors, against the reference.
 
 Everything but the CUDA-specific lines runs here: the generated program modules — forward and, for
-pointwise programs, backward kernels — (compiled as host
+pointwise and norm programs, backward kernels — (compiled as host
 C++ with FX_EMULATE: every CUDA thread a fiber, barriers and shuffles checked for divergence), the
 launch plans, the runtime binding (GEMM, parameters, outputs, workspace). Each call writes into a
 NaN-filled buffer, so an element the kernels skip shows up, and asserts the kernels ran (no
@@ -231,19 +231,22 @@ def test_params_in_other_dtypes_and_shapes(engine):
     run_and_compare(engine, program, torch.float32, x, w, b, [params[0].double().reshape(1)])
 
 
-# -- the generated backward of pointwise programs ------------------------------------------------
+# -- the generated backward of pointwise and norm programs ---------------------------------------
 
-GRAD_SHAPES = [(7, 1000), (1, 16), (33, 24), (4, 5), (70, 256)]  # (M, N): odd widths take the scalar path
+# (M, N): odd widths take the scalar path; 2048 spreads a layer norm's row over several warps
+GRAD_SHAPES = [(7, 1000), (1, 16), (33, 24), (4, 5), (70, 256), (5, 2048)]
 
 
 def compare_backward(engine, program, dtype, y, g, params):
-    """The backward kernel (it must run: no fallback) against the reference's autograd."""
+    """The backward kernel (it must run: no fallback) against the reference's autograd (its norms
+    as CUDA's: float32 math between the dtype's roundings)."""
     got = engine.backward_kernel(program.to_string(), g, y, params)
     assert got is not None, "the backward kernel did not run"
     m = y.numel() // y.shape[-1]
     tol = TOL[dtype]
-    assert_backward_close(program, got, reference.pointwise_backward(program, g, y, params), tol,
-                          col_atol=tol * m, scalar_atol=tol * y.numel())
+    with norms_as_on_cuda(dtype):
+        want = reference.pointwise_backward(program, g, y, params)
+    assert_backward_close(program, got, want, tol, col_atol=tol * m, scalar_atol=tol * y.numel())
 
 
 @pytest.mark.parametrize("name,dtype,m,n", [pytest.param(*c, id=f"{c[0]}-{str(c[1])[6:]}-{c[2]}x{c[3]}")
@@ -253,9 +256,34 @@ def test_backward_kernel_matches_reference(engine, name, dtype, m, n):
     for seed in range(2):
         g = torch.Generator().manual_seed(seed)
         y = (torch.randn(m, n, generator=g) * 2).to(dtype)
-        grad = torch.randn(m, n, generator=g).to(dtype)
+        grad = torch.randn(m, n, generator=g).to(program.output_dtype(dtype))
         params = make_params(program, n, dtype=dtype if name in LOW_PRECISION else torch.float32, generator=g)
         compare_backward(engine, program, dtype, y, grad, params)
+
+
+def test_norm_backward_kernel_leaves_other_group_sizes_to_the_reference(engine):
+    """Groups that are not whole 16-byte chunks: no kernel, and epilogue_backward is the reference."""
+    program = PROGRAMS["s02_group_leaky_double"]
+    g = torch.Generator().manual_seed(5)
+    y, grad = torch.randn(6, 36, generator=g), torch.randn(6, 36, generator=g)
+    params = make_params(program, 36, generator=g)
+    assert engine.backward_kernel(program.to_string(), grad, y, params) is None
+    got = engine.backward(program.to_string(), grad, y, params)
+    want = reference.pointwise_backward(program, grad, y, params)
+    assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+
+
+def test_norm_backward_kernel_nan_inf(engine):
+    """A NaN or an infinity in a row of the GEMM output, or a NaN in the gradient, makes that row's
+    (that group's) gradient NaN, as eager's; the other rows keep theirs. (An infinite gradient
+    meets inf - inf in the norm's backward, where the formula's order decides between NaN and an
+    infinity: not compared.)"""
+    for name in ["s20_layer_silu", "s04_group_silu_vec_silu", "s21_rms_silu"]:
+        program = PROGRAMS[name]
+        g = torch.Generator().manual_seed(6)
+        y, grad = torch.randn(6, 64, generator=g) * 3, torch.randn(6, 64, generator=g)
+        y[0, 3], y[1, 5], y[2, 11], grad[3, 7] = math.nan, math.inf, -math.inf, math.nan
+        compare_backward(engine, program, torch.float32, y, grad, make_params(program, 64, generator=g))
 
 
 def test_backward_kernel_is_eager_to_the_bit_where_each_gradient_op_is_exact(engine):
