@@ -175,16 +175,19 @@ struct NormGradLauncher {
 
   static bool plan(int64_t m, int64_t n, Plan* p) {
     if (m < 1 || !Prog::groups_ok(n) || !Rows::apply_plan(m, n, p)) return false;
+    if (p->items == 1 && p->block > 256) return false;  // the kernel's launch bounds
     if (Prog::kNormKind != kGroupNorm) return true;
     const int64_t gs = n / Prog::kNormGroups;
     const int64_t lanes = gs / VEC;
     return gs % VEC == 0 && lanes >= 1 && (lanes & (lanes - 1)) == 0 && p->rt % lanes == 0;
   }
 
-  // Strips of rows a segment: about 512 threads an SM in all (each strip's column sums cost a
-  // write and a read of n floats a sum: fewer, longer strips), at most one a row slot
+  // Strips of rows a segment: the blocks an SM holds at once, 512 threads (768 at one chunk a
+  // thread: norm_grad_min_blocks) -- each strip's column sums cost a write and a read of n floats
+  // a sum, so no more -- and at most one a row slot
   static int64_t strips(int64_t m, const Plan& p, int32_t sm_count) {
-    const int64_t per_sm = 512 / p.block > 0 ? 512 / p.block : 1;
+    const int64_t threads = p.items == 1 ? 768 : 512;
+    const int64_t per_sm = threads / p.block > 0 ? threads / p.block : 1;
     const int64_t want = (sm_count > 0 ? sm_count : 1) * per_sm / p.segs;
     const int64_t rows = ceil_div(m, p.rpc);
     return want < 1 ? 1 : (want < rows ? want : rows);

@@ -254,8 +254,13 @@ FX_DEVICE void norm_grad_body(const Args<Prog::kParamSlots>& a, const Thread& t,
 }
 
 #if !defined(FX_EMULATE)
+// One 16-byte chunk a thread: blocks of at most 256 threads (the plans), three an SM (80
+// registers a thread, where the whole state would take 128 and allow two)
+template <int ITEMS>
+constexpr int norm_grad_min_blocks() { return ITEMS == 1 ? 3 : 1; }
+
 template <class Prog, typename T, int ITEMS, bool ALIGNED>
-__global__ void __launch_bounds__(kMaxBlock) norm_grad_kernel(const __grid_constant__ Args<Prog::kParamSlots> a) {
+__global__ void __launch_bounds__(ITEMS == 1 ? 256 : kMaxBlock, norm_grad_min_blocks<ITEMS>()) norm_grad_kernel(const __grid_constant__ Args<Prog::kParamSlots> a) {
   __shared__ float red[FX_RED_FLOATS];
   const Thread t;
   norm_grad_body<Prog, T, ITEMS, ALIGNED>(a, t, fx_dynamic_smem, red);
