@@ -1,7 +1,7 @@
-// The backward kernel of a pointwise program (norm programs: norm_grad.cuh): one pass over the saved GEMM output y and the
-// output's gradient g that writes the GEMM output's gradient dy and, in the same pass, the column
-// sums the rest of the backward needs -- sum over rows of dy (the bias gradient) and of each
-// parameter's gradient -- so that no later kernel reads dy again for them.
+// The backward kernel of a pointwise program (norm programs: norm_grad.cuh): one pass over the
+// saved GEMM output y and the output's gradient g that writes the GEMM output's gradient dy and,
+// in the same pass, the column sums the rest of the backward needs -- sum over rows of dy (the
+// bias gradient) and of each parameter's gradient -- so that no later kernel reads dy again.
 //
 // `Prog::grad(x, g, p, dx, dp)` (generated, fxfuse/cuda/gradient.py) gives one element's
 // gradients. Layout: a block is kGradCols threads along a row (one 16-byte chunk each) times

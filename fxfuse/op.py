@@ -120,7 +120,7 @@ def epilogue_backward(program: str, grad: Tensor, gemm: Tensor, params: list[Ten
         from . import cuda
 
         return cuda.engine.backward(program, grad, gemm, params)
-    return reference.pointwise_backward(Program.parse(program), grad, gemm, list(params))
+    return reference.epilogue_backward(Program.parse(program), grad, gemm, list(params))
 
 
 @epilogue_backward.register_fake

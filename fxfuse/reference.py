@@ -182,7 +182,7 @@ def linear_grads(dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor) -> tup
     return (dy2 @ weight).reshape(x.shape), dy2.t() @ x.reshape(-1, k)
 
 
-def pointwise_backward(
+def epilogue_backward(
     program: Program, grad_out: torch.Tensor, y: torch.Tensor, params: list[torch.Tensor]
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``fxfuse::epilogue_backward``'s CPU kernel (and the oracle of the generated backward

@@ -293,23 +293,27 @@ def has_generated_backward(program: Program) -> bool:
     """Whether the program's modules carry a backward kernel: pointwise programs and norm programs
     (``norm_split``) whose derivatives print (the dtype only changes where they round); otherwise
     the op's backward stays plain torch ops for Inductor."""
-    return _grad_kind(program, torch.float32) != "fx::kNoGrad"
+    return _derivatives(program, torch.float32)[0] != "fx::kNoGrad"
 
 
-def _grad_kind(program: Program, dtype: torch.dtype) -> str:
+def _derivatives(program: Program, dtype: torch.dtype) -> tuple[str, dict[str, list[str]]]:
+    """The program's kGradKind and its printed derivative functions by name: ``grad`` for a
+    pointwise program, ``grad_pre`` / ``grad_post`` for a norm program's non-empty sides;
+    kNoGrad (none) where the program is of neither form or a derivative does not print."""
+    functions: dict[str, list[str]] = {}
     try:
         if all(isinstance(stage, Pointwise) for stage in program.stages):
-            _gradient_function("grad", _pointwise_expression(program), program, dtype)
-            return "fx::kPointwiseGrad"
+            functions["grad"] = _gradient_function("grad", _pointwise_expression(program), program, dtype)
+            return "fx::kPointwiseGrad", functions
         split = norm_split(program)
         if split is not None:
-            for expression in (split.pre, split.post):
+            for name, expression in (("grad_pre", split.pre), ("grad_post", split.post)):
                 if expression is not None:
-                    _gradient_function("grad", expression, program, dtype)
-            return "fx::kNormGrad"
+                    functions[name] = _gradient_function(name, expression, program, dtype)
+            return "fx::kNormGrad", functions
     except UnsupportedExpression:
         pass
-    return "fx::kNoGrad"
+    return "fx::kNoGrad", {}
 
 
 def _backward_lines(program: Program, dtype: torch.dtype) -> list[str]:
@@ -318,10 +322,8 @@ def _backward_lines(program: Program, dtype: torch.dtype) -> list[str]:
     ``pre`` (pre's value at one element) and ``grad_pre`` / ``grad_post`` (pre's and post's
     derivatives, the forward recomputed from their input). Members a program does not use are
     identities, so that every module compiles the same templates."""
-    kind = _grad_kind(program, dtype)
+    kind, functions = _derivatives(program, dtype)
     split = norm_split(program) if kind == "fx::kNormGrad" else None
-    pointwise = kind == "fx::kPointwiseGrad"
-    grad = _gradient_function("grad", _pointwise_expression(program), program, dtype) if pointwise else None
     norm = split.norm if split else None
     pre = split.pre if split else None
     post = split.post if split else None
@@ -329,11 +331,14 @@ def _backward_lines(program: Program, dtype: torch.dtype) -> list[str]:
     def param(index: int | None) -> int:
         return -1 if index is None else index
 
-    lines = [
+    def function(name: str) -> list[str]:
+        return functions.get(name) or _identity_gradient(name)
+
+    return [
         "// the backward: a pointwise program's grad_kernel (grad_epilogue.cuh) or a norm program's",
         "// norm_grad_kernel (norm_grad.cuh)",
         f"static constexpr int kGradKind = {kind};",
-        *(grad or _identity_gradient("grad")),
+        *function("grad"),
         f"using NormU = {ELEMENT_TYPES[torch.float32 if split is None or split.widened else dtype]};",
         f"static constexpr int kNormKind = {_NORM_CODES[norm.kind] if norm else 'fx::kLayerNorm'};",
         f"static constexpr int kNormGroups = {norm.groups if norm else 1};",
@@ -346,10 +351,9 @@ def _backward_lines(program: Program, dtype: torch.dtype) -> list[str]:
         f"static constexpr uint32_t kPreParams = {_param_mask(pre)}u;",
         f"static constexpr uint32_t kPostParams = {_param_mask(post)}u;",
         *_value_function("pre", pre),
-        *(_gradient_function("grad_pre", pre, program, dtype) if pre is not None else _identity_gradient("grad_pre")),
-        *(_gradient_function("grad_post", post, program, dtype) if post is not None else _identity_gradient("grad_post")),
+        *function("grad_pre"),
+        *function("grad_post"),
     ]
-    return lines
 
 
 def _gradient_function(name: str, expression: sympy.Expr, program: Program, dtype: torch.dtype) -> list[str]:

@@ -146,7 +146,7 @@ class Engine:
         result = self.backward_kernel(program, grad, gemm, params)
         if result is not None:
             return result
-        return reference.pointwise_backward(Program.parse(program), grad, gemm, list(params))
+        return reference.epilogue_backward(Program.parse(program), grad, gemm, list(params))
 
     def backward_kernel(self, program: str, grad, gemm, params):
         """``(dgemm, sums)`` from the backward kernel; None where it does not cover the call."""

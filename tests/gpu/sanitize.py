@@ -89,7 +89,7 @@ def main() -> int:
         tol = 1e-4 if dtype == torch.float32 else 1e-2
         try:  # the GPU tests' comparison (tests/gpu/test_cuda_kernels.py)
             assert got is not None, "the backward kernel did not run"
-            assert_backward_close(program, got, reference.pointwise_backward(program, grad, y, params), tol,
+            assert_backward_close(program, got, reference.epilogue_backward(program, grad, y, params), tol,
                                   col_atol=tol * m ** 0.5, scalar_atol=tol * (m * n) ** 0.5)
             ok = True
         except AssertionError:

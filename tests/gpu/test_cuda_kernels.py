@@ -310,7 +310,7 @@ def test_backward_kernel_matches_reference(name, dtype, m, n):
         assert fxcuda.engine.backward_kernel(text, grad, y, params) is not None, "the backward kernel did not run"
         got = torch.ops.fxfuse.epilogue_backward(text, grad, y, params)
         tol = TOL[dtype]
-        assert_backward_close(program, got, reference.pointwise_backward(program, grad, y, params), tol,
+        assert_backward_close(program, got, reference.epilogue_backward(program, grad, y, params), tol,
                               col_atol=tol * m ** 0.5, scalar_atol=tol * (m * n) ** 0.5)
 
 
@@ -360,6 +360,6 @@ def test_backward_opcheck_and_cuda_graph():
     for seed in range(2):
         static_grad.copy_(torch.randn(grad.shape, generator=torch.Generator().manual_seed(seed)).to(grad))
         graph.replay()
-        ref_dy, ref_sums = reference.pointwise_backward(program, static_grad, y, [])
+        ref_dy, ref_sums = reference.epilogue_backward(program, static_grad, y, [])
         torch.testing.assert_close(static_dy.float(), ref_dy.float(), rtol=1e-2, atol=1e-2)
         torch.testing.assert_close(static_sums, ref_sums, rtol=1e-2, atol=0.1)

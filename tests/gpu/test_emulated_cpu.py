@@ -245,7 +245,7 @@ def compare_backward(engine, program, dtype, y, g, params):
     m = y.numel() // y.shape[-1]
     tol = TOL[dtype]
     with norms_as_on_cuda(dtype):
-        want = reference.pointwise_backward(program, g, y, params)
+        want = reference.epilogue_backward(program, g, y, params)
     assert_backward_close(program, got, want, tol, col_atol=tol * m, scalar_atol=tol * y.numel())
 
 
@@ -269,7 +269,7 @@ def test_norm_backward_kernel_leaves_other_group_sizes_to_the_reference(engine):
     params = make_params(program, 36, generator=g)
     assert engine.backward_kernel(program.to_string(), grad, y, params) is None
     got = engine.backward(program.to_string(), grad, y, params)
-    want = reference.pointwise_backward(program, grad, y, params)
+    want = reference.epilogue_backward(program, grad, y, params)
     assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
 
 
@@ -297,7 +297,7 @@ def test_backward_kernel_is_eager_to_the_bit_where_each_gradient_op_is_exact(eng
     y = (torch.randn(64, 256, generator=g) * 3).to(torch.bfloat16)
     grad = torch.randn(64, 256, generator=g).to(torch.bfloat16)
     dy, _ = engine.backward_kernel(program.to_string(), grad, y, [])
-    assert torch.equal(dy, reference.pointwise_backward(program, grad, y, [])[0])
+    assert torch.equal(dy, reference.epilogue_backward(program, grad, y, [])[0])
 
 
 def test_backward_kernel_layouts(engine):
