@@ -33,6 +33,7 @@ ReduceKind = Literal["sum", "mean", "max", "min", "logsumexp", "softmax", "log_s
 
 ROW_REDUCTIONS = ("sum", "mean", "max", "min", "logsumexp")  # these change the shape
 ROW_MAPS = ("softmax", "log_softmax")  # these keep it
+TieRule = Literal["split", "first"]  # max/min: who takes the gradient where several elements tie
 
 
 @dataclass(frozen=True)
@@ -71,10 +72,16 @@ class Norm:
 
 @dataclass(frozen=True)
 class Reduce:
-    """A reduction over the feature dim (sum ... logsumexp) or a row map (softmax, log_softmax)."""
+    """A reduction over the feature dim (sum ... logsumexp) or a row map (softmax, log_softmax).
+
+    ``ties`` is max/min's gradient rule, the one thing that tells eager's two spellings apart:
+    ``amax``/``amin`` split the gradient evenly over the elements equal to the result ("split");
+    ``max(dim)``/``min(dim)`` give all of it to the index they return, the first such element or
+    the first NaN ("first"). The values are the same."""
 
     kind: ReduceKind
     keepdim: bool = False
+    ties: TieRule = "split"
 
     @property
     def changes_shape(self) -> bool:
@@ -168,7 +175,10 @@ def _stage_string(stage: Stage) -> str:
     if isinstance(stage, Pointwise):
         return f"pointwise({E.to_string(stage.expr)})"
     if isinstance(stage, Reduce):
-        return f"{stage.kind}(keepdim={stage.keepdim})" if stage.changes_shape else f"{stage.kind}()"
+        if not stage.changes_shape:
+            return f"{stage.kind}()"
+        ties = "" if stage.ties == "split" else f", ties={stage.ties!r}"
+        return f"{stage.kind}(keepdim={stage.keepdim}{ties})"
     if isinstance(stage, Widen):
         return f"{_WIDEN_NAME}()"
     defaults = Norm(kind=stage.kind, eps=0.0)

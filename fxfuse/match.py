@@ -441,7 +441,10 @@ class _Matcher:
         dims = op.dim if isinstance(op.dim, (list, tuple)) else (op.dim,)
         if len(dims) != 1 or not isinstance(dims[0], int) or dims[0] % self.ndim != self.ndim - 1:
             raise Stop(f"{op.kind} over dim {op.dim}, not the feature dim")
-        stage = Reduce(op.kind, op.keepdim if op.kind not in ("softmax", "log_softmax") else False)
+        if op.kind in ("softmax", "log_softmax"):
+            stage = Reduce(op.kind)
+        else:  # max(dim)/min(dim) send the gradient to the index they return (Reduce.ties)
+            stage = Reduce(op.kind, op.keepdim, "first" if op.tuple_output else "split")
         if stage.changes_shape:
             self.reduced = True
             self.ndim -= 0 if op.keepdim else 1

@@ -123,10 +123,10 @@ def _reduce(stage: Reduce, v: torch.Tensor) -> torch.Tensor:
         return v.sum(-1, keepdim=k)
     if stage.kind == "mean":
         return v.mean(-1, keepdim=k)
-    if stage.kind == "max":
-        return v.amax(-1, keepdim=k)
-    if stage.kind == "min":
-        return v.amin(-1, keepdim=k)
+    if stage.kind in ("max", "min"):  # the spelling that has eager's gradient at ties
+        if stage.ties == "first":
+            return (torch.max if stage.kind == "max" else torch.min)(v, -1, keepdim=k).values
+        return (torch.amax if stage.kind == "max" else torch.amin)(v, -1, keepdim=k)
     if stage.kind == "logsumexp":
         return torch.logsumexp(v, -1, keepdim=k)
     if stage.kind == "softmax":

@@ -132,9 +132,9 @@ REDUCTIONS = [
     ("mean", lambda m, y: y.mean(1, keepdim=True), "mean(keepdim=True)"),
     ("amax", lambda m, y: torch.amax(y, dim=1), "max(keepdim=False)"),
     ("amin", lambda m, y: y.amin(-1, keepdim=True), "min(keepdim=True)"),
-    ("max-values", lambda m, y: torch.max(y, dim=1).values, "max(keepdim=False)"),
-    ("max-index0", lambda m, y: y.max(1, keepdim=True)[0], "max(keepdim=True)"),
-    ("min-values", lambda m, y: torch.min(y, 1).values, "min(keepdim=False)"),
+    ("max-values", lambda m, y: torch.max(y, dim=1).values, "max(keepdim=False, ties='first')"),
+    ("max-index0", lambda m, y: y.max(1, keepdim=True)[0], "max(keepdim=True, ties='first')"),
+    ("min-values", lambda m, y: torch.min(y, 1).values, "min(keepdim=False, ties='first')"),
     ("logsumexp", lambda m, y: torch.logsumexp(y, dim=1, keepdim=True), "logsumexp(keepdim=True)"),
     ("softmax", lambda m, y: F.softmax(y, dim=1), "softmax()"),
     ("softmax-method", lambda m, y: y.softmax(-1), "softmax()"),
@@ -183,6 +183,30 @@ def test_norm_spelling_fuses_and_matches_eager(name, epilogue, fragment):
 @pytest.mark.parametrize("name,epilogue,fragment", REDUCTIONS, ids=[c[0] for c in REDUCTIONS])
 def test_reduction_spelling_fuses_and_matches_eager(name, epilogue, fragment):
     _check(epilogue, fragment)
+
+
+# max and min where two columns tie in every row: amax/amin split the gradient between them,
+# max(dim)/min(dim) give it to the first (the index they return)
+TIES = [
+    ("amax", lambda m, y: torch.amax(y, 1), "max(keepdim=False)", 1.0),
+    ("max-values", lambda m, y: torch.max(y, 1).values, "max(keepdim=False, ties='first')", 1.0),
+    ("amin", lambda m, y: y.amin(-1, keepdim=True), "min(keepdim=True)", -1.0),
+    ("min-index0", lambda m, y: y.min(1, keepdim=True)[0] * 2.0, "min(keepdim=True, ties='first')", -1.0),
+]
+
+
+@pytest.mark.parametrize("name,epilogue,fragment,sign", TIES, ids=[c[0] for c in TIES])
+def test_max_and_min_give_tied_elements_eager_gradients(name, epilogue, fragment, sign):
+    def make():
+        model = Chain(epilogue)
+        with torch.no_grad():  # columns 2 and 5: equal, and the row's extreme for inputs in [0, 1)
+            model.linear.weight[2] = model.linear.weight[5] = sign * 4.0
+            model.linear.bias[2] = model.linear.bias[5] = sign * 4.0
+        return model
+
+    report = check_against_eager(make, lambda: [torch.rand(M, K)], grads=True)
+    (row,) = report.rows
+    assert row.status == "fused" and fragment in row.program, row
 
 
 @pytest.mark.parametrize("name,gemm,fragment", GEMMS, ids=[c[0] for c in GEMMS])
