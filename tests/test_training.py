@@ -49,18 +49,40 @@ def test_the_generated_backward_path_matches_eager(monkeypatch, row_id, dtype):
     """With FXFUSE_GENERATED_BACKWARD=1 a pointwise chain's backward graph calls
     fxfuse::epilogue_backward (dY and the column sums for db in one op) and its gradients still
     equal eager's."""
-    import fxfuse.op
+    import fxfuse.reference
     from examples import suite
     from support import check_against_eager
 
     monkeypatch.setenv("FXFUSE_GENERATED_BACKWARD", "1")
-    # the flag is read when the backward is traced: a cached compiled graph keeps its old backward
-    monkeypatch.setattr(torch._functorch.config, "enable_autograd_cache", False)
-    monkeypatch.setattr(torch._inductor.config, "fx_graph_cache", False)
-    calls = []
-    original = torch.ops.fxfuse.epilogue_backward.default
-    monkeypatch.setattr(fxfuse.op, "epilogue_backward", lambda *a: calls.append(a[0]) or original(*a))
+    calls = []  # the op's CPU kernel, called by each backward
+    original = fxfuse.reference.epilogue_backward
+    monkeypatch.setattr(fxfuse.reference, "epilogue_backward", lambda *a: calls.append(1) or original(*a))
     mod = suite.load(suite.get_row(row_id))
     check_against_eager(lambda: mod.Model(*mod.get_init_inputs("small")), lambda: mod.get_inputs("small"),
                         dtype=dtype, grads=True, draws=2)
     assert calls, "the backward did not go through fxfuse::epilogue_backward"
+
+
+def test_torch_compile_caches_key_on_the_backward_fxfuse_traces(monkeypatch):
+    """The same graph compiled again after FXFUSE_GENERATED_BACKWARD changed (or after fxfuse's
+    code changed) runs the backward the setting asks for, not one from torch's compile caches:
+    with it, each backward calls fxfuse::epilogue_backward (on CPU, the reference's kernel)."""
+    from examples import suite
+    from support import compile_fxfuse
+
+    import fxfuse.reference
+
+    calls = []
+    original = fxfuse.reference.epilogue_backward
+    monkeypatch.setattr(fxfuse.reference, "epilogue_backward", lambda *a: calls.append(1) or original(*a))
+    mod = suite.load(suite.get_row("S01"))
+    model = mod.Model(*mod.get_init_inputs("small")).train()
+    (x,) = mod.get_inputs("small")
+    counts = []
+    for setting in ("1", "0", "1", "0"):
+        monkeypatch.setenv("FXFUSE_GENERATED_BACKWARD", setting)
+        torch._dynamo.reset()
+        calls.clear()
+        compile_fxfuse(model)(x.clone().requires_grad_()).sum().backward()
+        counts.append(len(calls))
+    assert counts == [1, 0, 1, 0], counts
