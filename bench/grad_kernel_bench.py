@@ -1,17 +1,18 @@
-"""The backward of a fused pointwise chain: fxfuse's generated kernel against Inductor's fusion of
-the same derivative, per suite row at full size.
+"""The backward of a fused chain: fxfuse's generated kernel against Inductor's fusion of the same
+derivative, per suite row at full size.
 
     python bench/grad_kernel_bench.py [--rows S01,S10] [--dtype bf16|autocast] [--policy always] [--once]
 
-For every row: the model (training mode) compiled by Inductor, by fxfuse (its default backward:
-Inductor compiles the reference's derivative), and by fxfuse with ``FXFUSE_GENERATED_BACKWARD=1``
-(the generated kernel writes dY and the bias and parameter column sums in one pass); one forward,
-then the backward alone — ``torch.autograd.grad`` with ``retain_graph`` — timed as the kernels'
-GPU time per backward (torch.profiler), split into cuBLAS GEMMs (dX, dW: the same for every
-variant) and the rest, and as the wall time of 20 back-to-back backwards (CUDA events). Byte floor
-of the rest: read the saved GEMM output and the output gradient, write dY, once each.
-``--once`` calls each row's generated kernel once on fresh tensors and prints nothing else: the
-mode to run under ncu (``--kernel-name regex:grad_kernel``).
+For every row: the model (training mode) compiled by Inductor, by fxfuse with the backward as
+plain torch ops (``FXFUSE_GENERATED_BACKWARD=0``: Inductor compiles the reference's derivative),
+and by fxfuse with the generated kernel (``=1``: it writes dY and the bias and parameter column
+sums in one pass); one forward, then the backward alone — ``torch.autograd.grad`` with
+``retain_graph`` — timed as the kernels' GPU time per backward (torch.profiler), split into cuBLAS
+GEMMs (dX, dW: the same for every variant) and the rest, and as the wall time of 20 back-to-back
+backwards (CUDA events). Byte floor of the rest: read the saved GEMM output and the output
+gradient (one value a row after a reduction), write dY, once each. ``--once`` calls each row's
+generated kernel once on fresh tensors and prints nothing else: the mode to run under ncu
+(``--kernel-name regex:grad_kernel``).
 """
 
 from __future__ import annotations
@@ -39,7 +40,7 @@ from fxfuse.cuda import codegen
 from fxfuse.op import GENERATED_BACKWARD_ENV
 
 POINTWISE_ROWS = "S01,S09,S10,S12,S13,S14,S19"
-VARIANTS = ("inductor", "fxfuse", "fxfuse+generated")
+VARIANTS = {"inductor": None, "fxfuse+ops": "0", "fxfuse+generated": "1"}  # FXFUSE_GENERATED_BACKWARD
 
 
 def backward_kernels(backward, calls: int = 5) -> tuple[float, float, dict[str, float]]:
@@ -64,10 +65,10 @@ def compiled_backward(row, name: str, autocast: bool, policy: str = "fastest"):
     torch.manual_seed(0)
     dtype = torch.float32 if autocast else torch.bfloat16
     model, inputs = suite.build(row, "full", "cuda", dtype)
-    if name == "fxfuse+generated":
-        os.environ[GENERATED_BACKWARD_ENV] = "1"
-    else:
+    if VARIANTS[name] is None:
         os.environ.pop(GENERATED_BACKWARD_ENV, None)
+    else:
+        os.environ[GENERATED_BACKWARD_ENV] = VARIANTS[name]
     module, compiled = variant(model.train(), "inductor" if name == "inductor" else "fxfuse", Compile(policy=policy))
     leaves = [t.requires_grad_() for t in inputs if t.is_floating_point()] + list(module.parameters())
     with torch.autocast("cuda", dtype=torch.bfloat16, enabled=autocast):
@@ -76,15 +77,25 @@ def compiled_backward(row, name: str, autocast: bool, policy: str = "fastest"):
     return lambda: torch.autograd.grad(out, leaves, grad, retain_graph=True)
 
 
+def floor_bytes(program, m: int, n: int, autocast: bool) -> int:
+    """Bytes the generated pass must move: read y (bf16), read the output's gradient (float32
+    under autocast, where the suite's reductions and softmax widen; one value a row after a
+    reduction), write dY (bf16)."""
+    grad_elements = m if program.reduction else m * n
+    return 2 * 2 * m * n + grad_elements * (4 if autocast else 2)
+
+
 def run_once(rows, dtype: torch.dtype) -> None:
     """Each row's generated kernel once, on fresh tensors of the traced shapes (for ncu)."""
     for row in rows:
         for program, x, w, _, params in traced_calls(row, dtype):
             if codegen.has_generated_backward(program):
                 fxcuda.prepare(program, dtype)
-                y = torch.randn(x.numel() // x.shape[-1], w.shape[0], device="cuda", dtype=dtype)
+                m, n = x.numel() // x.shape[-1], w.shape[0]
+                y = torch.randn(m, n, device="cuda", dtype=dtype)
+                grad = torch.randn(program.output_shape((m,), n), device="cuda", dtype=dtype)
                 print(f"call: {row.id} {program.to_string()}", flush=True)
-                torch.ops.fxfuse.epilogue_backward(program.to_string(), torch.randn_like(y), y, params)
+                torch.ops.fxfuse.epilogue_backward(program.to_string(), grad, y, params)
     torch.cuda.synchronize()
 
 
@@ -100,14 +111,15 @@ def main() -> int:
     if args.once:
         run_once(rows, DTYPES["bf16"])
         return 0
-    # torch's compile caches do not know the generated-backward flag: compile every variant afresh
+    # every variant compiled afresh (torch's caches key on the flag, fxfuse/cache_key.py)
     torch._functorch.config.enable_autograd_cache = False
     torch._inductor.config.fx_graph_cache = False
     table, details = [], []
     for row in rows:
-        shapes = [(x.numel() // x.shape[-1], w.shape[0]) for program, x, w, *_ in traced_calls(row, torch.bfloat16)
-                  if codegen.has_generated_backward(program)]
-        floor_us = sum(3 * 2 * m * n for m, n in shapes) / (args.bandwidth_gbs * 1e3)  # bf16 y, g, dy
+        shapes = [(program, x.numel() // x.shape[-1], w.shape[0]) for program, x, w, *_
+                  in traced_calls(row, torch.bfloat16) if codegen.has_generated_backward(program)]
+        floor_us = sum(floor_bytes(program, m, n, args.dtype == "autocast")
+                       for program, m, n in shapes) / (args.bandwidth_gbs * 1e3)
         rest = {}
         for name in VARIANTS:
             backward = compiled_backward(row, name, args.dtype == "autocast", args.policy)

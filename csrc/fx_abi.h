@@ -52,11 +52,12 @@ struct FxLaunch {
   int32_t flags;          // FxFlags
 };
 
-// The backward kernel of a pointwise or norm program: dy = the GEMM output's gradient, and column
-// sums.
+// The backward kernel of a pointwise, norm or reduction program: dy = the GEMM output's gradient,
+// and column sums.
 struct FxGradLaunch {
   const void* y;          // (m, n) row-major saved GEMM output, dtype of the module
-  const void* g;          // (m, n) row-major gradient of the op's output, of the output's dtype
+  const void* g;          // row-major gradient of the op's output, of the output's dtype and shape
+                          // ((m, n), or one value a row for a reduction)
   void* dy;               // (m, n) row-major gradient of the GEMM output, written
   float* partial;         // [1 + num_params][grad_chunks(m, n, sm_count)][n] float32 workspace:
                           // per chunk of rows, the sums of dy and of each parameter's gradient

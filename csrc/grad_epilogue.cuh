@@ -1,4 +1,4 @@
-// The backward kernel of a pointwise program (norm programs: norm_grad.cuh): one pass over the
+// The backward kernel of a pointwise program (norm and reduction programs: row_grad.cuh): one pass over the
 // saved GEMM output y and the output's gradient g that writes the GEMM output's gradient dy and,
 // in the same pass, the column sums the rest of the backward needs -- sum over rows of dy (the
 // bias gradient) and of each parameter's gradient -- so that no later kernel reads dy again.
@@ -166,24 +166,24 @@ __global__ void __launch_bounds__(kBlock) grad_sums_kernel(const __grid_constant
 }
 #endif
 
-// The norm programs' backward (norm_grad.cuh): the apply kernel's plan where the norm's
+// The row programs' backward (row_grad.cuh): the apply kernel's plan where a group norm's
 // statistics take the forward's shuffle path (every group norm of the suite; others fall back).
 template <class Prog, typename T>
-struct NormGradLauncher {
+struct RowGradLauncher {
   using Rows = Launcher<Prog, T>;
   static constexpr int VEC = Rows::VEC;
 
   static bool plan(int64_t m, int64_t n, Plan* p) {
     if (m < 1 || !Prog::groups_ok(n) || !Rows::apply_plan(m, n, p)) return false;
     if (p->items == 1 && p->block > 256) return false;  // the kernel's launch bounds
-    if (Prog::kNormKind != kGroupNorm) return true;
+    if (Prog::kGradKind != kNormGrad || Prog::kNormKind != kGroupNorm) return true;
     const int64_t gs = n / Prog::kNormGroups;
     const int64_t lanes = gs / VEC;
     return gs % VEC == 0 && lanes >= 1 && (lanes & (lanes - 1)) == 0 && p->rt % lanes == 0;
   }
 
   // Strips of rows a segment: the blocks an SM holds at once, 512 threads (768 at one chunk a
-  // thread: norm_grad_min_blocks) -- each strip's column sums cost a write and a read of n floats
+  // thread: row_grad_min_blocks) -- each strip's column sums cost a write and a read of n floats
   // a sum, so no more -- and at most one a row slot
   static int64_t strips(int64_t m, const Plan& p, int32_t sm_count) {
     const int64_t threads = p.items == 1 ? 768 : 512;
@@ -216,7 +216,8 @@ struct NormGradLauncher {
     a.chunks = strips_ * p.rpc;
     a.partial = a.chunks == 1 ? L->sums : L->partial;
     const auto aligned16 = [](const void* q) { return reinterpret_cast<uintptr_t>(q) % 16 == 0; };
-    const bool aligned = L->n % VEC == 0 && aligned16(L->y) && aligned16(L->g) && aligned16(L->dy);
+    const bool aligned = L->n % VEC == 0 && aligned16(L->y) && aligned16(L->g) && aligned16(L->dy) &&
+                         aligned16(a.partial);
     const Launch l{strips_ * p.segs, p.block, 0, stream};
     return Rows::with_items(p.items, [&](auto items) {
       return ItemsUnit<Prog, T, decltype(items)::value>::grad_rows(a, aligned, l);
@@ -240,6 +241,7 @@ inline const char* launch_grad_sums(const FxGradLaunch* L, int64_t chunks, int n
 template <class Prog, typename T>
 struct GradLauncher {
   static constexpr int VEC = DType<T>::kVec;
+  static constexpr bool kRowGrad = Prog::kGradKind == kNormGrad || Prog::kGradKind == kReduceGrad;
 
   // Rows a chunk: enough blocks for about eight a multiprocessor, at least one row a lane.
   static int64_t rows_per_chunk(int64_t m, int64_t n, int32_t sm_count) {
@@ -251,16 +253,16 @@ struct GradLauncher {
 
   // -1 where the kernel does not cover (m, n): the caller falls back to the reference
   static int64_t chunks(int64_t m, int64_t n, int32_t sm_count) {
-    if constexpr (Prog::kGradKind == kNormGrad) return NormGradLauncher<Prog, T>::chunks(m, n, sm_count);
+    if constexpr (kRowGrad) return RowGradLauncher<Prog, T>::chunks(m, n, sm_count);
     if (Prog::kGradKind != kPointwiseGrad) return -1;
     if (m < 1 || n < 1) return 0;
     return ceil_div(m, rows_per_chunk(m, n, sm_count));
   }
 
   static const char* launch(const FxGradLaunch* L, void* stream) {
-    if constexpr (Prog::kGradKind == kNormGrad) {
+    if constexpr (kRowGrad) {
       if (L->num_params != Prog::kNumParams) return "fxfuse: wrong number of parameters";
-      if (const char* error = NormGradLauncher<Prog, T>::launch(L, stream)) return error;
+      if (const char* error = RowGradLauncher<Prog, T>::launch(L, stream)) return error;
       return launch_grad_sums(L, chunks(L->m, L->n, L->sm_count), Prog::kNumParams, stream);
     } else if constexpr (Prog::kGradKind != kPointwiseGrad) {
       (void)L;

@@ -116,6 +116,11 @@ struct Mem<float> {
   }
   static FX_DEVICE void store_rounded(void* base, int64_t i, float v) { store(base, i, v); }
   static FX_DEVICE void store_vec_rounded(void* base, int64_t i, const float* v) { store_vec(base, i, v); }
+  template <int VEC>
+  static FX_DEVICE void store_chunk_rounded(void* base, int64_t i, const float* v) {
+    static_assert(VEC == 4, "a chunk of float is 16 bytes");
+    store_vec(base, i, v);
+  }
 };
 
 template <class Codec>
@@ -151,6 +156,19 @@ struct Mem16 {
     static_cast<uint16_t*>(base)[i] = static_cast<uint16_t>(Codec::encode_rounded(v));
   }
   static FX_DEVICE void store_vec_rounded(void* base, int64_t i, const float* v) { store_bits<true>(base, i, v); }
+  // a chunk of VEC rounded values: 16 bytes, or 8 (a chain that widens: chunk_elements)
+  template <int VEC>
+  static FX_DEVICE void store_chunk_rounded(void* base, int64_t i, const float* v) {
+    static_assert(VEC == 8 || VEC == 4, "a chunk is 8 or 4 values");
+    if constexpr (VEC == 8) {
+      store_bits<true>(base, i, v);
+    } else {
+      uint2 q;
+      q.x = encode<true>(v[0]) | (encode<true>(v[1]) << 16);
+      q.y = encode<true>(v[2]) | (encode<true>(v[3]) << 16);
+      *reinterpret_cast<uint2*>(static_cast<uint16_t*>(base) + i) = q;
+    }
+  }
 
   template <bool kRounded>
   static FX_DEVICE uint32_t encode(float f) {
@@ -282,7 +300,7 @@ struct Args {
   int32_t segs_shift;
   int32_t scratch_stride;  // shared-memory floats a row (group norm)
   int32_t flags;           // FxFlags
-  // the backward of a norm program (norm_grad.cuh): the output's gradient (Out), the GEMM
+  // the backward of a norm or reduction program (row_grad.cuh): the output's gradient (Out), the GEMM
   // output's gradient (T, written) and the column sums' partials [1 + P][chunks][n]
   const void* g;
   void* dy;
@@ -357,25 +375,28 @@ struct Row {
   }
 
   FX_DEVICE void load() {
+#pragma unroll
+    for (int i = 0; i < ITEMS; ++i) load_chunk(i, v[i]);
+  }
+
+  // chunk i of the row's GEMM output (zeros past the row's end and for inactive rows)
+  FX_DEVICE void load_chunk(int i, float (&out)[VEC]) const {
     const int64_t base = row * a.n;
-#pragma unroll
-    for (int i = 0; i < ITEMS; ++i) {
-      const int c0 = col(i, 0);
-      if constexpr (ALIGNED) {
-        if (active && c0 < a.n) {
-          if constexpr (VEC == DType<T>::kVec) {
-            Mem<T>::load_vec(a.y, base + c0, v[i]);
-          } else {
-            Mem<T>::load_vec4(a.y, base + c0, v[i]);
-          }
+    const int c0 = col(i, 0);
+    if constexpr (ALIGNED) {
+      if (active && c0 < a.n) {
+        if constexpr (VEC == DType<T>::kVec) {
+          Mem<T>::load_vec(a.y, base + c0, out);
         } else {
-#pragma unroll
-          for (int e = 0; e < VEC; ++e) v[i][e] = 0.0f;
+          Mem<T>::load_vec4(a.y, base + c0, out);
         }
       } else {
 #pragma unroll
-        for (int e = 0; e < VEC; ++e) v[i][e] = (active && c0 + e < a.n) ? Mem<T>::load(a.y, base + c0 + e) : 0.0f;
+        for (int e = 0; e < VEC; ++e) out[e] = 0.0f;
       }
+    } else {
+#pragma unroll
+      for (int e = 0; e < VEC; ++e) out[e] = (active && c0 + e < a.n) ? Mem<T>::load(a.y, base + c0 + e) : 0.0f;
     }
   }
 
@@ -1095,7 +1116,7 @@ inline const char* emulate_kernel(int64_t grid, int block, size_t smem, const Bo
 
 }  // namespace fx
 
-#include "norm_grad.cuh"
+#include "row_grad.cuh"
 
 namespace fx {
 
@@ -1112,7 +1133,7 @@ struct ItemsUnit {
   using A = Args<Prog::kParamSlots>;
   static const char* stats(const A& a, bool aligned, const Launch& l);
   static const char* apply(const A& a, bool aligned, const Launch& l);
-  static const char* grad_rows(const A& a, bool aligned, const Launch& l);  // norm programs' backward
+  static const char* grad_rows(const A& a, bool aligned, const Launch& l);  // row programs' backward
 };
 
 #if defined(FX_ITEMS_UNIT)
@@ -1154,19 +1175,19 @@ const char* ItemsUnit<Prog, T, ITEMS>::apply(const A& a, bool aligned, const Lau
 
 template <class Prog, typename T, int ITEMS>
 const char* ItemsUnit<Prog, T, ITEMS>::grad_rows(const A& a, bool aligned, const Launch& l) {
-  if constexpr (Prog::kGradKind != kNormGrad) {
+  if constexpr (Prog::kGradKind != kNormGrad && Prog::kGradKind != kReduceGrad) {
     return "fxfuse: row backward kernel of a program without one";
   } else {
 #if !defined(FX_EMULATE)
-    return aligned ? launch_kernel(&norm_grad_kernel<Prog, T, ITEMS, true>, l.grid, l.block, l.smem, l.stream, a)
-                   : launch_kernel(&norm_grad_kernel<Prog, T, ITEMS, false>, l.grid, l.block, l.smem, l.stream, a);
+    return aligned ? launch_kernel(&row_grad_kernel<Prog, T, ITEMS, true>, l.grid, l.block, l.smem, l.stream, a)
+                   : launch_kernel(&row_grad_kernel<Prog, T, ITEMS, false>, l.grid, l.block, l.smem, l.stream, a);
 #else
     return aligned ? emulate_kernel(l.grid, l.block, l.smem,
                                     [&a](const Thread& t, float* dyn, float* red) {
-                                      norm_grad_body<Prog, T, ITEMS, true>(a, t, dyn, red);
+                                      row_grad_body<Prog, T, ITEMS, true>(a, t, dyn, red);
                                     })
                    : emulate_kernel(l.grid, l.block, l.smem, [&a](const Thread& t, float* dyn, float* red) {
-                       norm_grad_body<Prog, T, ITEMS, false>(a, t, dyn, red);
+                       row_grad_body<Prog, T, ITEMS, false>(a, t, dyn, red);
                      });
 #endif
   }

@@ -1,5 +1,5 @@
-// The per-call path of the fused op's CUDA kernels (forward, and the generated backward of pointwise
-// and norm programs): checks, GEMM through ATen (cuBLAS(Lt), bias
+// The per-call path of the fused op's CUDA kernels (forward, and the generated backward of pointwise,
+// norm and reduction programs): checks, GEMM through ATen (cuBLAS(Lt), bias
 // epilogue, TF32 as eager), output allocation from the caching allocator, and the launch of a
 // program module's kernels on the current stream. No host synchronisation, so CUDA graphs capture
 // it. Built once per toolchain; program modules (csrc/row_epilogue.cuh) are reached through the
@@ -208,9 +208,17 @@ Result run(int64_t info_address, const Tensor& x, const Tensor& weight, const st
 
 using GradOutputs = std::tuple<Tensor, Tensor>;  // (dgemm, sums), as fxfuse::epilogue_backward
 
-// The backward kernel of a pointwise or norm program: from the saved GEMM output y and the output's
-// gradient, the GEMM output's gradient and the (1 + num_params, n) float32 column sums (of it, and
-// of each parameter's gradient). nullopt where the kernel does not cover the call.
+// The output's shape for a GEMM output of y's shape (a reduction's: one value a row, kept or not)
+std::vector<int64_t> output_shape(const Tensor& y, int32_t out_kind) {
+  std::vector<int64_t> shape(y.sizes().begin(), y.sizes().end());
+  if (out_kind == FX_OUT_REDUCED) shape.pop_back();
+  if (out_kind == FX_OUT_REDUCED_KEEP) shape.back() = 1;
+  return shape;
+}
+
+// The backward kernel of a pointwise, norm or reduction program: from the saved GEMM output y and
+// the output's gradient, the GEMM output's gradient and the (1 + num_params, n) float32 column sums
+// (of it, and of each parameter's gradient). nullopt where the kernel does not cover the call.
 std::optional<GradOutputs> run_grad(int64_t info_address, const Tensor& grad, const Tensor& y, at::TensorList params,
                                     int64_t flags) {
   if (info_address == 0) return std::nullopt;
@@ -221,7 +229,9 @@ std::optional<GradOutputs> run_grad(int64_t info_address, const Tensor& grad, co
   if (scalar_type_of(info->dtype) != y.scalar_type() || scalar_type_of(info->out_dtype) != grad.scalar_type()) {
     return std::nullopt;
   }
-  if (grad.sizes() != y.sizes() || grad.device() != y.device()) return std::nullopt;
+  if (grad.sizes() != at::IntArrayRef(output_shape(y, info->out_kind)) || grad.device() != y.device()) {
+    return std::nullopt;
+  }
   if (static_cast<int64_t>(params.size()) != info->num_params) return std::nullopt;
   const int64_t n = y.size(-1);
   const int64_t m = n > 0 ? y.numel() / n : 0;

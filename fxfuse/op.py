@@ -9,13 +9,13 @@ unbiased variance of a training-mode BatchNorm stage, which the rewritten graph 
 running statistics with ordinary ops (empty when the program has no such stage); gemm is the GEMM
 output when ``save_gemm`` asks for it (a graph that will run backward), else empty.
 
-The backward starts from the saved GEMM output. Pointwise and norm programs have a generated
-backward, ``torch.ops.fxfuse.epilogue_backward``: one kernel that recomputes the forward from the
-GEMM output and writes dY and, in the same pass, the column sums for db and for each parameter's
-gradient (a norm's weight and bias included), its gradients in float32 and rounded where a
-stage's output is (fxfuse/cuda/gradient.py, csrc/norm_grad.cuh; its CPU kernel is autograd
-through the reference). Norm programs take it by default, pointwise ones on opt-in
-(``_has_generated_backward``). Otherwise dY comes from autograd through the reference epilogue,
+The backward starts from the saved GEMM output. Pointwise, norm and reduction programs have a
+generated backward, ``torch.ops.fxfuse.epilogue_backward``: one kernel that recomputes the forward
+from the GEMM output and writes dY and, in the same pass, the column sums for db and for each
+parameter's gradient (a norm's weight and bias included), its gradients in float32 and rounded
+where a stage's output is (fxfuse/cuda/gradient.py, csrc/row_grad.cuh; its CPU kernel is autograd
+through the reference). Norm programs take it by default, the others on opt-in
+(``uses_generated_backward``). Otherwise dY comes from autograd through the reference epilogue,
 plain torch ops that AOTAutograd traces into the backward graph for Inductor to fuse. Then
 dX = dY W and dW = dYᵀ X as eager's linear computes them (cuBLAS, in Inductor's graph).
 """
@@ -74,7 +74,7 @@ def _backward(ctx, grad_out, grad_stats, grad_gemm):
     else:  # called without save_gemm: recompute the GEMM
         y = reference.gemm(x, weight, saved if ctx.has_bias else None)
     program = Program.parse(ctx.program)
-    if not _has_generated_backward(program, y.is_cuda):
+    if not uses_generated_backward(program, y.is_cuda):
         dx, dweight, dbias, dparams = reference.backward(program, grad_out, x, weight, y, ctx.has_bias, params)
         return None, dx, dweight, dbias, dparams, None
     dy, sums = epilogue_backward(ctx.program, grad_out, y, params)
@@ -93,29 +93,31 @@ def _backward(ctx, grad_out, grad_stats, grad_gemm):
 GENERATED_BACKWARD_ENV = "FXFUSE_GENERATED_BACKWARD"
 
 
-def _has_generated_backward(program: Program, cuda: bool) -> bool:
+def uses_generated_backward(program: Program, cuda: bool) -> bool:
     """Whether the backward goes through the generated kernel. Norm programs (a group, layer or
     RMS norm between pointwise stages): by default on CUDA, since their kernel measured faster than
-    Inductor's backward of the same chain (S02, S08, S20 under bf16 autocast on the H200,
-    BENCHMARKS.md section 6). Pointwise programs: opt-in (``FXFUSE_GENERATED_BACKWARD=1``), since
-    theirs measured slower than Inductor's fusion of the same derivative. ``FXFUSE_GENERATED_BACKWARD=0``
-    turns both off. Read when the backward is traced: a graph that torch's compile caches already
-    hold keeps the backward it was compiled with."""
+    Inductor's backward of the same chain (S02, S08, S20 under bf16 autocast on the H200 and H100,
+    BENCHMARKS.md section 6). Pointwise and reduction programs: opt-in
+    (``FXFUSE_GENERATED_BACKWARD=1``), since theirs measured slower than Inductor's fusion of the
+    same derivative. ``FXFUSE_GENERATED_BACKWARD=0`` turns all off. Read when the backward is
+    traced (torch's compile caches key on it: fxfuse/cache_key.py)."""
     setting = os.environ.get(GENERATED_BACKWARD_ENV)
     if setting == "0":
         return False
-    from .cuda.codegen import has_generated_backward, norm_split
+    from .cuda.codegen import has_generated_backward, row_split
 
     if not has_generated_backward(program):
         return False
-    return setting == "1" or (cuda and norm_split(program) is not None)
+    split = row_split(program)
+    return setting == "1" or (cuda and split is not None and split.norm is not None)
 
 
 @torch.library.custom_op("fxfuse::epilogue_backward", mutates_args=())
 def epilogue_backward(program: str, grad: Tensor, gemm: Tensor, params: list[Tensor]) -> tuple[Tensor, Tensor]:
-    """The backward of a pointwise or norm ``program`` from its saved GEMM output: ``(dgemm, sums)``, sums
-    the (1 + len(params), N) float32 column sums of dgemm and of each parameter's gradient (a
-    scalar parameter's gradient is its row's sum). CUDA: the program module's generated kernel."""
+    """The backward of a pointwise, norm or reduction ``program`` from its saved GEMM output:
+    ``(dgemm, sums)``, sums the (1 + len(params), N) float32 column sums of dgemm and of each
+    parameter's gradient (a scalar parameter's gradient is its row's sum); ``grad`` has the op
+    output's shape. CUDA: the program module's generated kernel."""
     if grad.is_cuda:  # until the CUDA runtime registers its C++ kernel for this op
         from . import cuda
 

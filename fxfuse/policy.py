@@ -11,6 +11,12 @@ float32 vector promotes) ran 1.03-1.04x Inductor's time with two 16-byte stores 
 with one (the same chain in bf16: 1.00x): no gain to take, so it goes to Inductor at that size
 too; a widened chain ending in a row reduction or softmax stays (S11: 0.97x).
 
+In a graph that records a backward, a group norm program whose groups a warp's lanes hold (the
+row-local kernels, S02, S04, S08, S17) stays fused at any size: its forward and the generated
+backward together measured 1.05-1.16x faster than Inductor's forward and backward of the chain
+under bf16 autocast (H100; S02 and S08 1.05-1.08x on the H200), where larger groups (S06, 0.94x),
+layer norms (S20, 0.98-1.03x) and RMS norms (S21, 0.98x) did not gain (BENCHMARKS.md section 6).
+
 A chain cut short by an op that computes in a dtype it cannot take (float64; autocast's float32
 ops and float32 promotions widen the chain instead) also goes to Inductor: Inductor fuses that op
 and what follows with the chain's ops into kernels that read the GEMM output, while a fused prefix
@@ -52,13 +58,28 @@ def inductor_is_faster(program: Program, gemm_out: torch.Tensor, stopped_at: str
                 "kernels reading the GEMM output (a fused prefix costs one more pass over it; "
                 "BENCHMARKS.md); policy='always' fuses the prefix")
     slower = _measured_slower(program)
-    if slower is None:
+    if slower is None or (gemm_out.requires_grad and _trains_faster(program, gemm_out)):
         return None
     elements = math.prod(_size_hint(s) for s in gemm_out.shape)
     if elements < LARGE_ELEMENTS:
         return None
     kind, measured = slower
     return f"Inductor is faster: {kind} over {elements} elements ({measured}); policy='always' fuses them"
+
+
+def _trains_faster(program: Program, gemm_out: torch.Tensor) -> bool:
+    """A group norm program with row-local kernels and the generated backward (module docstring)."""
+    from .cuda.codegen import chunk_elements, group_in_lanes, row_split
+    from .op import uses_generated_backward
+
+    split = row_split(program)
+    if split is None or split.norm is None or split.norm.kind != "group":
+        return False
+    if not uses_generated_backward(program, cuda=True) or gemm_out.dtype not in (
+            torch.float32, torch.bfloat16, torch.float16):
+        return False
+    n = _size_hint(gemm_out.shape[-1])
+    return group_in_lanes(n, split.norm.groups, chunk_elements(program, gemm_out.dtype))
 
 
 def _measured_slower(program: Program) -> tuple[str, str] | None:

@@ -19,9 +19,10 @@ POINTWISE = Program(Gemm(True), (Pointwise(call("relu", X)),), ())
 SOFTMAX = Program(Gemm(True), (Reduce("softmax"),), ())
 
 
-def gemm_output(rows: int, n: int, device: str = "cuda") -> torch.Tensor:
+def gemm_output(rows: int, n: int, device: str = "cuda", training: bool = False,
+                dtype: torch.dtype = torch.float32) -> torch.Tensor:
     with FakeTensorMode():
-        return torch.empty(rows, n, device=device)
+        return torch.empty(rows, n, device=device, dtype=dtype, requires_grad=training)
 
 
 def test_large_norm_chains_on_cuda_go_to_inductor_with_a_reason():
@@ -46,6 +47,26 @@ def test_large_widened_pointwise_chains_on_cuda_go_to_inductor_small_ones_stay()
 
 def test_a_widened_chain_ending_in_a_row_map_stays_fused():
     assert inductor_is_faster(WIDENED_SOFTMAX, gemm_output(1024, 8192)) is None
+
+
+S04_GROUPS = Program(Gemm(True), (Norm("group", 1e-5, groups=256, weight=0, bias=1),), ("col", "col"))
+S06_GROUPS = Program(Gemm(True), (Norm("group", 1e-5, groups=16, weight=0, bias=1),), ("col", "col"))
+LAYER_NORM = Program(Gemm(True), (Norm("layer", 1e-5, weight=0, bias=1),), ("col", "col"))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_in_training_a_large_group_norm_chain_of_small_groups_stays_fused(dtype):
+    """Its forward and generated backward together beat Inductor's; inference still goes to
+    Inductor, and so do larger groups and layer norms in training."""
+    assert inductor_is_faster(S04_GROUPS, gemm_output(1024, 8192, training=True, dtype=dtype)) is None
+    assert inductor_is_faster(S04_GROUPS, gemm_output(1024, 8192, dtype=dtype)) is not None
+    assert inductor_is_faster(S06_GROUPS, gemm_output(1024, 8192, training=True, dtype=dtype)) is not None
+    assert inductor_is_faster(LAYER_NORM, gemm_output(1024, 8192, training=True, dtype=dtype)) is not None
+
+
+def test_in_training_without_the_generated_backward_group_norms_go_to_inductor(monkeypatch):
+    monkeypatch.setenv("FXFUSE_GENERATED_BACKWARD", "0")
+    assert inductor_is_faster(S04_GROUPS, gemm_output(1024, 8192, training=True)) is not None
 
 
 def test_small_norm_chains_stay_fused():

@@ -22,7 +22,7 @@ from ..vocabulary import ROUNDING, call, is_rounding
 from .gradient import print_gradient
 from .printer import UnsupportedExpression, float_literal, print_expr
 
-CODEGEN_VERSION = "6"
+CODEGEN_VERSION = "7"
 
 ELEMENT_TYPES = {
     torch.float32: "float",
@@ -59,6 +59,15 @@ def chunk_elements(program: Program, dtype: torch.dtype) -> int:
     if wide < VECTOR_ELEMENTS[dtype] and not any(isinstance(s, Norm) for s in program.stages):
         return wide
     return VECTOR_ELEMENTS[dtype]
+
+
+def group_in_lanes(n: int, groups: int, vec: int) -> bool:
+    """Whether each group of a group norm over rows of ``n`` is whole chunks of ``vec`` values held
+    by a power of two of at most 32 threads: the program is then row-local (its statistics are
+    warp shuffles, its rows cut into segments), as csrc/row_epilogue.cuh's group_in_lanes says."""
+    size = n // groups
+    lanes = size // vec
+    return n % groups == 0 and size % vec == 0 and 1 <= lanes <= 32 and lanes & (lanes - 1) == 0
 
 
 def items_units(program: Program, dtype: torch.dtype) -> list[int]:
@@ -246,31 +255,51 @@ def _local_items(program: Program) -> int:
 # -- the backward ---------------------------------------------------------------------------------
 
 _NORM_CODES = {"group": "fx::kGroupNorm", "layer": "fx::kLayerNorm", "rms": "fx::kRmsNorm"}
+_REDUCE_CODES = {
+    "sum": "fx::kSum",
+    "mean": "fx::kMean",
+    "max": "fx::kMax",
+    "min": "fx::kMin",
+    "logsumexp": "fx::kLogSumExp",
+    "softmax": "fx::kSoftmax",
+    "log_softmax": "fx::kLogSoftmax",
+}
 
 
 @dataclass(frozen=True)
-class NormSplit:
-    """A norm program as its backward kernel sees it: ``pre | norm | post``, pre and post pointwise
-    (each the composition of its stages; None when empty), the norm a group, layer or RMS norm;
-    ``widened`` when the norm computes in float32 (a Widen stage before it)."""
+class RowSplit:
+    """A row program as its backward kernel sees it: ``pre | middle | post``, pre and post
+    pointwise (each the composition of its stages; None when empty), the middle a group, layer or
+    RMS norm, a row reduction or a row map; ``widened`` when the middle computes in float32 (a
+    Widen stage before it)."""
 
     pre: sympy.Expr | None
-    norm: Norm
+    middle: Norm | Reduce
     post: sympy.Expr | None
     widened: bool
 
+    @property
+    def norm(self) -> Norm | None:
+        return self.middle if isinstance(self.middle, Norm) else None
 
-def norm_split(program: Program) -> NormSplit | None:
-    """The program as ``pre | norm | post``; None where it is not of that form."""
-    norms = [i for i, s in enumerate(program.stages) if isinstance(s, Norm)]
-    if len(norms) != 1 or program.stages[norms[0]].kind not in _NORM_CODES:
+    @property
+    def reduce(self) -> Reduce | None:
+        return self.middle if isinstance(self.middle, Reduce) else None
+
+
+def row_split(program: Program) -> RowSplit | None:
+    """The program as ``pre | middle | post``; None where it is not of that form (a batch norm,
+    two norms or reductions, none)."""
+    middles = [i for i, s in enumerate(program.stages) if isinstance(s, (Norm, Reduce))]
+    if len(middles) != 1:
         return None
-    at = norms[0]
-    if not all(isinstance(s, (Pointwise, Widen)) for i, s in enumerate(program.stages) if i != at):
+    at = middles[0]
+    middle = program.stages[at]
+    if isinstance(middle, Norm) and middle.kind not in _NORM_CODES:
         return None
     before, after = program.stages[:at], program.stages[at + 1 :]
     widened = any(isinstance(s, Widen) for s in before)
-    return NormSplit(_composed(before), program.stages[at], _composed(after), widened)
+    return RowSplit(_composed(before), middle, _composed(after), widened)
 
 
 def _composed(stages: tuple[Stage, ...]) -> sympy.Expr | None:
@@ -290,27 +319,29 @@ def _pointwise_expression(program: Program) -> sympy.Expr:
 
 
 def has_generated_backward(program: Program) -> bool:
-    """Whether the program's modules carry a backward kernel: pointwise programs and norm programs
-    (``norm_split``) whose derivatives print (the dtype only changes where they round); otherwise
+    """Whether the program's modules carry a backward kernel: pointwise programs and row programs
+    (``row_split``) whose derivatives print (the dtype only changes where they round); otherwise
     the op's backward stays plain torch ops for Inductor."""
     return _derivatives(program, torch.float32)[0] != "fx::kNoGrad"
 
 
 def _derivatives(program: Program, dtype: torch.dtype) -> tuple[str, dict[str, list[str]]]:
     """The program's kGradKind and its printed derivative functions by name: ``grad`` for a
-    pointwise program, ``grad_pre`` / ``grad_post`` for a norm program's non-empty sides;
+    pointwise program, ``grad_pre`` / ``grad_post`` for a row program's non-empty sides;
     kNoGrad (none) where the program is of neither form or a derivative does not print."""
     functions: dict[str, list[str]] = {}
     try:
         if all(isinstance(stage, Pointwise) for stage in program.stages):
             functions["grad"] = _gradient_function("grad", _pointwise_expression(program), program, dtype)
             return "fx::kPointwiseGrad", functions
-        split = norm_split(program)
+        split = row_split(program)
         if split is not None:
+            once_a_row = split.reduce is not None and split.reduce.changes_shape  # a reduction's post
             for name, expression in (("grad_pre", split.pre), ("grad_post", split.post)):
                 if expression is not None:
-                    functions[name] = _gradient_function(name, expression, program, dtype)
-            return "fx::kNormGrad", functions
+                    rounds = once_a_row and name == "grad_post"
+                    functions[name] = _gradient_function(name, expression, program, dtype, rounds)
+            return ("fx::kNormGrad" if split.norm else "fx::kReduceGrad"), functions
     except UnsupportedExpression:
         pass
     return "fx::kNoGrad", {}
@@ -318,13 +349,14 @@ def _derivatives(program: Program, dtype: torch.dtype) -> tuple[str, dict[str, l
 
 def _backward_lines(program: Program, dtype: torch.dtype) -> list[str]:
     """``Prog``'s backward members: kGradKind; ``grad`` (a pointwise program's derivative at one
-    element, grad_epilogue.cuh); a norm program's split (norm_grad.cuh): the norm's constants,
-    ``pre`` (pre's value at one element) and ``grad_pre`` / ``grad_post`` (pre's and post's
-    derivatives, the forward recomputed from their input). Members a program does not use are
-    identities, so that every module compiles the same templates."""
+    element, grad_epilogue.cuh); a row program's split (row_grad.cuh): the middle stage's
+    constants, ``pre`` (pre's value at one element) and ``grad_pre`` / ``grad_post`` (pre's and
+    post's derivatives, the forward recomputed from their input). Members a program does not use
+    are identities or defaults, so that every module compiles the same templates."""
     kind, functions = _derivatives(program, dtype)
-    split = norm_split(program) if kind == "fx::kNormGrad" else None
+    split = row_split(program) if kind in ("fx::kNormGrad", "fx::kReduceGrad") else None
     norm = split.norm if split else None
+    reduce = split.reduce if split else None
     pre = split.pre if split else None
     post = split.post if split else None
 
@@ -335,16 +367,19 @@ def _backward_lines(program: Program, dtype: torch.dtype) -> list[str]:
         return functions.get(name) or _identity_gradient(name)
 
     return [
-        "// the backward: a pointwise program's grad_kernel (grad_epilogue.cuh) or a norm program's",
-        "// norm_grad_kernel (norm_grad.cuh)",
+        "// the backward: a pointwise program's grad_kernel (grad_epilogue.cuh) or a row program's",
+        "// row_grad_kernel (row_grad.cuh)",
         f"static constexpr int kGradKind = {kind};",
         *function("grad"),
-        f"using NormU = {ELEMENT_TYPES[torch.float32 if split is None or split.widened else dtype]};",
+        "// the dtype a norm computes for",
+        f"using MidU = {ELEMENT_TYPES[torch.float32 if split is None or split.widened else dtype]};",
         f"static constexpr int kNormKind = {_NORM_CODES[norm.kind] if norm else 'fx::kLayerNorm'};",
         f"static constexpr int kNormGroups = {norm.groups if norm else 1};",
         f"static constexpr int kNormW = {param(norm.weight) if norm else -1};",
         f"static constexpr int kNormB = {param(norm.bias) if norm else -1};",
         f"static constexpr float kNormEps = {float_literal(norm.eps) if norm else '0.0f'};",
+        f"static constexpr int kReduceKind = {_REDUCE_CODES[reduce.kind] if reduce else 'fx::kSum'};",
+        f"static constexpr bool kTiesFirst = {'true' if reduce and reduce.ties == 'first' else 'false'};",
         f"static constexpr bool kHasPre = {'true' if pre is not None else 'false'};",
         f"static constexpr bool kHasPost = {'true' if post is not None else 'false'};",
         f"static constexpr uint32_t kColParams = {sum(1 << i for i, k in enumerate(program.params) if k == 'col')}u;",
@@ -356,10 +391,12 @@ def _backward_lines(program: Program, dtype: torch.dtype) -> list[str]:
     ]
 
 
-def _gradient_function(name: str, expression: sympy.Expr, program: Program, dtype: torch.dtype) -> list[str]:
+def _gradient_function(name: str, expression: sympy.Expr, program: Program, dtype: torch.dtype,
+                       round_gradients: bool = False) -> list[str]:
     """``name(x, g, p, dx, dp)``: the gradients of ``expression`` at one element (its forward and
-    reverse sweep, fxfuse/cuda/gradient.py); UnsupportedExpression where no derivative prints."""
-    printed = print_gradient(expression, dtype, len(program.params))
+    reverse sweep, fxfuse/cuda/gradient.py; ``round_gradients`` where it runs once a row);
+    UnsupportedExpression where no derivative prints."""
+    printed = print_gradient(expression, dtype, len(program.params), round_gradients=round_gradients)
     _param_indices(program, printed.params, "col")  # every parameter is the program's
     body = [f"const float p{i} = p[{i}];" for i in sorted(printed.params)] + printed.lines
     return [

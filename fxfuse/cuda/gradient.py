@@ -10,6 +10,10 @@ calls — accumulating a value's gradient over all its uses (``x * sigmoid(x)``,
 Numerics: the forward values are eager's (a bfloat16/float16 chain keeps its rounding points, so
 every mask, clamp bound and output-reading derivative sees eager's values), while the gradients
 flow in float32 and are rounded once, when the kernel stores dY — as Inductor's derivative does.
+Where the derivative runs once a row (the scalar function after a reduction, whose gradient every
+element of the row then shares) ``round_gradients`` rounds the gradient at each rounding point as
+eager's backward does: it costs nothing there, and a few units in the last place of that one
+value would otherwise move the whole row's gradient together.
 Eager's backward rounds each op's gradient to the dtype; repeating those roundings cost the kernel
 half its time on the suite (a conversion instruction per rounding, at a quarter of the
 arithmetic rate; BENCHMARKS.md section 6) and changes dY by at most a few units in the last
@@ -87,8 +91,10 @@ class _Reverse:
         return name
 
 
-def print_gradient(expression: sympy.Expr, dtype: torch.dtype, num_params: int, x_name: str = "x") -> PrintedGradient:
-    """The forward of ``expression`` (as the forward kernel computes it) and its reverse sweep.
+def print_gradient(expression: sympy.Expr, dtype: torch.dtype, num_params: int, x_name: str = "x",
+                   round_gradients: bool = False) -> PrintedGradient:
+    """The forward of ``expression`` (as the forward kernel computes it) and its reverse sweep;
+    ``round_gradients``: the gradient rounded at each rounding point (module docstring).
     UnsupportedExpression where no derivative is printed (a tensor exponent)."""
     tape = _Tape(x_name)
     try:
@@ -138,7 +144,7 @@ def print_gradient(expression: sympy.Expr, dtype: torch.dtype, num_params: int, 
                 derivative = reverse.temp(f"{power_text(base, exponent - 1.0)} * {float_literal(exponent)}")
                 reverse.add(base, f"{g} * {derivative}")
         elif op == "call" and str(value) in roundings:  # gradients stay float32 (module docstring)
-            reverse.add(operands[1][0], g)
+            reverse.add(operands[1][0], f"fx_round_{rounding}({g})" if round_gradients else g)
         elif op == "call":
             function, args = operands
             row = function.row

@@ -1,10 +1,12 @@
 """Compile-check generated sources with nvcc, without a GPU (a script, not a test).
 
     python tests/gpu/compile_check.py [--dtypes float32,bfloat16,float16] [--only NAME ...] [-j 4]
+                                      [--registers]
 
 Generates the program modules of tests/gpu/programs.py and runs ``nvcc -c`` on every unit for
 sm_90a with the flags torch's cpp_extension uses, plus the runtime binding with the host compiler.
-Prints ptxas register/spill lines for the row kernels and exits non-zero on any failure.
+Prints ptxas spill lines (with --registers, every kernel's registers too) and exits non-zero on any
+failure.
 """
 
 from __future__ import annotations
@@ -50,7 +52,7 @@ def nvcc_unit(nvcc: str, unit: Path, include: Path, std: str) -> tuple[Path, int
     return unit, proc.returncode, proc.stdout + proc.stderr
 
 
-def summarize_ptxas(log: str) -> list[str]:
+def summarize_ptxas(log: str, registers: bool = False) -> list[str]:
     lines, kernel = [], None
     for line in log.splitlines():
         m = re.search(r"Compiling entry function '_ZN2fx\d+(\w+?)I", line)
@@ -61,6 +63,9 @@ def summarize_ptxas(log: str) -> list[str]:
         m = re.search(r"(\d+) bytes spill stores", line)
         if m and kernel and int(m.group(1)) > 0:
             lines.append(f"    spills: {kernel}: {line.strip()}")
+        m = re.search(r"Used (\d+) registers", line)
+        if m and kernel and registers:
+            lines.append(f"    registers: {kernel}: {m.group(1)}")
     return lines
 
 
@@ -80,6 +85,7 @@ def main() -> int:
     parser.add_argument("--only", nargs="*")
     parser.add_argument("--std", default="c++20")
     parser.add_argument("--no-runtime", action="store_true")
+    parser.add_argument("--registers", action="store_true", help="print every kernel's registers")
     parser.add_argument("-j", type=int, default=os.cpu_count() or 2)
     args = parser.parse_args()
     cuda_home = find_cuda_home(True)
@@ -110,7 +116,7 @@ def main() -> int:
             unit, rc, log = job.result()
             status = "ok" if rc == 0 else "FAILED"
             print(f"{status:6} {name} [{dname}] {unit.name}")
-            for line in summarize_ptxas(log):
+            for line in summarize_ptxas(log, args.registers):
                 print(line)
             if rc:
                 failures += 1

@@ -189,6 +189,18 @@ for _kind in ("sum", "mean", "max", "min", "logsumexp"):
         PROGRAMS[f"reduce_{_kind}_{'keep' if _keep else 'drop'}"] = Program(
             Gemm(True), (Reduce(_kind, keepdim=_keep), pw(E.add(E.mul(X, p(0)), c(0.5)))), ("scalar",)
         )
+# max(dim)/min(dim): the gradient to the first maximum (Reduce.ties), after a pre stage
+PROGRAMS["reduce_max_first_drop"] = Program(Gemm(True), (pw(call("relu", X)), Reduce("max", ties="first")))
+PROGRAMS["reduce_min_first_keep"] = Program(
+    Gemm(False), (pw(E.mul(X, p(0))), Reduce("min", keepdim=True, ties="first")), ("col",)
+)
+
+# as Dynamo traces S05 and S11 in bfloat16: a rounding point after every op
+PROGRAMS["s05_traced_bf16"] = Program.parse(
+    "linear(bias=True) | logsumexp(keepdim=True) | pointwise(bf16(gelu(bf16(gelu(bf16(leaky_relu(bf16(leaky_relu("
+    "bf16(x), 0.01)), 0.01)))))))"
+)
+PROGRAMS["s11_traced_bf16"] = Program.parse("linear(bias=True) | pointwise(bf16(gelu(x))) | softmax()")
 
 _names = list(POINTWISE)
 PROGRAMS["vocabulary_1"] = vocabulary_program(_names[: len(_names) // 2])
@@ -196,7 +208,17 @@ PROGRAMS["vocabulary_2"] = vocabulary_program(_names[len(_names) // 2 :])
 
 # programs each test dtype runs in full (the others run in float32 only)
 LOW_PRECISION = ["s01_scale_leaky", "s04_group_silu_vec_silu", "s03_batch_train_gelu_relu", "s11_gelu_softmax",
-                 "s16_sigmoid_sum", "s21_rms_silu", "group_odd"] + [name for name in PROGRAMS if name.startswith("widen_")]
+                 "s16_sigmoid_sum", "s21_rms_silu", "group_odd", "s05_traced_bf16", "s11_traced_bf16"] + [
+                     name for name in PROGRAMS if name.startswith("widen_")]
+TRACED_IN_BF16 = ["s05_traced_bf16", "s11_traced_bf16"]  # their rounding points are a bf16 chain's
+
+
+def dtypes_of(name: str) -> list[torch.dtype]:
+    """The dtypes the tests run ``name`` in: float32, and bfloat16 and float16 for the
+    low-precision programs; a program traced in bfloat16 in those two only (in float32 its
+    rounding points would put bf16 rounding steps into a float32 chain's tolerance)."""
+    low = [torch.bfloat16, torch.float16] if name in LOW_PRECISION else []
+    return low if name in TRACED_IN_BF16 else [torch.float32] + low
 
 
 def make_params(program: Program, n: int, dtype=torch.float32, device="cpu", generator=None) -> list[torch.Tensor]:
@@ -224,23 +246,18 @@ def poison(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None) -> None:
         b[11] = float("-inf")
 
 
-# -- the generated backward (pointwise and norm programs) ------------------------------------------
+# -- the generated backward (pointwise and row programs) -------------------------------------------
 
 
 def backward_covers(program: Program, dtype: torch.dtype, n: int) -> bool:
-    """Whether the generated backward kernel covers rows of ``n`` (the norm kernel's group norms
-    take groups of whole 16-byte chunks held by a power of two of at most 32 threads; the rest
-    fall back to the reference)."""
+    """Whether the generated backward kernel covers rows of ``n`` (the tests take the row kernel's
+    group norms of groups whose chunks a warp's lanes hold; others fall back to the reference)."""
     from fxfuse.cuda import codegen
 
-    split = codegen.norm_split(program)
-    if split is None or split.norm.kind != "group":
+    split = codegen.row_split(program)
+    if split is None or split.norm is None or split.norm.kind != "group":
         return True
-    if n % split.norm.groups:
-        return False
-    size, vec = n // split.norm.groups, codegen.chunk_elements(program, dtype)
-    lanes = size // vec
-    return size % vec == 0 and 1 <= lanes <= 32 and lanes & (lanes - 1) == 0
+    return codegen.group_in_lanes(n, split.norm.groups, codegen.chunk_elements(program, dtype))
 
 
 def grad_cases(shapes: list[tuple[int, int]]):
@@ -251,7 +268,7 @@ def grad_cases(shapes: list[tuple[int, int]]):
     for name, program in PROGRAMS.items():
         if not codegen.has_generated_backward(program):
             continue
-        for dtype in [torch.float32] + ([torch.bfloat16, torch.float16] if name in LOW_PRECISION else []):
+        for dtype in dtypes_of(name):
             for m, n in shapes:
                 if backward_covers(program, dtype, n):
                     yield name, dtype, m, n
@@ -284,4 +301,5 @@ def assert_backward_close(program: Program, got, want, tol: float, col_atol: flo
     assert not bad.any(), f"dy column sums off at {bad.nonzero().flatten()[:8].tolist()}: {error[bad][:8].tolist()}"
     torch.testing.assert_close(sums[cols[1:]], ref_sums[cols[1:]], rtol=tol, atol=col_atol, equal_nan=True)
     if scalar:
-        torch.testing.assert_close(sums[scalar].sum(1), ref_sums[scalar].sum(1), rtol=tol, atol=scalar_atol)
+        torch.testing.assert_close(sums[scalar].sum(1), ref_sums[scalar].sum(1), rtol=tol, atol=scalar_atol,
+                                   equal_nan=True)

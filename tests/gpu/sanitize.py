@@ -8,8 +8,10 @@
 Covers the row kernel (aligned and unaligned paths, several rows a block, multi-warp rows, group
 norm by lane shuffles, by warps, by chunk and staged in shared memory, row reductions, chains that
 widen to a float32 output in both chunk layouts), the BatchNorm statistics and combine kernels,
-and the backward kernels of pointwise and norm programs (16-byte and 1-element paths, many chunks
-of rows, a column parameter, group norms by lanes, layer norms over several warps). Prints one line per call and exits non-zero on a mismatch with the reference.
+and the backward kernels of pointwise and row programs (16-byte and 1-element paths, many chunks
+of rows, a column parameter, group norms by lanes, layer norms over several warps, a row map over
+256 threads, reductions). Prints one line per call and exits non-zero on a mismatch with the
+reference.
 """
 
 from __future__ import annotations
@@ -50,6 +52,9 @@ GRAD_CALLS = [  # (program, dtype, M, N) of the backward kernel
     ("widen_s08_silu_vec_group", torch.bfloat16, 300, 512),  # norm kernel: row-local group norm, strips
     ("s20_layer_silu", torch.float32, 33, 2048),  # norm kernel: a row over several warps
     ("s21_rms_silu", torch.float32, 9, 999),  # norm kernel: 1-element path
+    ("s11_gelu_softmax", torch.bfloat16, 40, 8192),  # row map: a row over 256 threads
+    ("widen_s05_logsumexp_chain", torch.bfloat16, 70, 1000),  # reduction, float32 output, 8-byte chunks
+    ("reduce_max_first_drop", torch.float32, 9, 999),  # reduction: the first maximum, 1-element path
 ]
 
 
@@ -82,7 +87,7 @@ def main() -> int:
         program = PROGRAMS[name]
         g = torch.Generator().manual_seed(0)
         y = torch.randn(m, n, generator=g).to("cuda", dtype)
-        grad = torch.randn(m, n, generator=g).to("cuda", program.output_dtype(dtype))
+        grad = torch.randn(program.output_shape((m,), n), generator=g).to("cuda", program.output_dtype(dtype))
         params = make_params(program, n, dtype=dtype, device="cuda", generator=g)
         got = fxcuda.engine.backward_kernel(program.to_string(), grad, y, params)
         torch.cuda.synchronize()

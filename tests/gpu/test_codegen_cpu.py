@@ -301,6 +301,28 @@ def test_the_derivative_keeps_eagers_forward_and_rounds_no_gradient():
 
 
 @pytest.mark.parametrize(
+    "stages,params,kind,constants",
+    [
+        ((Pointwise(call("gelu", X)), Widen(), Reduce("softmax")), (), "fx::kReduceGrad",
+         ["using MidU = float;", "kReduceKind = fx::kSoftmax;", "kHasPre = true;", "kHasPost = false;"]),
+        ((Reduce("max", keepdim=True, ties="first"), Pointwise(E.mul(X, p(0)))), ("scalar",), "fx::kReduceGrad",
+         ["using MidU = __nv_bfloat16;", "kReduceKind = fx::kMax;", "kTiesFirst = true;", "kPostParams = 1u;"]),
+        ((Reduce("min"),), (), "fx::kReduceGrad", ["kReduceKind = fx::kMin;", "kTiesFirst = false;"]),
+        ((Pointwise(E.mul(X, p(0))), Norm("layer", 1e-5, weight=1)), ("col", "col"), "fx::kNormGrad",
+         ["using MidU = __nv_bfloat16;", "kNormKind = fx::kLayerNorm;", "kNormW = 1;", "kPreParams = 1u;"]),
+        ((Norm("batch", 1e-5, training=True),), (), "fx::kNoGrad", []),
+        ((Norm("layer", 1e-5), Reduce("sum")), (), "fx::kNoGrad", []),
+    ],
+    ids=["widened-softmax", "max-dim-then-scalar", "amin", "pre-then-layer-norm", "batch-norm", "two-middles"],
+)
+def test_a_row_programs_backward_is_its_split_around_one_norm_or_reduction(stages, params, kind, constants):
+    header = codegen.generate(Program(Gemm(True), stages, params), torch.bfloat16, "n", "e")["program.cuh"]
+    assert f"kGradKind = {kind};" in header
+    for constant in constants:
+        assert constant in header, constant
+
+
+@pytest.mark.parametrize(
     "stages,condition",
     [
         ((Pointwise(call("relu", X)),), "true"),

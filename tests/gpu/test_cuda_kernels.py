@@ -17,7 +17,7 @@ import fxfuse.cuda as fxcuda
 from fxfuse import reference
 from fxfuse.cuda import codegen
 from fxfuse.ir import Gemm, Norm, Program
-from programs import LOW_PRECISION, PROGRAMS, assert_backward_close, grad_cases, make_params, poison
+from programs import LOW_PRECISION, PROGRAMS, assert_backward_close, dtypes_of, grad_cases, make_params, poison
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 
@@ -100,7 +100,7 @@ def groups_divide(program, n):
 
 def cases():
     for name, program in PROGRAMS.items():
-        dtypes = [torch.float32] + ([torch.bfloat16, torch.float16] if name in LOW_PRECISION else [])
+        dtypes = dtypes_of(name)
         for dtype in dtypes:
             for m, n, k in SHAPES:
                 if groups_divide(program, n) and not (program.batch_norm_training and m < 2):
@@ -288,7 +288,7 @@ def test_autograd_key_runs_in_cpp_and_records_gradients():
             torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
 
 
-# -- the generated backward of pointwise and norm programs ------------------------------------------------
+# -- the generated backward of pointwise and row programs -------------------------------------------------
 
 GRAD_SHAPES = [(7, 1000), (1, 8192), (33, 256), (5, 3), (4096, 1024)]
 GRAD_CASES = [pytest.param(*c, id=f"{c[0]}-{str(c[1])[6:]}-{c[2]}x{c[3]}") for c in grad_cases(GRAD_SHAPES)]
@@ -304,7 +304,7 @@ def test_backward_kernel_matches_reference(name, dtype, m, n):
     for seed in range(DRAWS):
         g = torch.Generator().manual_seed(seed)
         y = (torch.randn(m, n, generator=g) * 2).to(DEVICE, dtype)
-        grad = torch.randn(m, n, generator=g).to(DEVICE, program.output_dtype(dtype))
+        grad = torch.randn(program.output_shape((m,), n), generator=g).to(DEVICE, program.output_dtype(dtype))
         pdtype = dtype if name in LOW_PRECISION else torch.float32
         params = make_params(program, n, dtype=pdtype, device=DEVICE, generator=g)
         assert fxcuda.engine.backward_kernel(text, grad, y, params) is not None, "the backward kernel did not run"
@@ -316,7 +316,8 @@ def test_backward_kernel_matches_reference(name, dtype, m, n):
 
 GRADIENT_PROGRAMS = ["s01_scale_leaky", "s14_silu_div_clamp_tanh", "scalar_param_pow", "vocabulary_2",
                      "s04_group_silu_vec_silu", "s20_layer_silu", "s21_rms_silu", "widen_s08_silu_vec_group",
-                     "widen_s20_layer_silu"]
+                     "widen_s20_layer_silu", "s05_logsumexp_chain", "s11_gelu_softmax", "s15_div_sum_mul",
+                     "widen_s11_gelu_softmax", "reduce_max_first_drop", "reduce_min_keep", "s05_traced_bf16"]
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -327,7 +328,7 @@ def test_fused_op_gradients_equal_eager(name, dtype, monkeypatch):
     monkeypatch.setenv("FXFUSE_GENERATED_BACKWARD", "1")
     program = PROGRAMS[name]
     text = program.to_string()
-    n = 1024 if codegen.norm_split(program) else 1000  # 1024: whole 16-byte chunks a group
+    n = 1024 if codegen.row_split(program) else 1000  # 1024: whole 16-byte chunks a group
     x, w, b, params = inputs(program, dtype, 64, n, 96, 0)
     leaves = [t.detach().requires_grad_() for t in (x, w, b, *params) if t is not None]
     out, *_ = torch.ops.fxfuse.linear_epilogue(text, *leaves[:2], leaves[2] if b is not None else None,

@@ -25,7 +25,7 @@ from fxfuse.cuda.build import BuildError, emulate_target
 from fxfuse.cuda.engine import Engine
 from fxfuse.ir import Gemm, Norm, Program
 from fxfuse.vocabulary import call
-from programs import LOW_PRECISION, PROGRAMS, assert_backward_close, grad_cases, make_params, poison, pw
+from programs import LOW_PRECISION, PROGRAMS, assert_backward_close, dtypes_of, grad_cases, make_params, poison, pw
 
 SHAPES = [(7, 1000, 300), (1, 64, 16), (5, 256, 16), (3, 4096, 8), (4, 3, 8), (6, 24, 5)]
 EXTRA = ["s16_sigmoid_sum", "s04_group_silu_vec_silu", "group_odd", "s03_batch_train_gelu_relu",
@@ -111,7 +111,7 @@ def run_and_compare(engine, program, dtype, x, w, b, params, misaligned=False):
 
 def cases():
     for name, program in PROGRAMS.items():
-        dtypes = [torch.float32] + ([torch.bfloat16, torch.float16] if name in LOW_PRECISION else [])
+        dtypes = dtypes_of(name)
         for dtype in dtypes:
             for m, n, k in SHAPES:
                 if not groups_divide(program, n) or (program.batch_norm_training and m < 2):
@@ -231,7 +231,7 @@ def test_params_in_other_dtypes_and_shapes(engine):
     run_and_compare(engine, program, torch.float32, x, w, b, [params[0].double().reshape(1)])
 
 
-# -- the generated backward of pointwise and norm programs ---------------------------------------
+# -- the generated backward of pointwise and row programs ----------------------------------------
 
 # (M, N): odd widths take the scalar path; 2048 spreads a layer norm's row over several warps
 GRAD_SHAPES = [(7, 1000), (1, 16), (33, 24), (4, 5), (70, 256), (5, 2048)]
@@ -256,7 +256,7 @@ def test_backward_kernel_matches_reference(engine, name, dtype, m, n):
     for seed in range(2):
         g = torch.Generator().manual_seed(seed)
         y = (torch.randn(m, n, generator=g) * 2).to(dtype)
-        grad = torch.randn(m, n, generator=g).to(program.output_dtype(dtype))
+        grad = torch.randn(program.output_shape((m,), n), generator=g).to(program.output_dtype(dtype))
         params = make_params(program, n, dtype=dtype if name in LOW_PRECISION else torch.float32, generator=g)
         compare_backward(engine, program, dtype, y, grad, params)
 
@@ -284,6 +284,24 @@ def test_norm_backward_kernel_nan_inf(engine):
         y, grad = torch.randn(6, 64, generator=g) * 3, torch.randn(6, 64, generator=g)
         y[0, 3], y[1, 5], y[2, 11], grad[3, 7] = math.nan, math.inf, -math.inf, math.nan
         compare_backward(engine, program, torch.float32, y, grad, make_params(program, 64, generator=g))
+
+
+REDUCTION_EDGES = ["reduce_max_keep", "reduce_min_drop", "reduce_max_first_drop", "reduce_min_first_keep",
+                   "reduce_logsumexp_keep", "reduce_mean_drop", "s11_gelu_softmax", "log_softmax_then_pointwise"]
+
+
+@pytest.mark.parametrize("name", REDUCTION_EDGES)
+def test_reduction_backward_kernel_at_ties_nan_and_inf(engine, name):
+    """Rows of small integers, where max and min tie (amax/amin split the gradient over the tied
+    elements, max(dim)/min(dim) give it to the first), and rows holding NaN, +inf, -inf or only
+    -inf: the gradients are eager's, NaN where eager's are."""
+    program = PROGRAMS[name]
+    g = torch.Generator().manual_seed(7)
+    y = torch.randint(-3, 4, (9, 40), generator=g).float()
+    y[1, 3], y[2, 5], y[3, 7], y[5, 2], y[5, 9] = math.nan, math.inf, -math.inf, math.nan, math.nan
+    y[4] = -math.inf
+    grad = torch.randn(program.output_shape((9,), 40), generator=g)
+    compare_backward(engine, program, torch.float32, y, grad, make_params(program, 40, generator=g))
 
 
 def test_backward_kernel_is_eager_to_the_bit_where_each_gradient_op_is_exact(engine):
