@@ -45,9 +45,9 @@ def fxfuse_backend(gm: GraphModule, example_inputs, mode: str | None = None, opt
     from torch._inductor import list_mode_options
     from torch._inductor.compile_fx import compile_fx
 
-    from .cache_key import inductor_options as keyed_by_fxfuse
+    from .cache_key import keyed_options
 
-    config = keyed_by_fxfuse({**list_mode_options(mode or "default"), **inductor_options})
+    config = keyed_options({**list_mode_options(mode or "default"), **inductor_options})
     return compile_fx(fused, example_inputs, config_patches=config)
 
 

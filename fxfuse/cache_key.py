@@ -57,7 +57,7 @@ class KeyedPass(CustomGraphPass):
         return None if inner is None else (self._uuid, inner)  # None: the inner pass bypasses caching
 
 
-def inductor_options(options: dict) -> dict:
+def keyed_options(options: dict) -> dict:
     """``options`` with the keyed pass in the post-grad slot (wrapping a pass already there)."""
     from torch._inductor import config
 

@@ -69,14 +69,13 @@ def inductor_is_faster(program: Program, gemm_out: torch.Tensor, stopped_at: str
 
 def _trains_faster(program: Program, gemm_out: torch.Tensor) -> bool:
     """A group norm program with row-local kernels and the generated backward (module docstring)."""
-    from .cuda.codegen import chunk_elements, group_in_lanes, row_split
+    from .cuda.codegen import ELEMENT_TYPES, chunk_elements, group_in_lanes, row_split
     from .op import uses_generated_backward
 
     split = row_split(program)
     if split is None or split.norm is None or split.norm.kind != "group":
         return False
-    if not uses_generated_backward(program, cuda=True) or gemm_out.dtype not in (
-            torch.float32, torch.bfloat16, torch.float16):
+    if gemm_out.dtype not in ELEMENT_TYPES or not uses_generated_backward(program, cuda=True):
         return False
     n = _size_hint(gemm_out.shape[-1])
     return group_in_lanes(n, split.norm.groups, chunk_elements(program, gemm_out.dtype))

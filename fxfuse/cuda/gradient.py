@@ -144,7 +144,8 @@ def print_gradient(expression: sympy.Expr, dtype: torch.dtype, num_params: int, 
                 derivative = reverse.temp(f"{power_text(base, exponent - 1.0)} * {float_literal(exponent)}")
                 reverse.add(base, f"{g} * {derivative}")
         elif op == "call" and str(value) in roundings:  # gradients stay float32 (module docstring)
-            reverse.add(operands[1][0], f"fx_round_{rounding}({g})" if round_gradients else g)
+            rounded = f"{operands[0].row.device_fn}({g})"  # the rounding point's own device function
+            reverse.add(operands[1][0], rounded if round_gradients else g)
         elif op == "call":
             function, args = operands
             row = function.row
