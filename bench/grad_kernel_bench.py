@@ -3,7 +3,7 @@ derivative, per suite row at full size.
 
     python bench/grad_kernel_bench.py [--rows S01,S10] [--dtype bf16|autocast] [--policy always] [--once]
 
-For every row: the model (training mode) compiled by Inductor, by fxfuse with the backward as
+For every row: the model (training mode; an eval row in eval mode) compiled by Inductor, by fxfuse with the backward as
 plain torch ops (``FXFUSE_GENERATED_BACKWARD=0``: Inductor compiles the reference's derivative),
 and by fxfuse with the generated kernel (``=1``: it writes dY and the bias and parameter column
 sums in one pass); one forward, then the backward alone — ``torch.autograd.grad`` with
@@ -69,7 +69,9 @@ def compiled_backward(row, name: str, autocast: bool, policy: str = "fastest"):
         os.environ.pop(GENERATED_BACKWARD_ENV, None)
     else:
         os.environ[GENERATED_BACKWARD_ENV] = VARIANTS[name]
-    module, compiled = variant(model.train(), "inductor" if name == "inductor" else "fxfuse", Compile(policy=policy))
+    # an eval row (S22) in eval mode: its BatchNorm frozen, as when a model is fine-tuned
+    model.train(not row.eval_mode)
+    module, compiled = variant(model, "inductor" if name == "inductor" else "fxfuse", Compile(policy=policy))
     leaves = [t.requires_grad_() for t in inputs if t.is_floating_point()] + list(module.parameters())
     with torch.autocast("cuda", dtype=torch.bfloat16, enabled=autocast):
         out = compiled(*inputs)

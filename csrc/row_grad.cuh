@@ -1,7 +1,8 @@
 // The backward kernel of a row program: pre | middle | post, pre and post pointwise and the
 // middle a group, layer or RMS norm (kNormGrad) or a row reduction or row map (kReduceGrad: sum,
 // mean, max, min, logsumexp -- one value a row, post a scalar function of it -- softmax,
-// log_softmax) (fxfuse/cuda/codegen.py, row_split). One pass over the saved GEMM output y and the
+// log_softmax) (fxfuse/cuda/codegen.py, row_split); a BatchNorm in eval mode is a norm whose
+// statistics are per column (its running statistics). One pass over the saved GEMM output y and the
 // output's gradient g, in the forward's row layout (Row, the apply kernel's plan): a thread
 // recomputes its chunks of the row -- pre's values v, the middle's statistics by the forward's own
 // code (the same bits), its output z -- then, with the gradients in float32:
@@ -23,7 +24,7 @@
 namespace fx {
 
 enum GradKind : int { kNoGrad = 0, kPointwiseGrad = 1, kNormGrad = 2, kReduceGrad = 3 };
-enum NormCode : int { kGroupNorm = 0, kLayerNorm = 1, kRmsNorm = 2 };
+enum NormCode : int { kGroupNorm = 0, kLayerNorm = 1, kRmsNorm = 2, kBatchEvalNorm = 3 };
 // the reductions (one value a row) up to kLogSumExp, then the row maps
 enum ReduceCode : int { kSum = 0, kMean = 1, kMax = 2, kMin = 3, kLogSumExp = 4, kSoftmax = 5, kLogSoftmax = 6 };
 
@@ -72,16 +73,19 @@ FX_DEVICE float through_post(float z, float g, const float (&pe)[Prog::kParamSlo
 // A norm's backward: g (the output's gradient) becomes dv, the gradient of the norm's input v
 // (r.v, pre's values); the norm's weight and bias gradients go to their column sums.
 //   gw = gz w,  xhat = (v - mean) rstd,  dv = rstd (gw - mean(gw) - xhat mean(gw xhat))
-// the means over the group (shuffles) or the row; an RMS norm has no mean(gw) term.
+// the means over the group (shuffles) or the row; an RMS norm has no mean(gw) term. A BatchNorm in
+// eval mode takes mean and rstd per column from its running statistics, constants of the
+// backward: dv = rstd gw (eager's batch_norm backward with training=False).
 template <class Prog, class R, int S, int ITEMS, int VEC>
 FX_DEVICE void norm_dv(R& r, float (&g)[ITEMS][VEC], float (&sums)[S][ITEMS][VEC]) {
   using U = typename Prog::MidU;
   constexpr int W = Prog::kNormW;
   constexpr int B = Prog::kNormB;
+  constexpr bool kColumnStats = Prog::kNormKind == kBatchEvalNorm;
   const int gs = Prog::kNormKind == kGroupNorm ? r.a.n / Prog::kNormGroups : r.a.n;
   const float inv_count = 1.0f / static_cast<float>(gs);
 
-  float mean[ITEMS], rstd[ITEMS];
+  float mean[ITEMS], rstd[ITEMS];  // a row norm's, the same for a chunk
   if constexpr (Prog::kNormKind == kGroupNorm) {
     r.template group_moments_by_lanes<U>(round_to<U>(Prog::kNormEps), gs, gs / VEC, mean, rstd);
   } else if constexpr (Prog::kNormKind == kLayerNorm) {
@@ -92,7 +96,7 @@ FX_DEVICE void norm_dv(R& r, float (&g)[ITEMS][VEC], float (&sums)[S][ITEMS][VEC
       mean[i] = m;
       rstd[i] = s;
     }
-  } else {
+  } else if constexpr (Prog::kNormKind == kRmsNorm) {
     const float s = r.rms_scale(Prog::kNormEps);
 #pragma unroll
     for (int i = 0; i < ITEMS; ++i) {
@@ -105,15 +109,27 @@ FX_DEVICE void norm_dv(R& r, float (&g)[ITEMS][VEC], float (&sums)[S][ITEMS][VEC
   float s1[ITEMS], s2[ITEMS];
 #pragma unroll
   for (int i = 0; i < ITEMS; ++i) {
-    float w[VEC], b[VEC], p[Prog::kParamSlots][VEC] = {};
+    float w[VEC], b[VEC], shift[VEC], scale[VEC], p[Prog::kParamSlots][VEC] = {};
     if constexpr (W >= 0) r.template col_chunk<W>(i, w);
     if constexpr (B >= 0) r.template col_chunk<B>(i, b);
     if constexpr (Prog::kHasPost) chunk_params<Prog, Prog::kPostParams>(r, i, p);
+    if constexpr (kColumnStats) {  // the forward's batch_norm_eval
+      r.template col_chunk<Prog::kNormRM>(i, shift);
+      r.template col_chunk<Prog::kNormRV>(i, scale);
+#pragma unroll
+      for (int e = 0; e < VEC; ++e) scale[e] = 1.0f / sqrtf(scale[e] + Prog::kNormEps);
+    } else {
+#pragma unroll
+      for (int e = 0; e < VEC; ++e) {
+        shift[e] = mean[i];
+        scale[e] = rstd[i];
+      }
+    }
     s1[i] = s2[i] = 0.0f;
 #pragma unroll
     for (int e = 0; e < VEC; ++e) {
       const bool valid = r.active && r.col(i, e) < r.a.n;
-      const float xhat = (r.v[i][e] - mean[i]) * rstd[i];
+      const float xhat = (r.v[i][e] - shift[e]) * scale[e];
       float gz = g[i][e];
       if constexpr (Prog::kHasPost) {
         float z = xhat;  // the forward's normalise()
@@ -137,33 +153,35 @@ FX_DEVICE void norm_dv(R& r, float (&g)[ITEMS][VEC], float (&sums)[S][ITEMS][VEC
         s2[i] += gw * xhat;
       }
       r.v[i][e] = xhat;
-      g[i][e] = gw;
+      g[i][e] = kColumnStats ? round_to<U>(gw * scale[e]) : gw;  // eager's norm returns U
     }
   }
-  if constexpr (Prog::kNormKind == kGroupNorm) {
-    r.group_sums(s1, gs / VEC);
-    r.group_sums(s2, gs / VEC);
-  } else {
-    float t1 = 0.0f, t2 = 0.0f;
+  if constexpr (!kColumnStats) {  // the row norms' means
+    if constexpr (Prog::kNormKind == kGroupNorm) {
+      r.group_sums(s1, gs / VEC);
+      r.group_sums(s2, gs / VEC);
+    } else {
+      float t1 = 0.0f, t2 = 0.0f;
+#pragma unroll
+      for (int i = 0; i < ITEMS; ++i) {
+        t1 += s1[i];
+        t2 += s2[i];
+      }
+      t1 = r.allreduce(t1, OpAdd());
+      t2 = r.allreduce(t2, OpAdd());
+#pragma unroll
+      for (int i = 0; i < ITEMS; ++i) {
+        s1[i] = t1;
+        s2[i] = t2;
+      }
+    }
 #pragma unroll
     for (int i = 0; i < ITEMS; ++i) {
-      t1 += s1[i];
-      t2 += s2[i];
+      const float m1 = Prog::kNormKind == kRmsNorm ? 0.0f : s1[i] * inv_count;
+      const float m2 = s2[i] * inv_count;
+#pragma unroll
+      for (int e = 0; e < VEC; ++e) g[i][e] = round_to<U>(rstd[i] * (g[i][e] - m1 - r.v[i][e] * m2));  // eager's norm returns U
     }
-    t1 = r.allreduce(t1, OpAdd());
-    t2 = r.allreduce(t2, OpAdd());
-#pragma unroll
-    for (int i = 0; i < ITEMS; ++i) {
-      s1[i] = t1;
-      s2[i] = t2;
-    }
-  }
-#pragma unroll
-  for (int i = 0; i < ITEMS; ++i) {
-    const float m1 = Prog::kNormKind == kRmsNorm ? 0.0f : s1[i] * inv_count;
-    const float m2 = s2[i] * inv_count;
-#pragma unroll
-    for (int e = 0; e < VEC; ++e) g[i][e] = round_to<U>(rstd[i] * (g[i][e] - m1 - r.v[i][e] * m2));  // eager's norm returns U
   }
 }
 

@@ -84,8 +84,9 @@ def _backward(ctx, grad_out, grad_stats, grad_gemm):
     # there (float32 once it widened), rounded to that dtype once
     sum_dtype = program.output_dtype(y.dtype)
     dparams = [
-        (row if kind == "col" else row.sum()).to(sum_dtype).to(p.dtype).reshape(p.shape)
-        for row, kind, p in zip(sums[1:], program.params, params)
+        None if i in program.constant_params
+        else (row if kind == "col" else row.sum()).to(sum_dtype).to(p.dtype).reshape(p.shape)
+        for i, (row, kind, p) in enumerate(zip(sums[1:], program.params, params))
     ]
     return None, dx, dweight, dbias, dparams, None
 

@@ -187,19 +187,31 @@ def epilogue_backward(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``fxfuse::epilogue_backward``'s CPU kernel (and the oracle of the generated backward
     kernel): ``(dy, sums)``, sums the (1 + len(params), N) float32 column sums of dy over the rows
-    and of each parameter's gradient. A column parameter's row holds its gradient; a scalar
+    and of each parameter's gradient (zero for a running statistic). A column parameter's row holds its gradient; a scalar
     parameter's gradient is its row's sum (here all of it in column 0). dy is never grad_out
     itself (an op's output may not alias its input), even for an identity epilogue."""
-    # torch.func, not torch.autograd: an op's kernel runs below the autograd dispatch key
-    _, vjp = torch.func.vjp(lambda v, *ps: epilogue(program, v, list(ps))[0], y, *params)
-    dy, *dparams = vjp(grad_out)
+    # torch.func, not torch.autograd: an op's kernel runs below the autograd dispatch key; the
+    # running statistics are constants (eager's batch_norm is not differentiable in them)
+    free = [i for i in range(len(params)) if i not in program.constant_params]
+
+    def out_of(v: torch.Tensor, *free_params: torch.Tensor) -> torch.Tensor:
+        full = list(params)
+        for i, p in zip(free, free_params):
+            full[i] = p
+        return epilogue(program, v, full)[0]
+
+    _, vjp = torch.func.vjp(out_of, y, *(params[i] for i in free))
+    dy, *dfree = vjp(grad_out)
+    dparams: list[torch.Tensor | None] = [None] * len(params)
+    for i, g in zip(free, dfree):
+        dparams[i] = g
     if dy.untyped_storage().data_ptr() == grad_out.untyped_storage().data_ptr():
         dy = dy.clone()
     n = y.shape[-1]
     sums = y.new_zeros((1 + len(params), n), dtype=torch.float32)
     sums[0] = dy.reshape(-1, n).sum(0).float()  # eager sums in the dtype (float accumulation)
     for i, (kind, g) in enumerate(zip(program.params, dparams)):
-        if g is None:
+        if g is None:  # a running statistic: no gradient
             continue
         if kind == "col":
             sums[1 + i] = g.float().reshape(n)

@@ -44,11 +44,12 @@ def test_the_adamw_loss_curve_matches_eager(device):
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
-@pytest.mark.parametrize("row_id", ["S01", "S10", "S13", "S14"])
+@pytest.mark.parametrize("row_id", ["S01", "S10", "S13", "S14", "S22"])
 def test_the_generated_backward_path_matches_eager(monkeypatch, row_id, dtype):
-    """With FXFUSE_GENERATED_BACKWARD=1 a pointwise chain's backward graph calls
-    fxfuse::epilogue_backward (dY and the column sums for db in one op) and its gradients still
-    equal eager's."""
+    """With FXFUSE_GENERATED_BACKWARD=1 the backward graph of a pointwise chain, or of S22's
+    BatchNorm in eval mode (a frozen BatchNorm being fine-tuned), calls fxfuse::epilogue_backward
+    (dY and the column sums for db and the parameters in one op) and its gradients still equal
+    eager's; the running statistics get none."""
     import fxfuse.reference
     from examples import suite
     from support import check_against_eager
@@ -57,9 +58,10 @@ def test_the_generated_backward_path_matches_eager(monkeypatch, row_id, dtype):
     calls = []  # the op's CPU kernel, called by each backward
     original = fxfuse.reference.epilogue_backward
     monkeypatch.setattr(fxfuse.reference, "epilogue_backward", lambda *a: calls.append(1) or original(*a))
-    mod = suite.load(suite.get_row(row_id))
+    row = suite.get_row(row_id)
+    mod = suite.load(row)
     check_against_eager(lambda: mod.Model(*mod.get_init_inputs("small")), lambda: mod.get_inputs("small"),
-                        dtype=dtype, grads=True, draws=2)
+                        dtype=dtype, grads=True, draws=2, train=not row.eval_mode)
     assert calls, "the backward did not go through fxfuse::epilogue_backward"
 
 

@@ -22,7 +22,7 @@ from ..vocabulary import ROUNDING, call, is_rounding
 from .gradient import print_gradient
 from .printer import UnsupportedExpression, float_literal, print_expr
 
-CODEGEN_VERSION = "7"
+CODEGEN_VERSION = "8"
 
 ELEMENT_TYPES = {
     torch.float32: "float",
@@ -254,7 +254,8 @@ def _local_items(program: Program) -> int:
 
 # -- the backward ---------------------------------------------------------------------------------
 
-_NORM_CODES = {"group": "fx::kGroupNorm", "layer": "fx::kLayerNorm", "rms": "fx::kRmsNorm"}
+# a BatchNorm's code is its eval mode's: in training its statistics are over all rows, no row's
+_NORM_CODES = {"group": "fx::kGroupNorm", "layer": "fx::kLayerNorm", "rms": "fx::kRmsNorm", "batch": "fx::kBatchEvalNorm"}
 _REDUCE_CODES = {
     "sum": "fx::kSum",
     "mean": "fx::kMean",
@@ -270,7 +271,7 @@ _REDUCE_CODES = {
 class RowSplit:
     """A row program as its backward kernel sees it: ``pre | middle | post``, pre and post
     pointwise (each the composition of its stages; None when empty), the middle a group, layer or
-    RMS norm, a row reduction or a row map; ``widened`` when the middle computes in float32 (a
+    RMS norm or an eval-mode BatchNorm, a row reduction or a row map; ``widened`` when the middle computes in float32 (a
     Widen stage before it)."""
 
     pre: sympy.Expr | None
@@ -288,14 +289,14 @@ class RowSplit:
 
 
 def row_split(program: Program) -> RowSplit | None:
-    """The program as ``pre | middle | post``; None where it is not of that form (a batch norm,
-    two norms or reductions, none)."""
+    """The program as ``pre | middle | post``; None where it is not of that form (a training
+    BatchNorm, two norms or reductions, none)."""
     middles = [i for i, s in enumerate(program.stages) if isinstance(s, (Norm, Reduce))]
     if len(middles) != 1:
         return None
     at = middles[0]
     middle = program.stages[at]
-    if isinstance(middle, Norm) and middle.kind not in _NORM_CODES:
+    if isinstance(middle, Norm) and (middle.kind not in _NORM_CODES or middle.training):
         return None
     before, after = program.stages[:at], program.stages[at + 1 :]
     widened = any(isinstance(s, Widen) for s in before)
@@ -377,6 +378,8 @@ def _backward_lines(program: Program, dtype: torch.dtype) -> list[str]:
         f"static constexpr int kNormGroups = {norm.groups if norm else 1};",
         f"static constexpr int kNormW = {param(norm.weight) if norm else -1};",
         f"static constexpr int kNormB = {param(norm.bias) if norm else -1};",
+        f"static constexpr int kNormRM = {param(norm.running_mean) if norm else -1};",
+        f"static constexpr int kNormRV = {param(norm.running_var) if norm else -1};",
         f"static constexpr float kNormEps = {float_literal(norm.eps) if norm else '0.0f'};",
         f"static constexpr int kReduceKind = {_REDUCE_CODES[reduce.kind] if reduce else 'fx::kSum'};",
         f"static constexpr bool kTiesFirst = {'true' if reduce and reduce.ties == 'first' else 'false'};",

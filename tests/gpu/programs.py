@@ -141,6 +141,16 @@ PROGRAMS: dict[str, Program] = {
         (Norm("batch", 1e-5, weight=0, bias=1, running_mean=2, running_var=3), pw(call("relu", X))),
         ("col", "col", "col", "col"),
     ),
+    # a BatchNorm in eval mode between stages with parameters (a frozen BatchNorm being fine-tuned)
+    "vec_batch_eval_silu_scalar": Program(
+        Gemm(False),
+        (
+            pw(E.mul(X, p(0))),
+            Norm("batch", 1e-3, weight=1, running_mean=2, running_var=3),
+            pw(E.add(call("silu", X), p(4))),
+        ),
+        ("col", "col", "col", "col", "scalar"),
+    ),
     "group_odd": Program(Gemm(True), (Norm("group", 1e-5, groups=5, weight=0, bias=1),), ("col", "col")),
     "group_no_affine_then_layer": Program(Gemm(True), (Norm("group", 1e-5, groups=2), Norm("layer", 1e-5))),
     "log_softmax_then_pointwise": Program(Gemm(True), (Reduce("log_softmax"), pw(E.mul(X, p(0)))), ("col",)),
@@ -208,6 +218,7 @@ PROGRAMS["vocabulary_2"] = vocabulary_program(_names[len(_names) // 2 :])
 
 # programs each test dtype runs in full (the others run in float32 only)
 LOW_PRECISION = ["s01_scale_leaky", "s04_group_silu_vec_silu", "s03_batch_train_gelu_relu", "s11_gelu_softmax",
+                 "s22_batch_eval_relu",
                  "s16_sigmoid_sum", "s21_rms_silu", "group_odd", "s05_traced_bf16", "s11_traced_bf16"] + [
                      name for name in PROGRAMS if name.startswith("widen_")]
 TRACED_IN_BF16 = ["s05_traced_bf16", "s11_traced_bf16"]  # their rounding points are a bf16 chain's

@@ -52,6 +52,8 @@ GRAD_CALLS = [  # (program, dtype, M, N) of the backward kernel
     ("widen_s08_silu_vec_group", torch.bfloat16, 300, 512),  # norm kernel: row-local group norm, strips
     ("s20_layer_silu", torch.float32, 33, 2048),  # norm kernel: a row over several warps
     ("s21_rms_silu", torch.float32, 9, 999),  # norm kernel: 1-element path
+    ("s22_batch_eval_relu", torch.bfloat16, 300, 1024),  # eval BatchNorm: row-local, column statistics
+    ("vec_batch_eval_silu_scalar", torch.float32, 33, 1000),  # eval BatchNorm with pre and post parameters
     ("s11_gelu_softmax", torch.bfloat16, 40, 8192),  # row map: a row over 256 threads
     ("widen_s05_logsumexp_chain", torch.bfloat16, 70, 1000),  # reduction, float32 output, 8-byte chunks
     ("reduce_max_first_drop", torch.float32, 9, 999),  # reduction: the first maximum, 1-element path

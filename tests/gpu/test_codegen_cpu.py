@@ -310,10 +310,15 @@ def test_the_derivative_keeps_eagers_forward_and_rounds_no_gradient():
         ((Reduce("min"),), (), "fx::kReduceGrad", ["kReduceKind = fx::kMin;", "kTiesFirst = false;"]),
         ((Pointwise(E.mul(X, p(0))), Norm("layer", 1e-5, weight=1)), ("col", "col"), "fx::kNormGrad",
          ["using MidU = __nv_bfloat16;", "kNormKind = fx::kLayerNorm;", "kNormW = 1;", "kPreParams = 1u;"]),
+        ((Norm("batch", 1e-5, weight=0, running_mean=1, running_var=2), Pointwise(call("relu", X))),
+         ("col", "col", "col"), "fx::kNormGrad",
+         ["kNormKind = fx::kBatchEvalNorm;", "kNormW = 0;", "kNormB = -1;", "kNormRM = 1;", "kNormRV = 2;",
+          "kHasPost = true;"]),
         ((Norm("batch", 1e-5, training=True),), (), "fx::kNoGrad", []),
         ((Norm("layer", 1e-5), Reduce("sum")), (), "fx::kNoGrad", []),
     ],
-    ids=["widened-softmax", "max-dim-then-scalar", "amin", "pre-then-layer-norm", "batch-norm", "two-middles"],
+    ids=["widened-softmax", "max-dim-then-scalar", "amin", "pre-then-layer-norm", "eval-batch-norm",
+         "training-batch-norm", "two-middles"],
 )
 def test_a_row_programs_backward_is_its_split_around_one_norm_or_reduction(stages, params, kind, constants):
     header = codegen.generate(Program(Gemm(True), stages, params), torch.bfloat16, "n", "e")["program.cuh"]
