@@ -14,10 +14,11 @@ generated backward, ``torch.ops.fxfuse.epilogue_backward``: one kernel that reco
 from the GEMM output and writes dY and, in the same pass, the column sums for db and for each
 parameter's gradient (a norm's weight and bias included), its gradients in float32 and rounded
 where a stage's output is (fxfuse/cuda/gradient.py, csrc/row_grad.cuh; its CPU kernel is autograd
-through the reference). Norm programs take it by default, the others on opt-in
-(``uses_generated_backward``). Otherwise dY comes from autograd through the reference epilogue,
-plain torch ops that AOTAutograd traces into the backward graph for Inductor to fuse. Then
-dX = dY W and dW = dYᵀ X as eager's linear computes them (cuBLAS, in Inductor's graph).
+through the reference). Norm programs (an eval-mode BatchNorm's too) take it by default, the
+others on opt-in (``uses_generated_backward``); a training-mode BatchNorm's has none. Otherwise
+dY comes from autograd through the reference epilogue, plain torch ops that AOTAutograd traces
+into the backward graph for Inductor to fuse. Then dX = dY W and dW = dYᵀ X as eager's linear
+computes them (cuBLAS, in Inductor's graph).
 """
 
 from __future__ import annotations
@@ -96,9 +97,10 @@ GENERATED_BACKWARD_ENV = "FXFUSE_GENERATED_BACKWARD"
 
 def uses_generated_backward(program: Program, cuda: bool) -> bool:
     """Whether the backward goes through the generated kernel. Norm programs (a group, layer or
-    RMS norm between pointwise stages): by default on CUDA, since their kernel measured faster than
-    Inductor's backward of the same chain (S02, S08, S20 under bf16 autocast on the H200 and H100,
-    BENCHMARKS.md section 6). Pointwise and reduction programs: opt-in
+    RMS norm, or an eval-mode BatchNorm, between pointwise stages): by default on CUDA, since their
+    kernel measured faster than Inductor's backward of the same chain (S02, S08, S20 under bf16
+    autocast on the H200 and H100) or than Inductor's fusion of the reference's derivative, the
+    alternative once the chain is fused (S22, H100; BENCHMARKS.md section 6). Pointwise and reduction programs: opt-in
     (``FXFUSE_GENERATED_BACKWARD=1``), since theirs measured slower than Inductor's fusion of the
     same derivative. ``FXFUSE_GENERATED_BACKWARD=0`` turns all off. Read when the backward is
     traced (torch's compile caches key on it: fxfuse/cache_key.py)."""
