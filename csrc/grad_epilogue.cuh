@@ -245,7 +245,7 @@ inline const char* launch_grad_sums(const FxGradLaunch* L, int64_t chunks, int n
 template <class Prog, typename T>
 struct GradLauncher {
   static constexpr int VEC = DType<T>::kVec;
-  static constexpr bool kRowGrad = Prog::kGradKind == kNormGrad || Prog::kGradKind == kReduceGrad;
+  static constexpr bool kRowGrad = has_row_grad<Prog>();
 
   // Rows a chunk: enough blocks for about eight a multiprocessor, at least one row a lane.
   static int64_t rows_per_chunk(int64_t m, int64_t n, int32_t sm_count) {

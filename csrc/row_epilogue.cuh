@@ -1175,7 +1175,7 @@ const char* ItemsUnit<Prog, T, ITEMS>::apply(const A& a, bool aligned, const Lau
 
 template <class Prog, typename T, int ITEMS>
 const char* ItemsUnit<Prog, T, ITEMS>::grad_rows(const A& a, bool aligned, const Launch& l) {
-  if constexpr (Prog::kGradKind != kNormGrad && Prog::kGradKind != kReduceGrad) {
+  if constexpr (!has_row_grad<Prog>()) {
     return "fxfuse: row backward kernel of a program without one";
   } else {
 #if !defined(FX_EMULATE)

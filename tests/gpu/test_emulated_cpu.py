@@ -247,6 +247,7 @@ def compare_backward(engine, program, dtype, y, g, params):
     with norms_as_on_cuda(dtype):
         want = reference.epilogue_backward(program, g, y, params)
     assert_backward_close(program, got, want, tol, col_atol=tol * m, scalar_atol=tol * y.numel())
+    return got
 
 
 @pytest.mark.parametrize("name,dtype,m,n", [pytest.param(*c, id=f"{c[0]}-{str(c[1])[6:]}-{c[2]}x{c[3]}")
@@ -284,6 +285,22 @@ def test_norm_backward_kernel_nan_inf(engine):
         y, grad = torch.randn(6, 64, generator=g) * 3, torch.randn(6, 64, generator=g)
         y[0, 3], y[1, 5], y[2, 11], grad[3, 7] = math.nan, math.inf, -math.inf, math.nan
         compare_backward(engine, program, torch.float32, y, grad, make_params(program, 64, generator=g))
+
+
+def test_eval_batch_norm_backward_kernel_nan_inf(engine):
+    """An eval-mode BatchNorm's statistics are constants (its running statistics): a NaN or an
+    infinity in the GEMM output or the gradient reaches that element's gradient and its column's
+    weight and bias sums only, as eager's; a running variance of zero scales by 1 / sqrt(eps)."""
+    for name in ["s22_batch_eval_relu", "vec_batch_eval_silu_scalar"]:
+        program = PROGRAMS[name]
+        g = torch.Generator().manual_seed(8)
+        y, grad = torch.randn(6, 64, generator=g) * 3, torch.randn(6, 64, generator=g)
+        y[0, 3], y[1, 5], y[2, 11], grad[3, 7] = math.nan, math.inf, -math.inf, math.nan
+        params = make_params(program, 64, generator=g)
+        norm = next(s for s in program.stages if isinstance(s, Norm))
+        params[norm.running_var][9] = 0.0
+        got = compare_backward(engine, program, torch.float32, y, grad, params)
+        assert got[0][4:, :3].isfinite().all() and got[0][0, 4:].isfinite().all()
 
 
 REDUCTION_EDGES = ["reduce_max_keep", "reduce_min_drop", "reduce_max_first_drop", "reduce_min_first_keep",
