@@ -24,13 +24,13 @@
 namespace fx {
 
 enum GradKind : int { kNoGrad = 0, kPointwiseGrad = 1, kNormGrad = 2, kReduceGrad = 3 };
+enum NormCode : int { kGroupNorm = 0, kLayerNorm = 1, kRmsNorm = 2, kBatchEvalNorm = 3 };
+// the reductions (one value a row) up to kLogSumExp, then the row maps
+enum ReduceCode : int { kSum = 0, kMean = 1, kMax = 2, kMin = 3, kLogSumExp = 4, kSoftmax = 5, kLogSoftmax = 6 };
 
 // Whether the program's backward is this file's row kernel (a norm or a reduction in the middle)
 template <class Prog>
 constexpr bool has_row_grad() { return Prog::kGradKind == kNormGrad || Prog::kGradKind == kReduceGrad; }
-enum NormCode : int { kGroupNorm = 0, kLayerNorm = 1, kRmsNorm = 2, kBatchEvalNorm = 3 };
-// the reductions (one value a row) up to kLogSumExp, then the row maps
-enum ReduceCode : int { kSum = 0, kMean = 1, kMax = 2, kMin = 3, kLogSumExp = 4, kSoftmax = 5, kLogSoftmax = 6 };
 
 // Program parameters of MASK at chunk i's VEC columns (a scalar in every slot)
 template <class Prog, uint32_t MASK, class R>

@@ -100,9 +100,9 @@ def uses_generated_backward(program: Program, cuda: bool) -> bool:
     RMS norm, or an eval-mode BatchNorm, between pointwise stages): by default on CUDA, since their
     kernel measured faster than Inductor's backward of the same chain (S02, S08, S20 under bf16
     autocast on the H200 and H100) or than Inductor's fusion of the reference's derivative, the
-    alternative once the chain is fused (S22, H100; BENCHMARKS.md section 6). Pointwise and reduction programs: opt-in
-    (``FXFUSE_GENERATED_BACKWARD=1``), since theirs measured slower than Inductor's fusion of the
-    same derivative. ``FXFUSE_GENERATED_BACKWARD=0`` turns all off. Read when the backward is
+    alternative once the chain is fused (S22, H100; BENCHMARKS.md section 6). Pointwise and
+    reduction programs: opt-in (``FXFUSE_GENERATED_BACKWARD=1``), since theirs measured slower than
+    Inductor's fusion of the same derivative. ``FXFUSE_GENERATED_BACKWARD=0`` turns all off. Read when the backward is
     traced (torch's compile caches key on it: fxfuse/cache_key.py)."""
     setting = os.environ.get(GENERATED_BACKWARD_ENV)
     if setting == "0":

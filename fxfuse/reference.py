@@ -187,9 +187,10 @@ def epilogue_backward(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``fxfuse::epilogue_backward``'s CPU kernel (and the oracle of the generated backward
     kernel): ``(dy, sums)``, sums the (1 + len(params), N) float32 column sums of dy over the rows
-    and of each parameter's gradient (zero for a running statistic). A column parameter's row holds its gradient; a scalar
-    parameter's gradient is its row's sum (here all of it in column 0). dy is never grad_out
-    itself (an op's output may not alias its input), even for an identity epilogue."""
+    and of each parameter's gradient (zero for a running statistic). A column parameter's row
+    holds its gradient; a scalar parameter's gradient is its row's sum (here all of it in column
+    0). dy is never grad_out itself (an op's output may not alias its input), even for an identity
+    epilogue."""
     # torch.func, not torch.autograd: an op's kernel runs below the autograd dispatch key; the
     # running statistics are constants (eager's batch_norm is not differentiable in them)
     free = [i for i in range(len(params)) if i not in program.constant_params]

@@ -255,7 +255,12 @@ def _local_items(program: Program) -> int:
 # -- the backward ---------------------------------------------------------------------------------
 
 # a BatchNorm's code is its eval mode's: in training its statistics are over all rows, no row's
-_NORM_CODES = {"group": "fx::kGroupNorm", "layer": "fx::kLayerNorm", "rms": "fx::kRmsNorm", "batch": "fx::kBatchEvalNorm"}
+_NORM_CODES = {
+    "group": "fx::kGroupNorm",
+    "layer": "fx::kLayerNorm",
+    "rms": "fx::kRmsNorm",
+    "batch": "fx::kBatchEvalNorm",
+}
 _REDUCE_CODES = {
     "sum": "fx::kSum",
     "mean": "fx::kMean",
@@ -271,8 +276,8 @@ _REDUCE_CODES = {
 class RowSplit:
     """A row program as its backward kernel sees it: ``pre | middle | post``, pre and post
     pointwise (each the composition of its stages; None when empty), the middle a group, layer or
-    RMS norm or an eval-mode BatchNorm, a row reduction or a row map; ``widened`` when the middle computes in float32 (a
-    Widen stage before it)."""
+    RMS norm or an eval-mode BatchNorm, a row reduction or a row map; ``widened`` when the middle
+    computes in float32 (a Widen stage before it)."""
 
     pre: sympy.Expr | None
     middle: Norm | Reduce
