@@ -863,16 +863,20 @@ struct Row {
   // BatchNorm with running statistics: (x - rm) / sqrt(rv + eps) * w + b
   template <typename U, int W, int B, int RM, int RV>
   FX_DEVICE void batch_norm_eval(float eps) {
-    normalise<U, W, B>([this, eps](int i, float* shift, float* scale) {
-      float rm[VEC], rv[VEC];
-      col_chunk<RM>(i, rm);
-      col_chunk<RV>(i, rv);
-#pragma unroll
-      for (int e = 0; e < VEC; ++e) {
-        shift[e] = rm[e];
-        scale[e] = 1.0f / sqrtf(rv[e] + eps);
-      }
+    normalise<U, W, B>([this, eps](int i, auto& shift, auto& scale) {
+      running_shift_scale<RM, RV>(i, eps, shift, scale);
     });
+  }
+
+  // An eval BatchNorm's shift and scale at chunk i: the running mean and 1 / sqrt(rv + eps)
+  // (the forward's, and the backward's: row_grad.cuh's norm_dv)
+  template <int RM, int RV>
+  FX_DEVICE void running_shift_scale(int i, float eps, float (&shift)[VEC], float (&scale)[VEC]) const {
+    float rv[VEC];
+    col_chunk<RM>(i, shift);
+    col_chunk<RV>(i, rv);
+#pragma unroll
+    for (int e = 0; e < VEC; ++e) scale[e] = 1.0f / sqrtf(rv[e] + eps);
   }
 
   // BatchNorm with the batch statistics of the combine kernel

@@ -117,11 +117,8 @@ FX_DEVICE void norm_dv(R& r, float (&g)[ITEMS][VEC], float (&sums)[S][ITEMS][VEC
     if constexpr (W >= 0) r.template col_chunk<W>(i, w);
     if constexpr (B >= 0) r.template col_chunk<B>(i, b);
     if constexpr (Prog::kHasPost) chunk_params<Prog, Prog::kPostParams>(r, i, p);
-    if constexpr (kColumnStats) {  // the forward's batch_norm_eval
-      r.template col_chunk<Prog::kNormRM>(i, shift);
-      r.template col_chunk<Prog::kNormRV>(i, scale);
-#pragma unroll
-      for (int e = 0; e < VEC; ++e) scale[e] = 1.0f / sqrtf(scale[e] + Prog::kNormEps);
+    if constexpr (kColumnStats) {
+      r.template running_shift_scale<Prog::kNormRM, Prog::kNormRV>(i, Prog::kNormEps, shift, scale);
     } else {
 #pragma unroll
       for (int e = 0; e < VEC; ++e) {

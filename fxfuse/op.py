@@ -102,8 +102,8 @@ def uses_generated_backward(program: Program, cuda: bool) -> bool:
     autocast on the H200 and H100) or than Inductor's fusion of the reference's derivative, the
     alternative once the chain is fused (S22, H100; BENCHMARKS.md section 6). Pointwise and
     reduction programs: opt-in (``FXFUSE_GENERATED_BACKWARD=1``), since theirs measured slower than
-    Inductor's fusion of the same derivative. ``FXFUSE_GENERATED_BACKWARD=0`` turns all off. Read when the backward is
-    traced (torch's compile caches key on it: fxfuse/cache_key.py)."""
+    Inductor's fusion of the same derivative. ``FXFUSE_GENERATED_BACKWARD=0`` turns all off. Read
+    when the backward is traced (torch's compile caches key on it: fxfuse/cache_key.py)."""
     setting = os.environ.get(GENERATED_BACKWARD_ENV)
     if setting == "0":
         return False

@@ -331,15 +331,16 @@ def has_generated_backward(program: Program) -> bool:
     return _derivatives(program, torch.float32)[0] != "fx::kNoGrad"
 
 
-def _derivatives(program: Program, dtype: torch.dtype) -> tuple[str, dict[str, list[str]]]:
-    """The program's kGradKind and its printed derivative functions by name: ``grad`` for a
-    pointwise program, ``grad_pre`` / ``grad_post`` for a row program's non-empty sides;
-    kNoGrad (none) where the program is of neither form or a derivative does not print."""
+def _derivatives(program: Program, dtype: torch.dtype) -> tuple[str, dict[str, list[str]], RowSplit | None]:
+    """The program's kGradKind, its printed derivative functions by name (``grad`` for a
+    pointwise program, ``grad_pre`` / ``grad_post`` for a row program's non-empty sides) and a row
+    program's split; kNoGrad (none) where the program is of neither form or a derivative does not
+    print."""
     functions: dict[str, list[str]] = {}
     try:
         if all(isinstance(stage, Pointwise) for stage in program.stages):
             functions["grad"] = _gradient_function("grad", _pointwise_expression(program), program, dtype)
-            return "fx::kPointwiseGrad", functions
+            return "fx::kPointwiseGrad", functions, None
         split = row_split(program)
         if split is not None:
             once_a_row = split.reduce is not None and split.reduce.changes_shape  # a reduction's post
@@ -347,10 +348,10 @@ def _derivatives(program: Program, dtype: torch.dtype) -> tuple[str, dict[str, l
                 if expression is not None:
                     rounds = once_a_row and name == "grad_post"
                     functions[name] = _gradient_function(name, expression, program, dtype, rounds)
-            return ("fx::kNormGrad" if split.norm else "fx::kReduceGrad"), functions
+            return ("fx::kNormGrad" if split.norm else "fx::kReduceGrad"), functions, split
     except UnsupportedExpression:
         pass
-    return "fx::kNoGrad", {}
+    return "fx::kNoGrad", {}, None
 
 
 def _backward_lines(program: Program, dtype: torch.dtype) -> list[str]:
@@ -359,8 +360,7 @@ def _backward_lines(program: Program, dtype: torch.dtype) -> list[str]:
     constants, ``pre`` (pre's value at one element) and ``grad_pre`` / ``grad_post`` (pre's and
     post's derivatives, the forward recomputed from their input). Members a program does not use
     are identities or defaults, so that every module compiles the same templates."""
-    kind, functions = _derivatives(program, dtype)
-    split = row_split(program) if kind in ("fx::kNormGrad", "fx::kReduceGrad") else None
+    kind, functions, split = _derivatives(program, dtype)
     norm = split.norm if split else None
     reduce = split.reduce if split else None
     pre = split.pre if split else None
