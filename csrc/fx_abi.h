@@ -8,7 +8,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#define FX_ABI_VERSION 7
+#define FX_ABI_VERSION 8
 
 // Widest row the row kernel holds in registers (64 floats a thread, 512 threads a row).
 #define FX_MAX_N 32768
@@ -91,4 +91,40 @@ struct FxProgramInfo {
   // chunks of rows of the backward's column sums; -1 where the kernel does not cover (m, n)
   int64_t (*grad_chunks)(int64_t m, int64_t n, int32_t sm_count);
   const char* (*launch_grad)(const FxGradLaunch* args, void* stream);
+};
+
+// The in-GEMM back end (csrc/gemm_epilogue.cuh): a GEMM module computes x @ weight.T (+ bias) and
+// the program's epilogue on the accumulators, writing the output once. Built per program, dtype
+// and parameter dtypes, with several GEMM configurations; the runtime runs the one measured
+// fastest for the call's shape bucket.
+struct FxGemmLaunch {
+  const void* x;          // (m, k) row-major, 16-byte aligned
+  const void* weight;     // (n, k) row-major, 16-byte aligned
+  const void* bias;       // n values of x's dtype, or null without a bias
+  void* out;              // (m, n) row-major output, 16-byte aligned
+  const FxParam* params;  // num_params entries, in program order, of the module's param_dtypes
+  void* workspace;        // workspace(m, n, k, sm_count, config) bytes, else null
+  int64_t m;
+  int64_t n;
+  int64_t k;
+  int32_t num_params;
+  int32_t sm_count;
+  int32_t device;
+  int32_t config;         // index into the module's configurations
+};
+
+struct FxGemmInfo {
+  int32_t abi_version;
+  int32_t dtype;                // FxDtype of x and weight (and the bias)
+  int32_t out_dtype;            // FxDtype of the output
+  int32_t num_params;
+  const int32_t* param_is_col;  // num_params flags: 1 column vector, 0 scalar
+  const int32_t* param_dtypes;  // num_params FxDtype codes the module reads its parameters as
+  int32_t num_configs;
+  const char* const* config_names;
+  // 1 when configuration `config` computes an (m, n, k) problem (sizes and alignment)
+  int32_t (*supports)(int64_t m, int64_t n, int64_t k, int32_t config);
+  int64_t (*workspace)(int64_t m, int64_t n, int64_t k, int32_t sm_count, int32_t config);
+  // Enqueues the GEMM on `stream` (a cudaStream_t); returns null or an error message.
+  const char* (*launch)(const FxGemmLaunch* args, void* stream);
 };

@@ -3,7 +3,9 @@
 // epilogue, TF32 as eager), output allocation from the caching allocator, and the launch of a
 // program module's kernels on the current stream. No host synchronisation, so CUDA graphs capture
 // it. Built once per toolchain; program modules (csrc/row_epilogue.cuh) are reached through the
-// FxProgramInfo address Python hands in.
+// FxProgramInfo address Python hands in, GEMM modules (csrc/gemm_epilogue.cuh: the epilogue inside
+// a CUTLASS GEMM) through their FxGemmInfo address, with the configuration measured fastest for
+// the call's bucket of M (or none: the row path).
 //
 // The CUDA build registers the op's CUDA kernel with the dispatcher (TORCH_LIBRARY_IMPL below), so
 // a compiled graph's call reaches the kernels with no Python in between; Python only fills the
@@ -130,9 +132,95 @@ bool kernel_params(at::TensorList params, const FxProgramInfo* info, int64_t n, 
 using Outputs = std::tuple<Tensor, Tensor, Tensor>;  // (out, batch_stats, gemm), as the op's schema
 using Result = std::optional<Outputs>;
 
+bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
+
+// The in-GEMM path: the program's GEMM module runs configuration `config` on the call (no GEMM
+// output is kept: a call that must save it for the backward takes the row path). nullopt where
+// the module does not cover the call (layout, alignment, dtypes, sizes); the caller then takes
+// the row path.
+Result run_gemm(const FxGemmInfo* gemm, int32_t config, const Tensor& x, const Tensor& weight,
+                const std::optional<Tensor>& bias, at::TensorList params, const std::optional<Tensor>& out_buffer) {
+  TORCH_CHECK(gemm->abi_version == FX_ABI_VERSION, "fxfuse: GEMM module ABI ", gemm->abi_version,
+              " != runtime ABI ", FX_ABI_VERSION);
+  if (config < 0 || config >= gemm->num_configs) return std::nullopt;
+  if (x.dim() < 1 || weight.dim() != 2 || !on_kernel_device(x) || weight.device() != x.device()) return std::nullopt;
+  if (scalar_type_of(gemm->dtype) != x.scalar_type() || weight.scalar_type() != x.scalar_type()) return std::nullopt;
+  if (!x.is_contiguous() || !weight.is_contiguous() || x.size(-1) != weight.size(1)) return std::nullopt;
+  if (static_cast<int64_t>(params.size()) != gemm->num_params) return std::nullopt;
+  if (bias && (bias->scalar_type() != x.scalar_type() || bias->device() != x.device() || !bias->is_contiguous() ||
+               bias->numel() != weight.size(0) || !aligned16(bias->data_ptr()))) {
+    return std::nullopt;
+  }
+  const int64_t n = weight.size(0), k = weight.size(1);
+  const int64_t m = k > 0 ? x.numel() / k : 0;
+  if (!aligned16(x.data_ptr()) || !aligned16(weight.data_ptr())) return std::nullopt;
+  if (!gemm->supports(m, n, k, config)) return std::nullopt;
+  std::vector<Tensor> kept;
+  std::vector<FxParam> fx_params;
+  kept.reserve(params.size());
+  fx_params.reserve(params.size());
+  for (size_t i = 0; i < params.size(); ++i) {
+    std::optional<Tensor> q = kernel_param(params[i], gemm->param_is_col[i] != 0, n, x);
+    if (!q || *code_of(q->scalar_type()) != gemm->param_dtypes[i]) return std::nullopt;
+    kept.push_back(*q);
+    fx_params.push_back(FxParam{q->data_ptr(), gemm->param_dtypes[i], 0});
+  }
+
+  at::AutoDispatchBelowADInplaceOrView below_autograd;
+#if !defined(FX_EMULATE)
+  const c10::cuda::OptionalCUDAGuard device_guard(x.device());
+#endif
+  const int device = x.device().is_cpu() ? 0 : x.get_device();
+  const DeviceFacts facts = device_facts(device);
+  std::vector<int64_t> shape(x.sizes().begin(), x.sizes().end() - 1);
+  shape.push_back(n);
+  Tensor out = out_buffer ? *out_buffer : at::empty(shape, x.options().dtype(*scalar_type_of(gemm->out_dtype)));
+  TORCH_CHECK(out.sizes() == at::IntArrayRef(shape) && out.scalar_type() == *scalar_type_of(gemm->out_dtype) &&
+                  out.device() == x.device() && out.is_contiguous(),
+              "fxfuse: out buffer of the wrong shape, dtype, device or layout");
+  if (!aligned16(out.data_ptr())) return std::nullopt;
+  const int64_t ws_bytes = gemm->workspace(m, n, k, facts.sm_count, config);
+  Tensor workspace;
+  if (ws_bytes > 0) workspace = at::empty({ws_bytes}, x.options().dtype(at::kByte));
+
+  FxGemmLaunch launch{};
+  launch.x = x.data_ptr();
+  launch.weight = weight.data_ptr();
+  launch.bias = bias ? bias->data_ptr() : nullptr;
+  launch.out = out.data_ptr();
+  launch.params = fx_params.data();
+  launch.workspace = ws_bytes > 0 ? workspace.data_ptr() : nullptr;
+  launch.m = m;
+  launch.n = n;
+  launch.k = k;
+  launch.num_params = static_cast<int32_t>(fx_params.size());
+  launch.sm_count = facts.sm_count;
+  launch.device = device;
+  launch.config = config;
+  const char* error = gemm->launch(&launch, current_stream(x));
+  TORCH_CHECK(error == nullptr, "fxfuse: GEMM kernel launch failed: ", error);
+  const auto floats = x.options().dtype(at::kFloat);
+  return std::make_tuple(out, at::empty({0}, floats), at::empty({0}, x.options()));
+}
+
+// Buckets of M (ceil(log2 m)) the selection measures and the table routes by
+constexpr int kBuckets = 64;
+int bucket_of(int64_t m) {
+  int b = 0;
+  while (b + 1 < kBuckets && (int64_t(1) << b) < m) ++b;
+  return b;
+}
+
 // save_gemm: the GEMM output is returned too (for the backward), so the epilogue may not overwrite it.
+// gemm_address / config: the program's GEMM module and the configuration to run (-1: the row path).
 Result run(int64_t info_address, const Tensor& x, const Tensor& weight, const std::optional<Tensor>& bias,
-           at::TensorList params, int64_t flags, const std::optional<Tensor>& out_buffer, bool save_gemm) {
+           at::TensorList params, int64_t flags, const std::optional<Tensor>& out_buffer, bool save_gemm,
+           int64_t gemm_address = 0, int64_t config = -1) {
+  if (gemm_address != 0 && config >= 0 && !save_gemm) {
+    Result result = run_gemm(reinterpret_cast<const FxGemmInfo*>(gemm_address), static_cast<int32_t>(config), x,
+                             weight, bias, params, out_buffer);
+    if (result) return result;
+  }
   if (info_address == 0) return std::nullopt;
   const auto* info = reinterpret_cast<const FxProgramInfo*>(info_address);
   TORCH_CHECK(info->abi_version == FX_ABI_VERSION, "fxfuse: program module ABI ", info->abi_version,
@@ -274,8 +362,8 @@ std::optional<GradOutputs> run_grad(int64_t info_address, const Tensor& grad, co
 
 Result run_py(int64_t info_address, const Tensor& x, const Tensor& weight, const std::optional<Tensor>& bias,
               const std::vector<Tensor>& params, int64_t flags, const std::optional<Tensor>& out_buffer,
-              bool save_gemm) {
-  return run(info_address, x, weight, bias, params, flags, out_buffer, save_gemm);
+              bool save_gemm, int64_t gemm_address, int64_t config) {
+  return run(info_address, x, weight, bias, params, flags, out_buffer, save_gemm, gemm_address, config);
 }
 
 // The op's kernel for the dispatcher: programs prepared in this process (Python registers each
@@ -283,15 +371,32 @@ Result run_py(int64_t info_address, const Tensor& x, const Tensor& weight, const
 // the kernels do not cover) goes to the Python engine, which builds or runs the reference.
 class ProgramTable {
  public:
+  // A prepared (program, dtype, device): its program module, its GEMM module (0: none) and, per
+  // bucket of M, the GEMM configuration that measured fastest (-1: the row path)
+  struct Entry {
+    int64_t info = 0;
+    int64_t gemm = 0;
+    std::array<int8_t, kBuckets> choice;
+    Entry() { choice.fill(-1); }
+  };
   void add(const std::string& program, int32_t dtype, int32_t device, int64_t info) {
     const std::lock_guard<std::mutex> guard(mutex_);
-    table_[key(program, dtype, device)] = info;
+    table_[key(program, dtype, device)].info = info;
   }
-  int64_t find(c10::string_view program, int32_t dtype, int32_t device) {
+  void set_gemm(const std::string& program, int32_t dtype, int32_t device, int64_t gemm) {
+    const std::lock_guard<std::mutex> guard(mutex_);
+    table_[key(program, dtype, device)].gemm = gemm;
+  }
+  void choose(const std::string& program, int32_t dtype, int32_t device, int bucket, int config) {
+    TORCH_CHECK(bucket >= 0 && bucket < kBuckets && config >= -1 && config < 127, "fxfuse: bad choice");
+    const std::lock_guard<std::mutex> guard(mutex_);
+    table_[key(program, dtype, device)].choice[bucket] = static_cast<int8_t>(config);
+  }
+  Entry find(c10::string_view program, int32_t dtype, int32_t device) {
     const std::string k = key(program, dtype, device);
     const std::lock_guard<std::mutex> guard(mutex_);
     const auto it = table_.find(k);
-    return it == table_.end() ? 0 : it->second;
+    return it == table_.end() ? Entry() : it->second;
   }
   void set_fallback(py::object fallback, int64_t flags) {
     const std::lock_guard<std::mutex> guard(mutex_);
@@ -320,7 +425,7 @@ class ProgramTable {
     return k;
   }
   std::mutex mutex_;
-  std::unordered_map<std::string, int64_t> table_;
+  std::unordered_map<std::string, Entry> table_;
   PyObject* fallback_ = nullptr;
   PyObject* grad_fallback_ = nullptr;
   PyObject* autograd_ = nullptr;
@@ -337,9 +442,12 @@ Outputs linear_epilogue_kernel(c10::string_view program, const Tensor& x, const 
   ProgramTable& table = programs();
   const std::optional<int32_t> dtype = code_of(x.scalar_type());
   if (dtype) {
-    const int64_t info = table.find(program, *dtype, x.is_cpu() ? -1 : x.get_device());
-    if (info != 0) {
-      Result result = run(info, x, weight, bias, params, table.flags(), std::nullopt, save_gemm);
+    const ProgramTable::Entry entry = table.find(program, *dtype, x.is_cpu() ? -1 : x.get_device());
+    if (entry.info != 0) {
+      const int64_t k = x.dim() > 0 ? x.size(-1) : 0;
+      const int64_t m = k > 0 ? x.numel() / k : 0;
+      const int config = entry.gemm != 0 ? entry.choice[bucket_of(m)] : -1;
+      Result result = run(entry.info, x, weight, bias, params, table.flags(), std::nullopt, save_gemm, entry.gemm, config);
       if (result) return *result;
     }
   }
@@ -358,7 +466,7 @@ GradOutputs epilogue_backward_kernel(c10::string_view program, const Tensor& gra
   ProgramTable& table = programs();
   const std::optional<int32_t> dtype = code_of(gemm.scalar_type());
   if (dtype) {
-    const int64_t info = table.find(program, *dtype, gemm.is_cpu() ? -1 : gemm.get_device());
+    const int64_t info = table.find(program, *dtype, gemm.is_cpu() ? -1 : gemm.get_device()).info;
     if (info != 0) {
       std::optional<GradOutputs> result = run_grad(info, grad, gemm, params, table.flags());
       if (result) return *result;
@@ -445,6 +553,20 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       },
       "Route the op's CUDA calls of (program, dtype code, device index) to a program module");
   m.def(
+      "register_gemm",
+      [](const std::string& program, int32_t dtype, int32_t device, int64_t gemm) {
+        programs().set_gemm(program, dtype, device, gemm);
+      },
+      "The GEMM module (FxGemmInfo address) of (program, dtype code, device index)");
+  m.def(
+      "choose",
+      [](const std::string& program, int32_t dtype, int32_t device, int bucket, int config) {
+        programs().choose(program, dtype, device, bucket, config);
+      },
+      "Route calls of (program, dtype code, device index) whose M falls in `bucket` to GEMM configuration "
+      "`config` (-1: the row path)");
+  m.def("bucket_of", &bucket_of, "The bucket of M the selection and the routing use: ceil(log2(m))");
+  m.def(
       "set_fallback", [](py::object fallback, int64_t flags) { programs().set_fallback(fallback, flags); },
       "The Python callable for calls the registered programs do not cover, and the FxFlags to launch with");
   m.def(
@@ -465,5 +587,5 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
 #endif
   m.def("run", &run_py, "GEMM + epilogue; None when the kernels do not cover the call", py::arg("info"),
         py::arg("x"), py::arg("weight"), py::arg("bias"), py::arg("params"), py::arg("flags") = 0, py::arg("out") = py::none(),
-        py::arg("save_gemm") = false);
+        py::arg("save_gemm") = false, py::arg("gemm") = 0, py::arg("config") = -1);
 }

@@ -9,6 +9,7 @@ Nothing here may fail the user's compile: a chain that cannot be built stays wit
 
 from __future__ import annotations
 
+import math
 import operator
 import os
 import warnings
@@ -100,22 +101,51 @@ def _with_dynamos_metadata(fused: GraphModule, gm: GraphModule) -> GraphModule:
 
 
 def _build(chains: list[Chain]) -> list[Chain]:
-    """Compile the CUDA kernels of a graph's chains now, in parallel (never at call time); a chain
-    whose build fails is left to Inductor, with the reason in the report."""
-    wanted = {}
+    """Compile the CUDA kernels of a graph's chains now, in parallel (never at call time), then
+    measure each chain's paths at its shape (fxfuse.cuda.select); a chain whose build fails is
+    left to Inductor, with the reason in the report."""
+    wanted, gemms = {}, []
     for chain in chains:
         value = example_value(chain.x)
         if chain.program is not None and isinstance(value, torch.Tensor) and value.device.type == "cuda":
             wanted[(chain.program.to_string(), chain.dtype)] = chain.program
+            gemms.append((chain.program, chain.dtype, _param_dtypes(chain)))
     if not wanted:
         return chains
     try:
         from . import cuda
 
-        failed = cuda.prepare_many([(program, dtype) for (_, dtype), program in wanted.items()])
+        failed = cuda.prepare_many([(program, dtype) for (_, dtype), program in wanted.items()], gemm_items=gemms)
     except Exception as error:
         failed = {key: error for key in wanted}
-    return [_unfused_if_failed(chain, failed) for chain in chains]
+    return [_with_path(_unfused_if_failed(chain, failed)) for chain in chains]
+
+
+def _param_dtypes(chain: Chain) -> tuple[torch.dtype, ...]:
+    values = [example_value(p) for p in chain.params]
+    return tuple(v.dtype if isinstance(v, torch.Tensor) else torch.float32 for v in values)
+
+
+def _with_path(chain: Chain) -> Chain:
+    """``chain`` with the GPU path its shape was measured to run fastest on (the report's path)."""
+    x, weight = example_value(chain.x), example_value(chain.weight)
+    if chain.program is None or not isinstance(x, torch.Tensor) or x.device.type != "cuda":
+        return chain
+    from . import cuda
+    from .policy import size_hint
+
+    try:
+        k, n = size_hint(x.shape[-1]), size_hint(weight.shape[0])
+        m = math.prod(size_hint(s) for s in x.shape[:-1])
+        shapes = tuple(tuple(size_hint(s) for s in example_value(p).shape) for p in chain.params)
+        selection = cuda.select(chain.program, chain.dtype, _param_dtypes(chain), (m, n, k),
+                                chain.bias is not None, shapes)
+    except Exception as error:  # noqa: BLE001 - the row path serves; say why
+        return replace(chain, path=f"row pass (selection failed: {type(error).__name__}: {error})")
+    if selection is None:
+        why = cuda.engine.gemm_error(chain.program, chain.dtype, _param_dtypes(chain), x.device)
+        return replace(chain, path="cuBLAS + row pass" + (f" ({why.splitlines()[0]})" if why else ""))
+    return replace(chain, path=selection.describe())
 
 
 def _unfused_if_slower(chain: Chain) -> Chain:

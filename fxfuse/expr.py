@@ -77,6 +77,17 @@ def substitute(expr: sympy.Expr, mapping: dict[sympy.Expr, sympy.Expr]) -> sympy
     return expr.func(*(substitute(a, mapping) for a in expr.args), evaluate=False)
 
 
+def without_calls(expr: sympy.Expr, names: set[str]) -> sympy.Expr:
+    """``expr`` with every call of the vocabulary functions ``names`` replaced by its operand
+    (the rounding points, for a kernel that computes in float32 and rounds once at the store);
+    nothing else is rebuilt or re-evaluated."""
+    if isinstance(expr, EpilogueFunction) and expr.row.name in names:
+        return without_calls(expr.args[0], names)
+    if not expr.args:
+        return expr
+    return expr.func(*(without_calls(a, names) for a in expr.args), evaluate=False)
+
+
 def is_negation(expr: sympy.Expr) -> bool:
     return isinstance(expr, sympy.Mul) and len(expr.args) == 2 and expr.args[0] == MINUS_ONE
 

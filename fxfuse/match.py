@@ -69,6 +69,7 @@ class Chain:
     dtype: torch.dtype | None = None  # the GEMM's output dtype, the chain's element type
     casts_operands: bool = False  # autocast casts the GEMM's operands to ``dtype``
     stops_at_wider_dtype: bool = False  # growth ended at an op computing in a dtype it cannot widen to
+    path: str | None = None  # the GPU path its shape measured fastest on, and the times (fxfuse.cuda.select)
 
 
 class Stop(Exception):

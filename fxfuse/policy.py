@@ -38,7 +38,7 @@ POLICIES = ("fastest", "always")
 LARGE_ELEMENTS = 1 << 20  # M x N from which the chains below measured slower than Inductor
 
 
-def _size_hint(size) -> int:
+def size_hint(size) -> int:
     """An int for a (possibly symbolic) size: its value, or the hint Dynamo traced it with."""
     try:
         return int(size)
@@ -60,7 +60,7 @@ def inductor_is_faster(program: Program, gemm_out: torch.Tensor, stopped_at: str
     slower = _measured_slower(program)
     if slower is None or (gemm_out.requires_grad and _trains_faster(program, gemm_out)):
         return None
-    elements = math.prod(_size_hint(s) for s in gemm_out.shape)
+    elements = math.prod(size_hint(s) for s in gemm_out.shape)
     if elements < LARGE_ELEMENTS:
         return None
     kind, measured = slower
@@ -77,7 +77,7 @@ def _trains_faster(program: Program, gemm_out: torch.Tensor) -> bool:
         return False
     if gemm_out.dtype not in ELEMENT_TYPES or not uses_generated_backward(program, cuda=True):
         return False
-    n = _size_hint(gemm_out.shape[-1])
+    n = size_hint(gemm_out.shape[-1])
     return group_in_lanes(n, split.norm.groups, chunk_elements(program, gemm_out.dtype))
 
 

@@ -22,6 +22,7 @@ class Row:
     reason: str | None
     program: str | None
     dtype: str | None
+    path: str | None = None  # the GPU path taken and the measured times
 
     @staticmethod
     def of(graph: int, chain: Chain) -> "Row":
@@ -34,6 +35,7 @@ class Row:
             reason=chain.reason,
             program=None if chain.program is None else chain.program.to_string(),
             dtype=None if chain.dtype is None else str(chain.dtype).removeprefix("torch."),
+            path=chain.path,
         )
 
 
@@ -53,13 +55,15 @@ class Report:
         return json.dumps(self.to_dict(), **kwargs)
 
     def __str__(self) -> str:
+        paths = any(r.path for r in self.rows)
         table = [
-            [r.graph, r.status, " → ".join(r.chain), r.reason or "", r.program or ""]
+            [r.graph, r.status, " → ".join(r.chain), r.reason or "", r.program or ""] + ([r.path or ""] if paths else [])
             for r in self.rows
         ]
-        headers = ["graph", "status", "chain", "stopped because", "program"]
+        headers = ["graph", "status", "chain", "stopped because", "program"] + (["GPU path"] if paths else [])
+        widths = [None, None, 50, 40, 60] + ([40] if paths else [])
         totals = ", ".join(f"{v} {k}" for k, v in self.totals.items())
-        return f"{tabulate.tabulate(table, headers, maxcolwidths=[None, None, 50, 40, 60])}\n{totals}"
+        return f"{tabulate.tabulate(table, headers, maxcolwidths=widths)}\n{totals}"
 
 
 class Collector:

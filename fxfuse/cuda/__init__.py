@@ -6,6 +6,8 @@ Public API:
 * ``prepare(program, dtype)`` -- build or load the kernels of a program ahead of time (the backend
   calls it at compile time, never inside CUDA graph capture); raises ``BuildError``;
 * ``prepare_many([(program, dtype), ...])`` -- the same for many, compiled in parallel processes;
+* ``select(program, dtype, param_dtypes, (m, n, k), has_bias)`` -- measure the row path against the
+  in-GEMM kernel's configurations at that shape and route its bucket of M to the fastest;
 * ``BuildError`` -- the program cannot be compiled (unsupported, or the compiler failed);
 * the op's CUDA kernel lives in the runtime module (C++, registered with the dispatcher when the
   first program is prepared); before that ``fxfuse.op`` sends CUDA calls to ``engine.call``. A call whose
@@ -24,7 +26,7 @@ from ..ir import Program
 from .engine import Engine
 from .errors import BuildError
 
-__all__ = ["available", "prepare", "prepare_many", "BuildError", "engine"]
+__all__ = ["available", "prepare", "prepare_many", "select", "BuildError", "engine"]
 
 
 def _cuda_target(device: torch.device):
@@ -55,10 +57,19 @@ def prepare(program: Program, dtype: torch.dtype) -> None:
     engine.prepare(program, dtype, torch.device("cuda", torch.cuda.current_device()))
 
 
-def prepare_many(items, workers: int | None = None) -> dict:
-    """``prepare`` for many ``(program, dtype)`` pairs, compiling in parallel worker processes
-    (they share the build cache), then loading every module here. Returns {(program string,
-    dtype): BuildError} for the pairs that failed; prepared pairs are absent."""
+def prepare_many(items, workers: int | None = None, gemm_items=()) -> dict:
+    """``prepare`` for many ``(program, dtype)`` pairs, and the in-GEMM modules of ``gemm_items``
+    (``(program, dtype, param dtypes)``), compiling in parallel worker processes (they share the
+    build cache), then loading every module here. Returns {(program string, dtype): BuildError}
+    for the pairs that failed; prepared pairs are absent (a failed GEMM module only leaves its
+    program on the row path)."""
     if not torch.cuda.is_available():
         raise BuildError("CUDA is not available")
-    return engine.prepare_many(items, torch.device("cuda", torch.cuda.current_device()), workers)
+    return engine.prepare_many(items, torch.device("cuda", torch.cuda.current_device()), workers, gemm_items)
+
+
+def select(program: Program, dtype: torch.dtype, param_dtypes, shape, has_bias: bool, param_shapes=None):
+    """The path ``program``'s calls of ``shape`` (m, n, k) take on the current device, measured
+    (``engine.Selection``), or None where it has no in-GEMM kernel (the row path serves)."""
+    device = torch.device("cuda", torch.cuda.current_device())
+    return engine.select(program, dtype, tuple(param_dtypes), tuple(shape), device, has_bias, param_shapes)

@@ -10,6 +10,11 @@ neither corrupt the cache nor build twice, and a crashed build leaves nothing th
 Targets: ``cuda`` compiles the kernels with nvcc for the current device; ``emulate`` compiles the
 same sources as host C++ with FX_EMULATE (csrc/fx_emulate.h) so machines without a GPU can run
 them on CPU tensors (tests only).
+
+GEMM modules (the in-GEMM back end, fxfuse/cuda/gemm_codegen.py) compile CUTLASS 3.x kernels for
+Hopper (sm_90a) against the headers of the ``nvidia-cutlass`` package (``pip install
+"fxfuse[cutlass]"``), or of a CUTLASS checkout named by ``$CUTLASS_PATH``; their key adds the
+parameter dtypes and the CUTLASS version.
 """
 
 from __future__ import annotations
@@ -109,6 +114,29 @@ def arch_flags(major: int, minor: int) -> tuple[str, tuple[str, ...]]:
     return f"sm_{major}{minor}", (f"-gencode=arch=compute_{major}{minor},code=sm_{major}{minor}",)
 
 
+def cutlass_include() -> Path | None:
+    """CUTLASS's include directory: ``$CUTLASS_PATH/include``, else the headers the
+    ``nvidia-cutlass`` wheel ships (``cutlass_library/source/include``; found without importing
+    the package, whose Python dependencies the headers do not need)."""
+    candidates = []
+    if os.environ.get("CUTLASS_PATH"):
+        candidates.append(Path(os.environ["CUTLASS_PATH"]) / "include")
+    try:
+        spec = importlib.util.find_spec("cutlass_library")
+    except (ImportError, ValueError):
+        spec = None
+    if spec is not None and spec.submodule_search_locations:
+        candidates += [Path(p) / "source" / "include" for p in spec.submodule_search_locations]
+    return next((c for c in candidates if (c / "cutlass" / "cutlass.h").is_file()), None)
+
+
+@functools.lru_cache(maxsize=None)
+def cutlass_version(include: Path) -> str:
+    text = (include / "cutlass" / "version.h").read_text(errors="replace")
+    numbers = [re.search(rf"#define CUTLASS_{part} (\d+)", text) for part in ("MAJOR", "MINOR", "PATCH")]
+    return ".".join(m.group(1) if m else "?" for m in numbers)
+
+
 def cuda_target(device: torch.device | int | None = None) -> Target:
     home = find_cuda_home(need_nvcc=True)
     if home is None:
@@ -155,7 +183,8 @@ def generator_digest() -> str:
     vocabulary): a change there must not reuse modules it generated before."""
     package = Path(__file__).resolve().parents[1]
     h = hashlib.sha256()
-    for name in ("cuda/codegen.py", "cuda/gradient.py", "cuda/printer.py", "vocabulary.py", "expr.py", "ir.py"):
+    for name in ("cuda/codegen.py", "cuda/gemm_codegen.py", "cuda/gradient.py", "cuda/printer.py",
+                 "vocabulary.py", "expr.py", "ir.py"):
         h.update((package / name).read_bytes())
     return h.hexdigest()
 
@@ -185,7 +214,14 @@ def cache_key(kind: str, payload: str, target: Target, csrc: Path = CSRC) -> str
 _process_lock = threading.Lock()  # one build at a time in this process (the file lock spans processes)
 
 
-def _compiler_flags(target: Target) -> dict:
+def _compiler_flags(target: Target, cutlass: Path | None = None) -> dict:
+    if cutlass is not None:  # CUTLASS 3.x; the epilogue follows the correctness rule, FMA allowed
+        return dict(
+            extra_cflags=["-O3", "-std=c++17"],
+            extra_cuda_cflags=["-O3", "-std=c++17", "--expt-relaxed-constexpr", "-DNDEBUG", "-lineinfo",
+                               f"-I{cutlass}", *target.nvcc_flags],
+            with_cuda=True,
+        )
     if target.mode == "cuda":
         return dict(
             extra_cflags=["-O3"],
@@ -255,7 +291,8 @@ def _locked(path: Path, label: str):
         lock.release()
 
 
-def _load_extension(name: str, sources: list[Path], directory: Path, target: Target, python_module: bool):
+def _load_extension(name: str, sources: list[Path], directory: Path, target: Target, python_module: bool,
+                    cutlass: Path | None = None):
     from torch.utils import cpp_extension
 
     _use_cuda_home(target)
@@ -267,7 +304,7 @@ def _load_extension(name: str, sources: list[Path], directory: Path, target: Tar
         build_directory=str(directory),
         verbose=False,
         is_python_module=python_module,
-        **_compiler_flags(target),
+        **_compiler_flags(target, cutlass),
     )
 
 
@@ -328,6 +365,95 @@ def build_program(program: Program, dtype: torch.dtype, target: Target, csrc: Pa
     return ProgramModule(library, info, path)
 
 
+class GemmInfoView(ctypes.Structure):
+    """csrc/fx_abi.h's FxGemmInfo, read from Python (the configurations and their supports)."""
+
+    _fields_ = [
+        ("abi_version", ctypes.c_int32), ("dtype", ctypes.c_int32), ("out_dtype", ctypes.c_int32),
+        ("num_params", ctypes.c_int32), ("param_is_col", ctypes.POINTER(ctypes.c_int32)),
+        ("param_dtypes", ctypes.POINTER(ctypes.c_int32)), ("num_configs", ctypes.c_int32),
+        ("config_names", ctypes.POINTER(ctypes.c_char_p)),
+        ("supports", ctypes.CFUNCTYPE(ctypes.c_int32, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64, ctypes.c_int32)),
+    ]
+
+
+@dataclass
+class GemmModule:
+    """A loaded GEMM module: its library handle (kept alive), its FxGemmInfo address and its cache
+    key (selections are keyed on it)."""
+
+    library: ctypes.CDLL
+    info: int
+    path: Path
+    key: str
+
+    @property
+    def _view(self) -> GemmInfoView:
+        return GemmInfoView.from_address(self.info)
+
+    @property
+    def config_names(self) -> tuple[str, ...]:
+        view = self._view
+        return tuple(view.config_names[i].decode() for i in range(view.num_configs))
+
+    def supports(self, m: int, n: int, k: int, config: int) -> bool:
+        """Whether configuration ``config`` computes an (m, n, k) problem."""
+        return bool(self._view.supports(m, n, k, config))
+
+
+def gemm_target_reason(target: Target) -> str | None:
+    """Why GEMM modules cannot be built for ``target`` (None: they can)."""
+    if target.mode != "cuda" or target.tag != "sm_90a":
+        return f"the in-GEMM kernels are built for Hopper (sm_90a), not {target.tag}"
+    if cutlass_include() is None:
+        return 'no CUTLASS headers (pip install "fxfuse[cutlass]", or set CUTLASS_PATH)'
+    return None
+
+
+def build_gemm(program: Program, dtype: torch.dtype, param_dtypes: tuple[torch.dtype, ...], target: Target,
+               csrc: Path = CSRC) -> GemmModule:
+    """Generate, compile (or find in the cache) and load the GEMM module of ``program`` for
+    ``dtype`` inputs and parameters of ``param_dtypes``."""
+    from . import gemm_codegen
+
+    reason = gemm_target_reason(target)
+    if reason is not None:
+        raise BuildError(reason)
+    include = cutlass_include()
+    text = program.to_string()
+    params = " ".join(str(d).removeprefix("torch.") for d in param_dtypes)
+    payload = f"{text}\n{dtype}\n{params}\ncutlass {cutlass_version(include)}"
+    key = cache_key("gemm", payload, target, csrc)
+    short = key[:20]
+    entry = f"fx_gemm_info_{short}"
+    try:
+        sources = gemm_codegen.generate(program, dtype, param_dtypes, f"fxg_{short}", entry)
+    except codegen.UnsupportedProgram as error:
+        raise BuildError(f"no in-GEMM kernel for {text!r} ({dtype}): {error}") from error
+
+    def compile_into(directory: Path):
+        _copy_headers(directory, csrc)
+        for name, content in sources.items():
+            (directory / "include" / name if name.endswith(".cuh") else directory / name).write_text(content)
+        units = [directory / name for name in sources if not name.endswith(".cuh")]
+        path = _load_extension(f"fxg_{short}", units, directory, target, python_module=False, cutlass=include)
+        return {"library": Path(path).name, "entry": entry}, None
+
+    directory, manifest, _ = _cached_build(key, "in-GEMM " + short_label(text, dtype), compile_into)
+    path = directory / manifest["library"]
+    try:
+        library = ctypes.CDLL(str(path))
+        function = getattr(library, manifest["entry"])
+    except (OSError, AttributeError) as error:
+        raise BuildError(f"cannot load {path}: {error}") from error
+    function.restype = ctypes.c_void_p
+    info = function()
+    abi = ctypes.c_int32.from_address(info).value
+    if abi != FX_ABI_VERSION:
+        raise BuildError(f"{path}: ABI {abi}, expected {FX_ABI_VERSION}")
+    return GemmModule(library, info, path, key)
+
+
 def build_runtime(target: Target, csrc: Path = CSRC) -> ModuleType:
     """Compile (or find in the cache) and import the runtime module for ``target``."""
     key = cache_key("runtime", RUNTIME_SOURCE, target, csrc)
@@ -370,13 +496,16 @@ def cache_dir(path: str | os.PathLike):
             os.environ["FXFUSE_CACHE_DIR"] = old
 
 
-def build_in_subprocess(program_text: str, dtype: torch.dtype, target: Target, max_jobs: int) -> str | None:
-    """Build one program module into the shared cache (run in a worker process); the error text
-    or None."""
+def build_in_subprocess(program_text: str, dtype: torch.dtype, target: Target, max_jobs: int,
+                        param_dtypes: tuple[torch.dtype, ...] | None = None) -> str | None:
+    """Build one module into the shared cache (run in a worker process): the runtime, a program
+    module, or with ``param_dtypes`` a GEMM module; the error text or None."""
     os.environ["MAX_JOBS"] = str(max_jobs)
     try:
         if program_text == RUNTIME_SOURCE:
             build_runtime(target)
+        elif param_dtypes is not None:
+            build_gemm(Program.parse(program_text), dtype, param_dtypes, target)
         else:
             build_program(Program.parse(program_text), dtype, target)
     except BuildError as error:

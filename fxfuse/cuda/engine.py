@@ -6,15 +6,26 @@ CUDA calls without Python. ``call`` is the path for everything else (and the tes
 program on first use as a last resort, and runs the reference when the kernels do not cover a call
 (the runtime returns None: an unsupported shape, a training BatchNorm on one row, ...) or when a
 program could not be built.
+
+Two paths run a program on the GPU: the row path (the GEMM on cuBLAS, then the program module's
+pass over its output) and, where a GEMM module was built (Hopper, bf16/fp16, the in-GEMM
+epilogue of gemm_codegen.py), one CUTLASS kernel per call in one of several configurations.
+``select`` times them once per (program, dtype, parameter dtypes, N, K, bucket of M) when a graph
+compiles, tells the runtime which to route that bucket to, and keeps the measurement on disk beside
+the builds, so a warm compile measures nothing.
 """
 
 from __future__ import annotations
 
 import concurrent.futures
+import hashlib
+import json
 import multiprocessing
 import os
+import statistics
 import threading
 import warnings
+from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Callable
 
 import torch
@@ -31,6 +42,24 @@ if TYPE_CHECKING:
 
 Key = tuple  # (program string, dtype, device index)
 DTYPE_CODES = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}  # FxDtype, csrc/fx_abi.h
+ROW_PATH = "row"  # the name of the cuBLAS + row-pass path in selections
+
+
+@dataclass(frozen=True)
+class Selection:
+    """The measured paths of one program at one shape: ``times_us`` per path name (the row path
+    and each GEMM configuration that covers the shape), and the winner, ``path``; ``config`` is
+    the winner's GEMM configuration (-1: the row path)."""
+
+    path: str
+    config: int
+    times_us: dict[str, float]
+    bucket: int
+
+    def describe(self) -> str:
+        times = ", ".join(f"{name} {t:.1f} us" for name, t in sorted(self.times_us.items(), key=lambda kv: kv[1]))
+        where = "in-GEMM epilogue" if self.config >= 0 else "cuBLAS + row pass"
+        return f"{where} ({self.path}); measured: {times}"
 
 
 class Engine:
@@ -38,6 +67,9 @@ class Engine:
         self._target_for = target_for
         self._handles: dict[Key, int] = {}  # 0: no kernels for this key, use the reference
         self._modules: dict[Key, object] = {}  # ProgramModules: keep the libraries loaded
+        self._gemms: dict[tuple, object] = {}  # (key, param dtypes) -> GemmModule, None if it failed
+        self._gemm_errors: dict[tuple, str] = {}
+        self.selections: dict[tuple, Selection] = {}  # (key, param dtypes, n, k, bucket)
         self._runtime_module = None  # built once, on the first prepare
         self._flags = 0  # FxFlags: eager's rounding on this target, found when the runtime loads
         self._lock = threading.Lock()
@@ -64,20 +96,57 @@ class Engine:
             self._handles[key] = module.info
             runtime.register_program(key[0], DTYPE_CODES[dtype], key[2], module.info)
 
-    def prepare_many(self, items, device: torch.device, workers: int | None = None) -> dict:
-        """Build many (program, dtype) pairs in parallel processes, then load them; the failures."""
-        from .build import RUNTIME_SOURCE, build_in_subprocess
+    def prepare_gemm(self, program: Program, dtype: torch.dtype, param_dtypes: tuple[torch.dtype, ...],
+                     device: torch.device):
+        """The GEMM module of ``program`` (built or loaded from the cache, and registered with the
+        runtime), or None where there is none (not Hopper, no CUTLASS, a program the in-GEMM path
+        does not take, a failed build: the row path serves, and ``gemm_error`` says why)."""
+        key = (program.to_string(), dtype, _index(device))
+        gkey = (key, tuple(param_dtypes))
+        if gkey in self._gemms:
+            return self._gemms[gkey]
+        from .build import build_gemm
+
+        self.prepare(program, dtype, device)  # the row path: the fallback of every call
+        try:
+            module = build_gemm(program, dtype, tuple(param_dtypes), self._target_for(device))
+        except BuildError as error:
+            module, self._gemm_errors[gkey] = None, str(error)
+        except Exception as error:  # noqa: BLE001 - e.g. no toolchain: the same outcome
+            module, self._gemm_errors[gkey] = None, f"{type(error).__name__}: {error}"
+        with self._lock:
+            self._gemms[gkey] = module
+            if module is not None:
+                self._runtime_module.register_gemm(key[0], DTYPE_CODES[dtype], key[2], module.info)
+        return module
+
+    def gemm_error(self, program: Program, dtype: torch.dtype, param_dtypes, device: torch.device) -> str | None:
+        """Why ``prepare_gemm`` gave no module (None: it gave one, or was not asked)."""
+        return self._gemm_errors.get(((program.to_string(), dtype, _index(device)), tuple(param_dtypes)))
+
+    def prepare_many(self, items, device: torch.device, workers: int | None = None, gemm_items=()) -> dict:
+        """Build many (program, dtype) pairs, and the GEMM modules of ``gemm_items`` ((program,
+        dtype, param dtypes) triples), in parallel processes, then load them; the failures of the
+        pairs (a GEMM module that fails leaves its program on the row path)."""
+        from . import gemm_codegen
+        from .build import RUNTIME_SOURCE, build_in_subprocess, gemm_target_reason
 
         pairs = list(dict.fromkeys((program.to_string(), dtype) for program, dtype in items))
         target = self._target_for(device)
+        triples = []
+        if gemm_target_reason(target) is None:
+            triples = list(dict.fromkeys(
+                (program.to_string(), dtype, tuple(params)) for program, dtype, params in gemm_items
+                if gemm_codegen.unsupported_reason(program, dtype) is None
+            ))
         cpus = os.cpu_count() or 2
-        workers = max(1, min(workers or max(1, cpus // 2), len(pairs) + 1))
-        jobs = [(RUNTIME_SOURCE, torch.float32)] + pairs
+        jobs = [(RUNTIME_SOURCE, torch.float32, None)] + [(t, d, None) for t, d in pairs] + triples
+        workers = max(1, min(workers or max(1, cpus // 2), len(jobs)))
         context = multiprocessing.get_context("spawn")
         with concurrent.futures.ProcessPoolExecutor(workers, mp_context=context) as pool:
-            texts, dtypes = zip(*jobs)
+            texts, dtypes, params = zip(*jobs)
             errors = list(pool.map(build_in_subprocess, texts, dtypes, [target] * len(jobs),
-                                   [max(1, cpus // workers)] * len(jobs)))
+                                   [max(1, cpus // workers)] * len(jobs), params))
         failed = {pair: BuildError(error) for pair, error in zip(pairs, errors[1:]) if error is not None}
         for text, dtype in pairs:
             if (text, dtype) not in failed:
@@ -85,7 +154,61 @@ class Engine:
                     self.prepare(Program.parse(text), dtype, device)
                 except BuildError as error:
                     failed[(text, dtype)] = error
+        for text, dtype, param_dtypes in triples:
+            if (text, dtype) not in failed:
+                self.prepare_gemm(Program.parse(text), dtype, param_dtypes, device)
         return failed
+
+    # -- selection -----------------------------------------------------------------------------
+
+    def select(self, program: Program, dtype: torch.dtype, param_dtypes: tuple[torch.dtype, ...],
+               shape: tuple[int, int, int], device: torch.device, has_bias: bool,
+               param_shapes: tuple[tuple[int, ...], ...] | None = None) -> Selection | None:
+        """Time the row path and each GEMM configuration on an (m, n, k) problem of random data
+        (or take the measurement cached on disk), route the bucket of m to the fastest, and return
+        the selection; None where the program has no GEMM module (the row path serves)."""
+        module = self.prepare_gemm(program, dtype, param_dtypes, device)
+        if module is None:
+            return None
+        m, n, k = shape
+        runtime = self._runtime_module
+        bucket = runtime.bucket_of(m)
+        key = (program.to_string(), dtype, _index(device))
+        skey = (key, tuple(param_dtypes), n, k, bucket)
+        if skey in self.selections:
+            return self.selections[skey]
+        disk = _selection_file(module.key, shape, bucket, device)
+        selection = _read_selection(disk)
+        if selection is None:
+            selection = self._measure(program, dtype, param_dtypes, shape, device, has_bias, module, param_shapes)
+            _write_selection(disk, selection)
+        runtime.choose(key[0], DTYPE_CODES[dtype], key[2], bucket, selection.config)
+        self.selections[skey] = selection
+        return selection
+
+    def _measure(self, program, dtype, param_dtypes, shape, device, has_bias, module, param_shapes) -> Selection:
+        m, n, k = shape
+        handle = self._handles[(program.to_string(), dtype, _index(device))]
+        g = torch.Generator(device=device).manual_seed(0)
+        x = torch.randn(m, k, device=device, dtype=dtype, generator=g)
+        weight = torch.randn(n, k, device=device, dtype=dtype, generator=g) * k ** -0.5
+        bias = torch.randn(n, device=device, dtype=dtype, generator=g) if has_bias else None
+        shapes = param_shapes or tuple((n,) if kind == "col" else () for kind in program.params)
+        params = [torch.rand(s, device=device, dtype=d, generator=g) + 0.5 for s, d in zip(shapes, param_dtypes)]
+        runtime = self._runtime_module
+        candidates = {ROW_PATH: -1}
+        for config, name in enumerate(module.config_names):
+            candidates[name] = config
+        times = {}
+        with torch.no_grad():
+            for name, config in candidates.items():
+                def call(config=config):
+                    return runtime.run(handle, x, weight, bias, params, self._flags, None, False, module.info, config)
+                if config >= 0 and not module.supports(m, n, k, config):
+                    continue
+                times[name] = _time_us(call)
+        path = min(times, key=times.get)
+        return Selection(path, candidates[path], times, runtime.bucket_of(m))
 
     def _runtime(self, device: torch.device):
         from .build import build_runtime
@@ -130,12 +253,16 @@ class Engine:
 
     # -- calling -----------------------------------------------------------------------------------
 
-    def call(self, program: str, x, weight, bias, params, out=None, save_gemm: bool = False):
-        """``(out, batch_stats, gemm)`` of the fused op; ``out`` (tests) is a buffer to write into."""
+    def call(self, program: str, x, weight, bias, params, out=None, save_gemm: bool = False,
+             gemm=None, config: int = -1):
+        """``(out, batch_stats, gemm)`` of the fused op; ``out`` (tests) is a buffer to write into;
+        ``gemm`` and ``config`` (tests, selection) run a GEMM module's configuration where it
+        covers the call."""
         handle = self._handle(program, x)
         runtime = self._runtime_module
         if handle and runtime is not None:
-            result = runtime.run(handle, x, weight, bias, params, self._flags, out, save_gemm)
+            result = runtime.run(handle, x, weight, bias, params, self._flags, out, save_gemm,
+                                 gemm.info if gemm is not None else 0, config)
             if result is not None:
                 return result
         return reference.op_forward(Program.parse(program), x, weight, bias, list(params), save_gemm)
@@ -198,6 +325,48 @@ def group_norm_rounds_stats(device: torch.device) -> bool:
         return t.to(torch.bfloat16).float()
 
     return distance(bf16(mean), bf16(rstd)) < distance(mean, rstd)
+
+
+def _time_us(call, calls: int = 10, repeats: int = 5) -> float:
+    """Median over ``repeats`` of the GPU time per call of ``calls`` back-to-back calls (after a
+    warm-up), microseconds."""
+    for _ in range(3):
+        call()
+    samples = []
+    for _ in range(repeats):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(calls):
+            call()
+        end.record()
+        end.synchronize()
+        samples.append(start.elapsed_time(end) * 1000.0 / calls)
+    return statistics.median(samples)
+
+
+def _selection_file(module_key: str, shape, bucket: int, device: torch.device):
+    from .build import cache_root
+
+    name = torch.cuda.get_device_name(device)
+    text = f"{module_key}\n{shape[1]} {shape[2]} {bucket}\n{name}\n{torch.__version__}"
+    return cache_root() / "selections" / f"{hashlib.sha256(text.encode()).hexdigest()[:32]}.json"
+
+
+def _read_selection(path) -> Selection | None:
+    try:
+        return Selection(**json.loads(path.read_text()))
+    except (OSError, ValueError, TypeError):
+        return None  # absent or unreadable: measure again
+
+
+def _write_selection(path, selection: Selection) -> None:
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(f".tmp{os.getpid()}")
+        tmp.write_text(json.dumps(asdict(selection)))
+        os.replace(tmp, path)
+    except OSError:
+        pass  # an unwritable cache costs a measurement next time, nothing else
 
 
 def _index(device: torch.device) -> int:

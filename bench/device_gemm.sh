@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# One call on a Hopper GPU machine for the in-GEMM back end: install fxfuse and the CUTLASS headers
+# (carried wheels in .whl/), the in-GEMM tests, then the benchmark of the rows given (BENCH_ROWS).
+set -uo pipefail
+OUT=${OUT:-$PWD/out}; mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1 FXFUSE_CACHE_DIR=${FXFUSE_CACHE_DIR:-/tmp/fxfuse-cache} FXFUSE_SKIP_EMULATOR=1
+if ls .whl/*.whl >/dev/null 2>&1; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/*.whl \
+    && export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
+fi
+python3 -m pip install -q --no-deps --no-build-isolation -e . >"$OUT/install.log" 2>&1 || { cat "$OUT/install.log"; exit 1; }
+{ nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv
+  python3 -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda)"; } | tee "$OUT/env.txt"
+status=0
+if [ -n "${GEMM_TESTS:-tests/gpu/test_gemm_epilogue.py}" ]; then
+  timeout ${TEST_TIMEOUT:-480} python3 -m pytest ${GEMM_TESTS:-tests/gpu/test_gemm_epilogue.py} -q -rs -x \
+    -p no:cacheprovider 2>&1 | tee "$OUT/gemm_tests.log" | tail -n 30 || status=1
+fi
+if [ -n "${BENCH_ROWS:-}" ]; then
+  python3 bench/bench.py --rows "$BENCH_ROWS" --dtype "${BENCH_DTYPE:-bf16}" --json "$OUT/bench.json" \
+    ${BENCH_ARGS:-} 2>&1 | tee "$OUT/bench.log" | tail -n 40
+fi
+exit "$status"

@@ -1,0 +1,235 @@
+// The in-GEMM back end: a CUTLASS 3.x Hopper GEMM (TMA loads, WGMMA, warp-specialized persistent
+// kernel) whose epilogue applies a program's chain to the float32 accumulators before anything is
+// stored, so the M x N output is written once and never read back.
+//
+// The epilogue is a CUTLASS epilogue visitor tree (EVT) composed by the code generator
+// (fxfuse/cuda/gemm_codegen.py) from typed stages defined here:
+//   fxg::Acc            the accumulator tile (Sm90AccFetch)
+//   fxg::Col<T>         a per-column vector of N values of type T (the bias, a column parameter)
+//   fxg::Scalar<T>      one value of type T read from device memory (a 0-d parameter)
+//   fxg::Pointwise<Fn>  the program's pointwise expression on the float32 fragments of its inputs,
+//                       rounded once to the output type (Sm90Compute)
+// Col takes the CTA tile as a template argument, so a program's tree is a template over the
+// tile (Prog::Tree<Tile>). The GEMM around it is assembled from a Config (tile, cluster, mainloop
+// and epilogue schedules) by fxg::GemmFor; a program module compiles one unit per Config so that
+// ninja builds them in parallel, and the runtime picks the measured-fastest one per shape bucket.
+//
+// Layouts: x is (M, K) row-major, weight (N, K) row-major (B is K-major), out (M, N) row-major.
+// TMA needs 16-byte aligned base pointers and row strides; the runtime checks the pointers,
+// Prog::supports the sizes.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cute/tensor.hpp>
+#include <cutlass/cutlass.h>
+#include <cutlass/epilogue/collective/collective_builder.hpp>
+#include <cutlass/epilogue/fusion/sm90_callbacks_tma_warpspecialized.hpp>
+#include <cutlass/gemm/collective/collective_builder.hpp>
+#include <cutlass/gemm/device/gemm_universal_adapter.h>
+#include <cutlass/gemm/kernel/gemm_universal.hpp>
+#include <cutlass/kernel_hardware_info.h>
+
+#include "epilogue_ops.cuh"
+#include "fx_abi.h"
+
+namespace fxg {
+
+using namespace cute;
+namespace fusion = cutlass::epilogue::fusion;
+
+// -- element types ---------------------------------------------------------------------------------
+
+template <int Code> struct ElementOf;
+template <> struct ElementOf<FX_F32> { using type = float; };
+template <> struct ElementOf<FX_BF16> { using type = cutlass::bfloat16_t; };
+template <> struct ElementOf<FX_F16> { using type = cutlass::half_t; };
+template <int Code> using Element = typename ElementOf<Code>::type;
+
+// Elements of a 16-byte access: the alignment TMA and the vector loads need
+template <class T> constexpr int kAlign = 128 / cutlass::sizeof_bits<T>::value;
+
+// -- epilogue stages -------------------------------------------------------------------------------
+
+using Acc = fusion::Sm90AccFetch;
+
+using ColStride = Stride<_0, _1, int64_t>;
+template <class Tile, class T>
+using Col = fusion::Sm90RowBroadcast<0, Tile, T, float, ColStride, kAlign<T>>;
+
+using ScalarStride = Stride<_0, _0, int64_t>;
+template <class T> using Scalar = fusion::Sm90ScalarBroadcast<T, ScalarStride>;
+
+template <template <class> class Fn, class Out>
+using Pointwise = fusion::Sm90Compute<Fn, Out, float, cutlass::FloatRoundStyle::round_to_nearest>;
+
+template <class Node, class... Inputs> using Tree = fusion::Sm90EVT<Node, Inputs...>;
+
+// Arguments of the leaves, from the launch's pointers
+inline typename Acc::Arguments acc_args() { return {}; }
+
+template <class Node> typename Node::Arguments col_args(const void* ptr) {
+  using T = typename Node::ElementInput;
+  typename Node::Arguments a{};
+  a.ptr_row = static_cast<const T*>(ptr);
+  return a;
+}
+
+template <class T> typename Scalar<T>::Arguments scalar_args(const void* ptr) {
+  typename Scalar<T>::Arguments a{};
+  a.scalar_ptrs[0] = static_cast<const T*>(ptr);
+  return a;
+}
+
+// -- configurations --------------------------------------------------------------------------------
+
+// A GEMM configuration: CTA tile (M, N, K), cluster shape, mainloop and epilogue schedules.
+template <int TM, int TN, int TK, int CM, int CN, bool Pingpong>
+struct Config {
+  using Tile = Shape<Int<TM>, Int<TN>, Int<TK>>;
+  using Cluster = Shape<Int<CM>, Int<CN>, _1>;
+  using MainloopSchedule = cute::conditional_t<Pingpong, cutlass::gemm::KernelTmaWarpSpecializedPingpong,
+                                               cutlass::gemm::KernelTmaWarpSpecializedCooperative>;
+  using EpilogueSchedule = cute::conditional_t<Pingpong, cutlass::epilogue::TmaWarpSpecialized,
+                                               cutlass::epilogue::TmaWarpSpecializedCooperative>;
+};
+
+// The menu every program module compiles (index = FxGemmLaunch::config). Cooperative 128x256 with
+// a 2x1 cluster matched cuBLAS on the H100 without an epilogue; ping-pong overlaps one warp
+// group's epilogue with the other's mainloop; 128x128 serves shapes with few 128x256 tiles.
+using Config0 = Config<128, 256, 64, 2, 1, false>;
+using Config1 = Config<128, 128, 64, 2, 1, true>;
+using Config2 = Config<128, 128, 64, 1, 2, false>;
+constexpr int kNumConfigs = 3;
+#define FX_GEMM_CONFIG_NAMES                                                                   \
+  { "cooperative 128x256x64 cluster 2x1", "pingpong 128x128x64 cluster 2x1",                   \
+    "cooperative 128x128x64 cluster 1x2" }
+
+// -- the GEMM ----------------------------------------------------------------------------------------
+
+// Prog (generated): Element (x, weight), Out (the output), template <class Tile> Tree (the EVT),
+// and args(const FxGemmLaunch&) -> Tree<Tile>::Arguments.
+template <class Prog, class Cfg>
+struct GemmFor {
+  using T = typename Prog::Element;
+  using Out = typename Prog::Out;
+  using EpilogueTree = typename Prog::template Tree<typename Cfg::Tile>;
+  using Epilogue = typename cutlass::epilogue::collective::CollectiveBuilder<
+      cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, typename Cfg::Tile, typename Cfg::Cluster,
+      cutlass::epilogue::collective::EpilogueTileAuto, float, float, void, cutlass::layout::RowMajor,
+      kAlign<Out>, Out, cutlass::layout::RowMajor, kAlign<Out>, typename Cfg::EpilogueSchedule,
+      EpilogueTree>::CollectiveOp;
+  using Mainloop = typename cutlass::gemm::collective::CollectiveBuilder<
+      cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, T, cutlass::layout::RowMajor, kAlign<T>, T,
+      cutlass::layout::ColumnMajor, kAlign<T>, float, typename Cfg::Tile, typename Cfg::Cluster,
+      cutlass::gemm::collective::StageCountAutoCarveout<static_cast<int>(sizeof(typename Epilogue::SharedStorage))>,
+      typename Cfg::MainloopSchedule>::CollectiveOp;
+  using Kernel = cutlass::gemm::kernel::GemmUniversal<Shape<int, int, int, int>, Mainloop, Epilogue,
+                                                      cutlass::gemm::PersistentScheduler>;
+  using Gemm = cutlass::gemm::device::GemmUniversalAdapter<Kernel>;
+
+  static typename Gemm::Arguments arguments(const FxGemmLaunch& a) {
+    const int m = static_cast<int>(a.m), n = static_cast<int>(a.n), k = static_cast<int>(a.k);
+    using StrideA = typename Gemm::GemmKernel::StrideA;
+    using StrideB = typename Gemm::GemmKernel::StrideB;
+    using StrideD = typename Gemm::GemmKernel::StrideD;
+    StrideA da = make_stride(int64_t(k), _1{}, int64_t(m) * k);
+    StrideB db = make_stride(int64_t(k), _1{}, int64_t(n) * k);
+    StrideD dd = make_stride(int64_t(n), _1{}, int64_t(m) * n);
+    cutlass::KernelHardwareInfo hw{};
+    hw.device_id = a.device;
+    hw.sm_count = a.sm_count;
+    return typename Gemm::Arguments{
+        cutlass::gemm::GemmUniversalMode::kGemm,
+        {m, n, k, 1},
+        {static_cast<const T*>(a.x), da, static_cast<const T*>(a.weight), db},
+        {Prog::template args<typename Cfg::Tile>(a), nullptr, dd, static_cast<Out*>(a.out), dd},
+        hw};
+  }
+
+  static bool supports(int64_t m, int64_t n, int64_t k) {
+    FxGemmLaunch a{};
+    a.m = m;
+    a.n = n;
+    a.k = k;
+    a.sm_count = 1;
+    return Gemm::can_implement(arguments(a)) == cutlass::Status::kSuccess;
+  }
+
+  static int64_t workspace_bytes(int64_t m, int64_t n, int64_t k, int32_t sm_count) {
+    FxGemmLaunch a{};
+    a.m = m;
+    a.n = n;
+    a.k = k;
+    a.sm_count = sm_count;
+    return static_cast<int64_t>(Gemm::get_workspace_size(arguments(a)));
+  }
+
+  static const char* launch(const FxGemmLaunch& a, void* stream) {
+    typename Gemm::Arguments args = arguments(a);
+    Gemm gemm;
+    cutlass::Status status = gemm.initialize(args, a.workspace, static_cast<cudaStream_t>(stream));
+    if (status != cutlass::Status::kSuccess) return cutlassGetStatusString(status);
+    status = gemm.run(static_cast<cudaStream_t>(stream));
+    if (status != cutlass::Status::kSuccess) return cutlassGetStatusString(status);
+    const cudaError_t error = cudaGetLastError();
+    return error == cudaSuccess ? nullptr : cudaGetErrorString(error);
+  }
+};
+
+}  // namespace fxg
+
+// The macros below expand inside the generated module's own namespace (NS).
+// One configuration's entry points (a unit of its own).
+#define FX_DEFINE_GEMM_CONFIG(PROG, INDEX)                                                              \
+  int32_t supports_##INDEX(int64_t m, int64_t n, int64_t k) {                                           \
+    return fxg::GemmFor<PROG, fxg::Config##INDEX>::supports(m, n, k) ? 1 : 0;                         \
+  }                                                                                                    \
+  int64_t workspace_##INDEX(int64_t m, int64_t n, int64_t k, int32_t sms) {                             \
+    return fxg::GemmFor<PROG, fxg::Config##INDEX>::workspace_bytes(m, n, k, sms);                     \
+  }                                                                                                    \
+  const char* launch_##INDEX(const FxGemmLaunch* a, void* stream) {                                    \
+    return fxg::GemmFor<PROG, fxg::Config##INDEX>::launch(*a, stream);                                \
+  }
+
+// The module's FxGemmInfo, which dispatches over the configurations' units.
+#define FX_DECLARE_GEMM_CONFIG(INDEX)                                                                  \
+  int32_t supports_##INDEX(int64_t, int64_t, int64_t);                                                 \
+  int64_t workspace_##INDEX(int64_t, int64_t, int64_t, int32_t);                                       \
+  const char* launch_##INDEX(const FxGemmLaunch*, void*);
+
+#define FX_DEFINE_GEMM_MODULE(PROG, ENTRY)                                                              \
+  FX_DECLARE_GEMM_CONFIG(0)                                                                             \
+  FX_DECLARE_GEMM_CONFIG(1)                                                                             \
+  FX_DECLARE_GEMM_CONFIG(2)                                                                             \
+  static_assert(fxg::kNumConfigs == 3, "one FX_DECLARE_GEMM_CONFIG a configuration");                   \
+  const char* const kConfigNames[fxg::kNumConfigs] = FX_GEMM_CONFIG_NAMES;                              \
+  int32_t supports(int64_t m, int64_t n, int64_t k, int32_t config) {                                   \
+    if (m < 1 || !PROG::supports(n, k)) return 0;                                                       \
+    switch (config) {                                                                                   \
+      case 0: return supports_0(m, n, k);                                                               \
+      case 1: return supports_1(m, n, k);                                                               \
+      case 2: return supports_2(m, n, k);                                                               \
+      default: return 0;                                                                                \
+    }                                                                                                   \
+  }                                                                                                     \
+  int64_t workspace(int64_t m, int64_t n, int64_t k, int32_t sms, int32_t config) {                     \
+    switch (config) {                                                                                   \
+      case 0: return workspace_0(m, n, k, sms);                                                         \
+      case 1: return workspace_1(m, n, k, sms);                                                         \
+      case 2: return workspace_2(m, n, k, sms);                                                         \
+      default: return 0;                                                                                \
+    }                                                                                                   \
+  }                                                                                                     \
+  const char* launch(const FxGemmLaunch* a, void* stream) {                                             \
+    switch (a->config) {                                                                                \
+      case 0: return launch_0(a, stream);                                                               \
+      case 1: return launch_1(a, stream);                                                               \
+      case 2: return launch_2(a, stream);                                                               \
+      default: return "fxfuse: no such GEMM configuration";                                             \
+    }                                                                                                   \
+  }                                                                                                     \
+  const FxGemmInfo kInfo = {FX_ABI_VERSION,    PROG::kDtype,       PROG::kOutDtype,  PROG::kNumParams,     \
+                            PROG::kParamIsCol, PROG::kParamDtypes, fxg::kNumConfigs, kConfigNames,         \
+                            &supports,         &workspace,         &launch};                                \
+  extern "C" const FxGemmInfo* ENTRY() { return &kInfo; }

@@ -1,0 +1,166 @@
+"""Program -> CUDA sources of one GEMM module (the in-GEMM back end, csrc/gemm_epilogue.cuh).
+
+The program's epilogue becomes a CUTLASS epilogue visitor tree over typed stages: the accumulator
+(``fxg::Acc``), the bias and column parameters (``fxg::Col``), scalar parameters
+(``fxg::Scalar``) and one ``fxg::Pointwise`` node whose functor is the program's pointwise stages
+composed into one expression, printed by the same printer as the row kernels' (``print_expr``,
+the device functions of csrc/epilogue_ops.cuh). The numerics are the correctness rule's, not
+eager's rounding: the expression runs in float32 on the float32 accumulator (the bias added
+there), the rounding points a bfloat16/float16 chain carries are dropped, and the result is
+rounded once, at the store.
+
+A module is built per (program, dtype, parameter dtypes): the tree's leaves read each parameter in
+its own type. One unit per GEMM configuration (``fxg::Config<i>``) so that ninja compiles them in
+parallel.
+"""
+
+from __future__ import annotations
+
+import sympy
+import torch
+
+from .. import expr as E
+from ..ir import Pointwise, Program, Widen
+from ..vocabulary import ROUNDING
+from .codegen import UnsupportedProgram
+from .printer import UnsupportedExpression, print_expr
+
+GEMM_CODEGEN_VERSION = "1"
+NUM_CONFIGS = 3  # fxg::kNumConfigs, csrc/gemm_epilogue.cuh
+
+# element types the in-GEMM path takes for x and weight (float32 would be TF32: not built yet)
+GEMM_DTYPES = {torch.bfloat16: "FX_BF16", torch.float16: "FX_F16"}
+PARAM_DTYPES = {torch.float32: "FX_F32", torch.bfloat16: "FX_BF16", torch.float16: "FX_F16"}
+_ELEMENTS = {"FX_F32": "float", "FX_BF16": "cutlass::bfloat16_t", "FX_F16": "cutlass::half_t"}
+
+
+def unsupported_reason(program: Program, dtype: torch.dtype) -> str | None:
+    """Why the in-GEMM path cannot take ``program`` on ``dtype`` inputs (None: it can)."""
+    if dtype not in GEMM_DTYPES:
+        return f"the in-GEMM path takes bfloat16 and float16 GEMMs, not {dtype}"
+    for stage in program.stages:
+        if not isinstance(stage, (Pointwise, Widen)):
+            return f"{type(stage).__name__.lower()} stages are not in the in-GEMM epilogue yet"
+    if any(kind not in ("col", "scalar") for kind in program.params):
+        return "parameter kinds other than column vectors and scalars"
+    try:
+        print_expr(epilogue_expression(program))
+    except UnsupportedExpression as error:
+        return str(error)
+    return None
+
+
+def kernel_param_dtype(dtype: torch.dtype) -> torch.dtype:
+    """The dtype a parameter reaches the kernels in (the runtime widens others to float32)."""
+    return dtype if dtype in PARAM_DTYPES else torch.float32
+
+
+def epilogue_expression(program: Program) -> sympy.Expr:
+    """The program's pointwise stages as one float32 expression in the accumulator ``x``
+    (bias included), without the low-precision rounding points."""
+    expression = E.X
+    for stage in program.stages:
+        if isinstance(stage, Pointwise):
+            expression = E.substitute(stage.expr, {E.X: expression})
+    return E.without_calls(expression, set(ROUNDING.values()))
+
+
+def generate(program: Program, dtype: torch.dtype, param_dtypes: tuple[torch.dtype, ...], namespace: str,
+             entry: str) -> dict[str, str]:
+    """The sources of one GEMM module: file name -> text (``gemm_program.cuh``, ``main.cu`` with
+    the exported ``entry`` returning the module's FxGemmInfo, ``config_<i>.cu`` per configuration)."""
+    reason = unsupported_reason(program, dtype)
+    if reason is not None:
+        raise UnsupportedProgram(reason)
+    if len(param_dtypes) != len(program.params):
+        raise UnsupportedProgram(f"{len(param_dtypes)} parameter dtypes for {len(program.params)} parameters")
+    header = f"// fxfuse GEMM module (gemm codegen {GEMM_CODEGEN_VERSION}), {dtype}"
+    sources = {"gemm_program.cuh": _program_header(program, dtype, param_dtypes, namespace)}
+    sources["main.cu"] = "\n".join([
+        header, '#include "gemm_program.cuh"', "", f"namespace {namespace} {{",
+        f"FX_DEFINE_GEMM_MODULE(Prog, {entry})", f"}}  // namespace {namespace}", "",
+    ])
+    for index in range(NUM_CONFIGS):
+        sources[f"config_{index}.cu"] = "\n".join([
+            header, '#include "gemm_program.cuh"', "", f"namespace {namespace} {{",
+            f"FX_DEFINE_GEMM_CONFIG(Prog, {index})", f"}}  // namespace {namespace}", "",
+        ])
+    return sources
+
+
+def _program_header(program: Program, dtype: torch.dtype, param_dtypes: tuple[torch.dtype, ...],
+                    namespace: str) -> str:
+    printed = print_expr(epilogue_expression(program), x_name="x", prefix="t")
+    used = sorted(printed.params)
+    element = _ELEMENTS[GEMM_DTYPES[dtype]]
+    out_code = PARAM_DTYPES[program.output_dtype(dtype)]
+    codes = [PARAM_DTYPES[kernel_param_dtype(d)] for d in param_dtypes]
+    is_col = ["1" if kind == "col" else "0" for kind in program.params]
+
+    # the tree's inputs after the accumulator: the bias, then each parameter the expression reads
+    leaves, leaf_args, names = [], [], []
+    if program.gemm.bias:
+        leaves.append("fxg::Col<Tile, Element>")
+        leaf_args.append("fxg::col_args<fxg::Col<Tile, Element>>(a.bias)")
+        names.append("bias")
+    for index in used:
+        leaf_type = _ELEMENTS[codes[index]]
+        if program.params[index] == "col":
+            leaves.append(f"fxg::Col<Tile, {leaf_type}>")
+            leaf_args.append(f"fxg::col_args<fxg::Col<Tile, {leaf_type}>>(a.params[{index}].ptr)")
+        else:
+            leaves.append(f"fxg::Scalar<{leaf_type}>")
+            leaf_args.append(f"fxg::scalar_args<{leaf_type}>(a.params[{index}].ptr)")
+        names.append(f"p{index}")
+    inputs = ", ".join(["A const& acc"] + [f"A const& in_{name}" for name in names])
+    x_value = "acc[e] + in_bias[e]" if program.gemm.bias else "acc[e]"
+    comment = program.to_string().replace("*/", "* /")
+    return "\n".join([
+        f"// fxfuse GEMM program (gemm codegen {GEMM_CODEGEN_VERSION}), {dtype}",
+        f"/* {comment} */",
+        "#pragma once",
+        '#include "gemm_epilogue.cuh"',
+        "",
+        f"namespace {namespace} {{",
+        "",
+        "// the program's pointwise stages on float32 fragments of the accumulator and its inputs",
+        "template <class A>",
+        "struct Chain {",
+        f"  CUTLASS_DEVICE A operator()({inputs}) const {{",
+        "    A out;",
+        "    CUTLASS_PRAGMA_UNROLL",
+        "    for (int e = 0; e < A::kElements; ++e) {",
+        f"      const float x = {x_value};",
+        *[f"      const float p{i} = in_p{i}[e];" for i in used],
+        *["      " + line for line in printed.lines],
+        f"      out[e] = {printed.result};",
+        "    }",
+        "    return out;",
+        "  }",
+        "};",
+        "",
+        "struct Prog {",
+        f"  using Element = {element};",
+        f"  using Out = {_ELEMENTS[out_code]};",
+        f"  static constexpr int32_t kDtype = {GEMM_DTYPES[dtype]};",
+        f"  static constexpr int32_t kOutDtype = {out_code};",
+        f"  static constexpr int32_t kNumParams = {len(program.params)};",
+        f"  static constexpr int32_t kParamIsCol[{max(1, len(codes))}] = {{{', '.join(is_col) or '0'}}};",
+        f"  static constexpr int32_t kParamDtypes[{max(1, len(codes))}] = {{{', '.join(codes) or 'FX_F32'}}};",
+        "",
+        "  // 16-byte rows for TMA (x, weight, out) and for the column inputs' vector loads",
+        "  static bool supports(int64_t n, int64_t k) { return n % 8 == 0 && k % 8 == 0; }",
+        "",
+        "  template <class Tile>",
+        f"  using Tree = fxg::Tree<fxg::Pointwise<Chain, Out>, {', '.join(['fxg::Acc'] + leaves)}>;",
+        "",
+        "  template <class Tile>",
+        "  static typename Tree<Tile>::Arguments args(const FxGemmLaunch& a) {",
+        "    (void)a;",
+        f"    return {{{', '.join(['fxg::acc_args()'] + leaf_args + ['{}'])}}};",
+        "  }",
+        "};",
+        "",
+        f"}}  // namespace {namespace}",
+        "",
+    ])

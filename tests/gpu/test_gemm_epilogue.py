@@ -1,0 +1,204 @@
+"""The in-GEMM back end (csrc/gemm_epilogue.cuh, fxfuse/cuda/gemm_codegen.py) on a Hopper GPU.
+
+Every GEMM configuration of every pointwise program computes the program under the correctness
+rule: within 1e-2 of eager's result, or no further from the float64 truth than eager's own result
+(the epilogue computes in float32 on the accumulators and rounds once, where eager rounds the GEMM
+output and every op). Every element is written (outputs poisoned with NaN first), NaN and Inf reach
+the same positions as eager's, odd shapes run, and the selection routes a shape to a measured path
+that covers it.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+import fxfuse.cuda as fxcuda
+from fxfuse import expr as E
+from fxfuse import reference
+from fxfuse.cuda.build import cuda_target, gemm_target_reason
+from fxfuse.cuda.gemm_codegen import epilogue_expression, unsupported_reason
+from fxfuse.ir import Gemm, Pointwise, Program
+from fxfuse.vocabulary import call
+from programs import PROGRAMS, make_params, vocabulary_program
+
+DEVICE = "cuda"
+TOL = 1e-2
+X = E.X
+
+EXTRA = {
+    "scalar_and_col": Program(Gemm(True), (Pointwise(call("silu", E.add(E.mul(X, E.param(0)), E.param(1)))),),
+                              ("scalar", "col")),
+    "widen_vec_relu": PROGRAMS["widen_s09_vec_relu"],
+    "vocabulary_a": vocabulary_program(["relu", "leaky_relu", "gelu", "gelu_tanh", "silu", "sigmoid", "tanh"]),
+    "vocabulary_b": vocabulary_program(["mish", "clamp", "hardtanh", "hardswish", "hardsigmoid", "elu", "selu",
+                                        "softplus", "abs", "maximum"]),
+}
+NAMES = ["identity", "s01_scale_leaky", "s10_div_gelu", "s13_sub_mul_relu", "s14_silu_div_clamp_tanh",
+         *EXTRA]
+CASES = [(name, torch.bfloat16) for name in NAMES] + [("s01_scale_leaky", torch.float16),
+                                                      ("scalar_and_col", torch.float16)]
+SHAPES = [(1, 136, 72), (7, 520, 264), (300, 1032, 520), (1024, 2048, 512)]
+
+
+def program_of(name: str) -> Program:
+    return EXTRA.get(name) or PROGRAMS[name]
+
+
+def param_dtypes(program: Program, dtype: torch.dtype) -> tuple[torch.dtype, ...]:
+    """A widening chain's parameters are float32 (they promote it, as under autocast)."""
+    return tuple(torch.float32 if program.widens else dtype for _ in program.params)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def modules():
+    if not fxcuda.available():
+        pytest.skip("no CUDA toolchain (nvcc + ninja)")
+    reason = gemm_target_reason(cuda_target(torch.device(DEVICE)))
+    if reason is not None:
+        pytest.skip(reason)
+    items = [(program_of(n), d) for n, d in CASES]
+    gemms = [(program_of(n), d, param_dtypes(program_of(n), d)) for n, d in CASES]
+    failed = fxcuda.prepare_many(items, gemm_items=gemms)
+    assert not failed
+    device = torch.device(DEVICE, torch.cuda.current_device())
+    built = {}
+    for (name, dtype), (program, _, params) in zip(CASES, gemms):
+        module = fxcuda.engine.prepare_gemm(program, dtype, params, device)
+        assert module is not None, fxcuda.engine.gemm_error(program, dtype, params, device)
+        built[(name, dtype)] = module
+    return built
+
+
+def draw(program: Program, dtype: torch.dtype, m: int, n: int, k: int, seed: int, batch: tuple = ()):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(*batch, m, k, generator=g).to(DEVICE, dtype)
+    w = (torch.randn(n, k, generator=g) / math.sqrt(k)).to(DEVICE, dtype)
+    b = torch.randn(n, generator=g).to(DEVICE, dtype) if program.gemm.bias else None
+    params = make_params(program, n, dtype=torch.float32 if program.widens else dtype, generator=g, device=DEVICE)
+    return x, w, b, params
+
+
+def truth(program: Program, x, w, b, params) -> torch.Tensor:
+    """The program in float64 without rounding points: what every result approximates."""
+    exact = Program(program.gemm, (Pointwise(epilogue_expression(program)),), program.params)
+    return reference.op_forward(exact, x.double(), w.double(), None if b is None else b.double(),
+                                [p.double() for p in params], False)[0]
+
+
+def assert_under_rule(out: torch.Tensor, eager: torch.Tensor, exact: torch.Tensor) -> None:
+    """Within TOL of eager's result, or (elementwise) no further from the truth than eager's."""
+    assert out.dtype == eager.dtype and out.shape == eager.shape
+    o, e = out.double(), eager.double()
+    assert torch.equal(o.isnan(), e.isnan()), "NaN positions differ from eager's"
+    close = (o - e).abs() <= TOL + TOL * e.abs()
+    no_further = (o - exact).abs() <= (e - exact).abs() * 1.0001 + 1e-6
+    same_inf = o.isinf() & (o == e)
+    bad = ~(close | no_further | same_inf | e.isnan())
+    assert not bad.any(), f"{int(bad.sum())} elements off, e.g. out {o[bad][:4].tolist()} eager {e[bad][:4].tolist()}"
+
+
+def run_config(module, program, x, w, b, params, config: int) -> torch.Tensor:
+    """Configuration ``config`` of the module, into a NaN-poisoned buffer (it must cover the call)."""
+    n = w.shape[0]
+    m = x.numel() // x.shape[-1]
+    assert module.supports(m, n, x.shape[-1], config)
+    out = torch.full((*x.shape[:-1], n), math.nan, device=DEVICE, dtype=program.output_dtype(x.dtype))
+    result = fxcuda.engine.call(program.to_string(), x, w, b, params, out=out, gemm=module, config=config)[0]
+    assert result.data_ptr() == out.data_ptr(), "the call did not take the in-GEMM path"
+    return result
+
+
+@pytest.mark.parametrize("m,n,k", SHAPES)
+@pytest.mark.parametrize("name,dtype", CASES)
+def test_every_configuration_computes_the_program(modules, name, dtype, m, n, k):
+    program, module = program_of(name), modules[(name, dtype)]
+    for seed in range(5 if m * n < 1 << 20 else 1):
+        x, w, b, params = draw(program, dtype, m, n, k, seed)
+        eager = reference.op_forward(program, x, w, b, params, False)[0]
+        exact = truth(program, x, w, b, params)
+        for config in range(len(module.config_names)):
+            assert_under_rule(run_config(module, program, x, w, b, params, config), eager, exact)
+
+
+@pytest.mark.parametrize("name,dtype", [("s01_scale_leaky", torch.bfloat16), ("scalar_and_col", torch.float16)])
+def test_three_dimensional_input(modules, name, dtype):
+    program, module = program_of(name), modules[(name, dtype)]
+    x, w, b, params = draw(program, dtype, 37, 264, 136, seed=3, batch=(3,))
+    eager = reference.op_forward(program, x, w, b, params, False)[0]
+    out = run_config(module, program, x, w, b, params, 0)
+    assert out.shape == (3, 37, 264)
+    assert_under_rule(out, eager, truth(program, x, w, b, params))
+
+
+@pytest.mark.parametrize("name", ["s01_scale_leaky", "s14_silu_div_clamp_tanh", "vocabulary_b"])
+def test_nan_and_inf_reach_eagers_positions(modules, name):
+    program, module = program_of(name), modules[(name, torch.bfloat16)]
+    x, w, b, params = draw(program, torch.bfloat16, 64, 264, 72, seed=5)
+    x[3, 5] = math.nan
+    x[7, :] = math.inf
+    x[9, 2] = -math.inf
+    eager = reference.op_forward(program, x, w, b, params, False)[0]
+    for config in range(len(module.config_names)):
+        out = run_config(module, program, x, w, b, params, config)
+        assert torch.equal(out.isnan(), eager.isnan())
+        assert torch.equal(out.isposinf(), eager.isposinf()) and torch.equal(out.isneginf(), eager.isneginf())
+
+
+def test_unaligned_shapes_take_the_row_path(modules):
+    """K not a multiple of 8 (rows of x not 16-byte aligned): no configuration covers it, the
+    selection measures only the row path and the call still equals the reference."""
+    program, module = program_of("s01_scale_leaky"), modules[("s01_scale_leaky", torch.bfloat16)]
+    assert not any(module.supports(64, 256, 100, c) for c in range(len(module.config_names)))
+    selection = fxcuda.select(program, torch.bfloat16, (), (64, 256, 100), True)
+    assert selection.config == -1 and list(selection.times_us) == ["row"]
+    x, w, b, params = draw(program, torch.bfloat16, 64, 256, 100, seed=1)
+    out = torch.ops.fxfuse.linear_epilogue(program.to_string(), x, w, b, params, False)[0]
+    torch.testing.assert_close(out, reference.op_forward(program, x, w, b, params, False)[0], atol=TOL, rtol=TOL)
+
+
+def test_selection_routes_the_bucket_to_the_fastest_measured_path(modules):
+    program = program_of("s10_div_gelu")
+    selection = fxcuda.select(program, torch.bfloat16, (), (1024, 2048, 512), True)
+    assert set(selection.times_us) == {"row", *modules[("s10_div_gelu", torch.bfloat16)].config_names}
+    assert selection.times_us[selection.path] == min(selection.times_us.values())
+    x, w, b, params = draw(program, torch.bfloat16, 1000, 2048, 512, seed=2)  # same bucket of M
+    out = torch.ops.fxfuse.linear_epilogue(program.to_string(), x, w, b, params, False)[0]
+    eager = reference.op_forward(program, x, w, b, params, False)[0]
+    assert_under_rule(out, eager, truth(program, x, w, b, params))
+
+
+def test_a_call_that_saves_the_gemm_output_takes_the_row_path(modules):
+    """Training keeps the GEMM output for the backward: the in-GEMM kernel does not write it."""
+    program, module = program_of("s01_scale_leaky"), modules[("s01_scale_leaky", torch.bfloat16)]
+    x, w, b, params = draw(program, torch.bfloat16, 64, 264, 72, seed=4)
+    out, _, gemm = fxcuda.engine.call(program.to_string(), x, w, b, params, save_gemm=True, gemm=module, config=0)
+    torch.testing.assert_close(gemm, reference.gemm(x, w, b))
+    torch.testing.assert_close(out, reference.op_forward(program, x, w, b, params, False)[0], atol=0, rtol=0)
+
+
+def test_cuda_graph_replay(modules):
+    program, module = program_of("scalar_and_col"), modules[("scalar_and_col", torch.bfloat16)]
+    x, w, b, params = draw(program, torch.bfloat16, 256, 1032, 264, seed=6)
+    eager = reference.op_forward(program, x, w, b, params, False)[0]
+    exact = truth(program, x, w, b, params)
+    stream = torch.cuda.Stream()
+    with torch.cuda.stream(stream):
+        run_config(module, program, x, w, b, params, 1)  # warm up outside the capture
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    out = torch.full((256, 1032), math.nan, device=DEVICE, dtype=torch.bfloat16)
+    with torch.cuda.graph(graph):
+        fxcuda.engine.call(program.to_string(), x, w, b, params, out=out, gemm=module, config=1)
+    out.fill_(math.nan)
+    graph.replay()
+    torch.cuda.synchronize()
+    assert_under_rule(out, eager, exact)
+
+
+def test_supported_programs_are_the_pointwise_ones():
+    assert unsupported_reason(PROGRAMS["s01_scale_leaky"], torch.bfloat16) is None
+    assert unsupported_reason(PROGRAMS["s01_scale_leaky"], torch.float32) is not None
+    assert unsupported_reason(PROGRAMS["s02_group_leaky_double"], torch.bfloat16) is not None
