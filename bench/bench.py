@@ -9,7 +9,11 @@ For every row, in one process, four variants of the model at its benchmark size 
   ``x @ W.T`` for S15), the floor that fusion is measured against;
 * ``eager``: the model itself;
 * ``inductor``: ``torch.compile(model)``;
-* ``fxfuse``: ``torch.compile(model, backend="fxfuse")``.
+* ``fxfuse``: ``torch.compile(model, backend="fxfuse")``;
+* ``inductor_max`` (with ``--max-autotune``): ``torch.compile(model, mode="max-autotune")``.
+
+The fxfuse report's GPU path of each fused chain (the in-GEMM configuration or the row pass its
+shape measured fastest on, and the times measured) is printed under the table.
 
 Each is timed three ways, because each answers a different question:
 
@@ -62,6 +66,7 @@ Fn = Callable[..., Any]
 Inputs = Sequence[torch.Tensor]
 
 VARIANTS = ("gemm", "eager", "inductor", "fxfuse")
+MAX_AUTOTUNE = "inductor_max"  # the optional variant: Inductor's max-autotune mode
 CPU_VARIANTS = ("gemm", "eager", "dynamo", "inductor", "fxfuse")
 N_INPUT_SETS = 4
 GRAPH_CALLS = 20  # calls captured in one CUDA graph
@@ -98,6 +103,7 @@ class Config:
     repeats: int = 20  # samples behind each gpu / pipelined median
     latency_calls: int = 100
     cpu_calls: int = 500  # samples behind each CPU-cost median
+    max_autotune: bool = False  # also time Inductor's max-autotune mode
 
 
 # --------------------------------------------------------------------------------------------
@@ -153,6 +159,7 @@ def make_variants(model: nn.Module, spec: DtypeSpec, names: Sequence[str]) -> di
         "dynamo": lambda: torch.compile(copy.deepcopy(model), backend="eager"),
         "inductor": lambda: torch.compile(copy.deepcopy(model)),
         "fxfuse": lambda: compile_fxfuse(copy.deepcopy(model)),
+        MAX_AUTOTUNE: lambda: torch.compile(copy.deepcopy(model), mode="max-autotune"),
     }
     out: dict[str, Fn] = {}
     for name in names:
@@ -425,8 +432,12 @@ def measure_row(row: SuiteRow, spec: DtypeSpec, cfg: Config) -> dict[str, Any]:
     input_sets = [first] + [
         make_inputs(row, device="cuda", dtype=spec.param_dtype) for _ in range(N_INPUT_SETS - 1)
     ]
-    fns = make_variants(model, spec, VARIANTS)
+    fns = make_variants(model, spec, VARIANTS + ((MAX_AUTOTUNE,) if cfg.max_autotune else ()))
+    import fxfuse
+
+    fxfuse.reset_report()
     prepared = {name: prepare(fn, input_sets, cfg) for name, fn in fns.items()}
+    paths = [r.path for r in fxfuse.last_report().rows if r.status != "not_fused" and r.path]
     variants = {name: res for name, (res, _) in prepared.items()}
     replays = {name: graph.replay for name, (_, graph) in prepared.items() if graph is not None}
     _sample_into(variants, "gpu", graph_sample, replays, input_sets, cfg.repeats)
@@ -445,6 +456,7 @@ def measure_row(row: SuiteRow, spec: DtypeSpec, cfg: Config) -> dict[str, Any]:
     result = {
         "input_shapes": [list(t.shape) for t in first],
         "variants": variants,
+        "fxfuse_paths": paths,
         "check": {
             name: check(fns[name], fns["eager"], input_sets, spec.tol)
             for name in ("inductor", "fxfuse")
@@ -521,6 +533,7 @@ def run(
     *,
     latency_calls: int = 100,
     cpu_calls: int = 500,
+    max_autotune: bool = False,
     json_path: str | Path | None = None,
     png_path: str | Path | None = None,
     show: bool = True,
@@ -534,7 +547,7 @@ def run(
         raise RuntimeError("bench.run needs a CUDA GPU")
     if dtype not in DTYPES:
         raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, not {dtype!r}")
-    spec, cfg = DTYPES[dtype], Config(dtype, repeats, latency_calls, cpu_calls)
+    spec, cfg = DTYPES[dtype], Config(dtype, repeats, latency_calls, cpu_calls, max_autotune)
     report: dict[str, Any] = {"env": environment(dtype), "config": asdict(cfg), "rows": []}
     cpu_cache: dict[str, dict[str, float | str]] = {}  # S23 rows share their base row's tiny model
     with torch.no_grad(), _tf32(spec.tf32):
@@ -604,6 +617,7 @@ def table_rows(report: dict[str, Any]) -> list[list[str]]:
         for kind in ("gpu", "pipelined", "latency"):
             g, i, f = _ms(gemm, kind), _ms(ind, kind), _ms(fx, kind)
             line += [_ratio(f, g), _ratio(i, g), _ratio(f, i)]
+        line.append(_ratio(_ms(fx, "gpu"), _ms(v.get(MAX_AUTOTUNE), "gpu")))
         line += [_fmt((fx or {}).get("peak_mib"), ".1f"), _fmt((ind or {}).get("peak_mib"), ".1f")]
         line.append("ERR" if e.get("error") else _correct(e))
         out.append(line)
@@ -614,7 +628,7 @@ TABLE_HEADERS = [
     "row", "GEMM\nms", "eager\nms", "inductor\nms", "fxfuse\nms",
     "fx/GEMM\ngpu", "ind/GEMM\ngpu", "fx/ind\ngpu",
     "fx/GEMM\npipe", "ind/GEMM\npipe", "fx/ind\npipe",
-    "fx/GEMM\nlat", "ind/GEMM\nlat", "fx/ind\nlat",
+    "fx/GEMM\nlat", "ind/GEMM\nlat", "fx/ind\nlat", "fx/max\ngpu",
     "MiB\nfxfuse", "MiB\ninductor", "correct?",
 ]  # fmt: skip
 
@@ -633,8 +647,11 @@ def format_report(report: dict[str, Any]) -> str:
     parts = [head, "", tabulate(table_rows(report), headers=TABLE_HEADERS, disable_numparse=True)]
     parts.append(
         "ms: GPU time per call (CUDA graph replay; * = profiler kernel sum);"
-        " ratios < 1: fxfuse faster"
+        " ratios < 1: fxfuse faster; fx/max: against Inductor max-autotune (--max-autotune)"
     )
+    paths = [f"  {e['id']}: {p}" for e in report["rows"] for p in e.get("fxfuse_paths", [])]
+    if paths:
+        parts += ["", "fxfuse GPU paths (what each fused chain's shape measured fastest on):", *paths]
     cpu_rows = [
         [e["id"]] + [_fmt(e.get("cpu_us", {}).get(n), ".1f") for n in CPU_VARIANTS]
         for e in report["rows"]
@@ -705,6 +722,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--repeats", type=int, default=20, help="samples per gpu/pipelined median")
     p.add_argument("--latency-calls", type=int, default=100, help="samples per latency median")
     p.add_argument("--cpu-calls", type=int, default=500, help="samples per CPU-cost median")
+    p.add_argument("--max-autotune", action="store_true", help="also time Inductor's max-autotune mode")
     p.add_argument("--json", help="write every raw number here")
     p.add_argument("--png", help="write a bar chart here (needs matplotlib)")
     args = p.parse_args(argv)
@@ -718,6 +736,7 @@ def main(argv: list[str] | None = None) -> int:
         args.repeats,
         latency_calls=args.latency_calls,
         cpu_calls=args.cpu_calls,
+        max_autotune=args.max_autotune,
         json_path=args.json,
         png_path=args.png,
     )

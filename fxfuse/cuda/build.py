@@ -420,6 +420,8 @@ def build_gemm(program: Program, dtype: torch.dtype, param_dtypes: tuple[torch.d
     if reason is not None:
         raise BuildError(reason)
     include = cutlass_include()
+    if gemm_codegen.unsupported_reason(program, dtype) is None:
+        program = gemm_codegen.canonical(program)  # modules are shared across rounding points
     text = program.to_string()
     params = " ".join(str(d).removeprefix("torch.") for d in param_dtypes)
     payload = f"{text}\n{dtype}\n{params}\ncutlass {cutlass_version(include)}"

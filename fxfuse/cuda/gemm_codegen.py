@@ -55,6 +55,14 @@ def kernel_param_dtype(dtype: torch.dtype) -> torch.dtype:
     return dtype if dtype in PARAM_DTYPES else torch.float32
 
 
+def canonical(program: Program) -> Program:
+    """The program as the in-GEMM kernel computes it: one pointwise stage without rounding points
+    (then a Widen where the chain widens). Programs that differ only where eager rounds share one
+    GEMM module: it names the module and keys its build."""
+    stages: tuple = (Pointwise(epilogue_expression(program)),)
+    return Program(program.gemm, stages + ((Widen(),) if program.widens else ()), program.params)
+
+
 def epilogue_expression(program: Program) -> sympy.Expr:
     """The program's pointwise stages as one float32 expression in the accumulator ``x``
     (bias included), without the low-precision rounding points."""

@@ -1,0 +1,119 @@
+"""Every path of the in-GEMM back end against cuBLAS, per program and shape (Hopper GPU).
+
+    python bench/gemm_configs.py [--rows S01,S10] [--dtype bf16|fp16] [--shape M,N,K]
+
+For each program: ``F.linear`` (cuBLAS, with the bias: the floor), the row path (cuBLAS + the
+program module's pass) and each configuration of the program's GEMM module, as GPU time per call
+from CUDA-graph replays of 20 calls, median of repeats, inputs rotated over 4 sets. ``identity``
+is the bare GEMM through CUTLASS (no epilogue but the store): the "bare GEMM first" comparison.
+Programs are the suite's pointwise rows as fxfuse matches them (tests/gpu/programs.py spells them).
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+from pathlib import Path
+
+if __package__ in (None, ""):
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "gpu"))
+
+import torch
+import torch.nn.functional as F
+
+GRAPH_CALLS = 20
+SETS = 4
+
+
+def programs() -> dict:
+    from fxfuse import expr as E
+    from fxfuse.ir import Gemm, Pointwise, Program
+    from fxfuse.vocabulary import call
+    from programs import PROGRAMS
+
+    X = E.X
+    return {
+        "identity": Program(Gemm(True), ()),
+        "S01": PROGRAMS["s01_scale_leaky"],
+        "S09": Program(Gemm(False), (Pointwise(call("relu", E.add(X, E.param(0)))),), ("col",)),
+        "S10": PROGRAMS["s10_div_gelu"],
+        "S12": Program(Gemm(True), (Pointwise(call("mish", call("mish", X))),)),
+        "S13": PROGRAMS["s13_sub_mul_relu"],
+        "S14": PROGRAMS["s14_silu_div_clamp_tanh"],
+    }
+
+
+def graph_us(fn, repeats: int) -> float:
+    """GPU time per call (us) from replays of a graph of GRAPH_CALLS calls rotating over the sets."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for i in range(3):
+            fn(i % SETS)
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for i in range(GRAPH_CALLS):
+            fn(i % SETS)
+    graph.replay()
+    samples = []
+    for _ in range(repeats):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        graph.replay()
+        end.record()
+        end.synchronize()
+        samples.append(start.elapsed_time(end) * 1000 / GRAPH_CALLS)
+    return statistics.median(samples)
+
+
+def main(argv=None) -> int:
+    import fxfuse.cuda as fxcuda
+    from programs import make_params
+
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--rows", default=None, help="comma-separated program names (default: all)")
+    p.add_argument("--dtype", default="bf16", choices=["bf16", "fp16"])
+    p.add_argument("--shape", default="1024,8192,8192", help="M,N,K (several: separated by ';')")
+    p.add_argument("--repeats", type=int, default=30)
+    args = p.parse_args(argv)
+    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}[args.dtype]
+    chosen = programs()
+    if args.rows:
+        chosen = {k: v for k, v in chosen.items() if k in args.rows.split(",")}
+    shapes = [tuple(int(v) for v in s.split(",")) for s in args.shape.split(";")]
+    failed = fxcuda.prepare_many([(prog, dtype) for prog in chosen.values()],
+                                 gemm_items=[(prog, dtype, (dtype,) * len(prog.params)) for prog in chosen.values()])
+    assert not failed, failed
+    device = torch.device("cuda", torch.cuda.current_device())
+    print(f"{torch.cuda.get_device_name()}  torch {torch.__version__}  {args.dtype}  us per call (CUDA graph)")
+    with torch.no_grad():
+        for m, n, k in shapes:
+            for name, prog in chosen.items():
+                module = fxcuda.engine.prepare_gemm(prog, dtype, (dtype,) * len(prog.params), device)
+                text = prog.to_string()
+                sets = []
+                for s in range(SETS):
+                    g = torch.Generator().manual_seed(s)
+                    x = torch.rand(m, k, generator=g).to(device, dtype)
+                    w = (torch.rand(n, k, generator=g) * 2 - 1).div(k ** 0.5).to(device, dtype)
+                    b = torch.rand(n, generator=g).to(device, dtype)
+                    sets.append((x, w, b, make_params(prog, n, dtype=dtype, device=device, generator=g)))
+                times = {"F.linear": graph_us(lambda i: F.linear(sets[i][0], sets[i][1], sets[i][2]), args.repeats)}
+                times["row"] = graph_us(lambda i: fxcuda.engine.call(
+                    text, sets[i][0], sets[i][1], sets[i][2] if prog.gemm.bias else None, sets[i][3]), args.repeats)
+                for config, cname in enumerate(module.config_names):
+                    if module.supports(m, n, k, config):
+                        times[cname] = graph_us(lambda i, c=config: fxcuda.engine.call(
+                            text, sets[i][0], sets[i][1], sets[i][2] if prog.gemm.bias else None, sets[i][3],
+                            gemm=module, config=c), args.repeats)
+                base = times["F.linear"]
+                cells = "  ".join(f"{key} {t:.1f} ({t / base:.3f})" for key, t in times.items())
+                print(f"{name:8s} {m}x{n}x{k}  {cells}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
