@@ -21,6 +21,9 @@
 
 #include <cuda_runtime.h>
 
+#include <cstdint>
+#include <cstdio>
+
 #include <cute/tensor.hpp>
 #include <cutlass/cutlass.h>
 #include <cutlass/epilogue/collective/collective_builder.hpp>
@@ -100,10 +103,42 @@ struct Config {
 using Config0 = Config<128, 256, 64, 2, 1, false>;
 using Config1 = Config<128, 128, 64, 2, 1, true>;
 using Config2 = Config<128, 128, 64, 1, 2, false>;
-constexpr int kNumConfigs = 3;
-#define FX_GEMM_CONFIG_NAMES                                                                   \
-  { "cooperative 128x256x64 cluster 2x1", "pingpong 128x128x64 cluster 2x1",                   \
-    "cooperative 128x128x64 cluster 1x2" }
+constexpr int kNumKernels = 3;
+constexpr const char* kKernelNames[kNumKernels] = {
+    "cooperative 128x256x64 cluster 2x1", "pingpong 128x128x64 cluster 2x1", "cooperative 128x128x64 cluster 1x2"};
+
+// The persistent tile scheduler's orders of visiting tiles, set at launch (no build of their own):
+// which tiles run together decides how much of A and B the L2 serves.
+using RasterOrder = cutlass::gemm::kernel::detail::RasterOrderOptions;
+struct Schedule {
+  RasterOrder raster;
+  int swizzle;
+  const char* name;
+};
+constexpr int kNumSchedules = 6;
+constexpr Schedule kSchedules[kNumSchedules] = {
+    {RasterOrder::Heuristic, 1, "raster heuristic"}, {RasterOrder::AlongM, 1, "raster M"},
+    {RasterOrder::AlongN, 1, "raster N"},            {RasterOrder::AlongM, 2, "raster M swizzle 2"},
+    {RasterOrder::AlongN, 2, "raster N swizzle 2"},  {RasterOrder::AlongN, 4, "raster N swizzle 4"}};
+
+// A configuration index (FxGemmLaunch::config) is kernel * kNumSchedules + schedule.
+constexpr int kNumConfigs = kNumKernels * kNumSchedules;
+
+// "<kernel>, <schedule>" for every configuration, in index order
+inline const char* const* config_names() {
+  static const char* names[kNumConfigs];
+  static char text[kNumConfigs][96];
+  static const bool filled = [] {
+    for (int c = 0; c < kNumConfigs; ++c) {
+      snprintf(text[c], sizeof(text[c]), "%s, %s", kKernelNames[c / kNumSchedules],
+               kSchedules[c % kNumSchedules].name);
+      names[c] = text[c];
+    }
+    return true;
+  }();
+  (void)filled;
+  return names;
+}
 
 // -- the GEMM ----------------------------------------------------------------------------------------
 
@@ -129,6 +164,7 @@ struct GemmFor {
   using Gemm = cutlass::gemm::device::GemmUniversalAdapter<Kernel>;
 
   static typename Gemm::Arguments arguments(const FxGemmLaunch& a) {
+    const Schedule& schedule = kSchedules[(a.config >= 0 ? a.config : 0) % kNumSchedules];
     const int m = static_cast<int>(a.m), n = static_cast<int>(a.n), k = static_cast<int>(a.k);
     using StrideA = typename Gemm::GemmKernel::StrideA;
     using StrideB = typename Gemm::GemmKernel::StrideB;
@@ -139,15 +175,19 @@ struct GemmFor {
     cutlass::KernelHardwareInfo hw{};
     hw.device_id = a.device;
     hw.sm_count = a.sm_count;
-    return typename Gemm::Arguments{
+    typename Gemm::Arguments args{
         cutlass::gemm::GemmUniversalMode::kGemm,
         {m, n, k, 1},
         {static_cast<const T*>(a.x), da, static_cast<const T*>(a.weight), db},
         {Prog::template args<typename Cfg::Tile>(a), nullptr, dd, static_cast<Out*>(a.out), dd},
         hw};
+    args.scheduler.raster_order = schedule.raster;
+    args.scheduler.max_swizzle_size = schedule.swizzle;
+    return args;
   }
 
   static bool supports(int64_t m, int64_t n, int64_t k) {
+    if (m > INT32_MAX || n > INT32_MAX || k > INT32_MAX) return false;
     FxGemmLaunch a{};
     a.m = m;
     a.n = n;
@@ -202,11 +242,10 @@ struct GemmFor {
   FX_DECLARE_GEMM_CONFIG(0)                                                                             \
   FX_DECLARE_GEMM_CONFIG(1)                                                                             \
   FX_DECLARE_GEMM_CONFIG(2)                                                                             \
-  static_assert(fxg::kNumConfigs == 3, "one FX_DECLARE_GEMM_CONFIG a configuration");                   \
-  const char* const kConfigNames[fxg::kNumConfigs] = FX_GEMM_CONFIG_NAMES;                              \
+  static_assert(fxg::kNumKernels == 3, "one FX_DECLARE_GEMM_CONFIG a kernel");                         \
   int32_t supports(int64_t m, int64_t n, int64_t k, int32_t config) {                                   \
-    if (m < 1 || !PROG::supports(n, k)) return 0;                                                       \
-    switch (config) {                                                                                   \
+    if (m < 1 || config < 0 || !PROG::supports(n, k)) return 0;                                         \
+    switch (config / fxg::kNumSchedules) {                                                              \
       case 0: return supports_0(m, n, k);                                                               \
       case 1: return supports_1(m, n, k);                                                               \
       case 2: return supports_2(m, n, k);                                                               \
@@ -214,7 +253,7 @@ struct GemmFor {
     }                                                                                                   \
   }                                                                                                     \
   int64_t workspace(int64_t m, int64_t n, int64_t k, int32_t sms, int32_t config) {                     \
-    switch (config) {                                                                                   \
+    switch (config < 0 ? -1 : config / fxg::kNumSchedules) {                                            \
       case 0: return workspace_0(m, n, k, sms);                                                         \
       case 1: return workspace_1(m, n, k, sms);                                                         \
       case 2: return workspace_2(m, n, k, sms);                                                         \
@@ -222,7 +261,7 @@ struct GemmFor {
     }                                                                                                   \
   }                                                                                                     \
   const char* launch(const FxGemmLaunch* a, void* stream) {                                             \
-    switch (a->config) {                                                                                \
+    switch (a->config < 0 ? -1 : a->config / fxg::kNumSchedules) {                                      \
       case 0: return launch_0(a, stream);                                                               \
       case 1: return launch_1(a, stream);                                                               \
       case 2: return launch_2(a, stream);                                                               \
@@ -230,6 +269,6 @@ struct GemmFor {
     }                                                                                                   \
   }                                                                                                     \
   const FxGemmInfo kInfo = {FX_ABI_VERSION,    PROG::kDtype,       PROG::kOutDtype,  PROG::kNumParams,     \
-                            PROG::kParamIsCol, PROG::kParamDtypes, fxg::kNumConfigs, kConfigNames,         \
+                            PROG::kParamIsCol, PROG::kParamDtypes, fxg::kNumConfigs, fxg::config_names(), \
                             &supports,         &workspace,         &launch};                                \
   extern "C" const FxGemmInfo* ENTRY() { return &kInfo; }

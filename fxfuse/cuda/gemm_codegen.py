@@ -26,7 +26,7 @@ from .codegen import UnsupportedProgram
 from .printer import UnsupportedExpression, print_expr
 
 GEMM_CODEGEN_VERSION = "1"
-NUM_CONFIGS = 3  # fxg::kNumConfigs, csrc/gemm_epilogue.cuh
+NUM_KERNELS = 3  # fxg::kNumKernels, csrc/gemm_epilogue.cuh: one unit each
 
 # element types the in-GEMM path takes for x and weight (float32 would be TF32: not built yet)
 GEMM_DTYPES = {torch.bfloat16: "FX_BF16", torch.float16: "FX_F16"}
@@ -76,7 +76,7 @@ def epilogue_expression(program: Program) -> sympy.Expr:
 def generate(program: Program, dtype: torch.dtype, param_dtypes: tuple[torch.dtype, ...], namespace: str,
              entry: str) -> dict[str, str]:
     """The sources of one GEMM module: file name -> text (``gemm_program.cuh``, ``main.cu`` with
-    the exported ``entry`` returning the module's FxGemmInfo, ``config_<i>.cu`` per configuration)."""
+    the exported ``entry`` returning the module's FxGemmInfo, ``config_<i>.cu`` per kernel of the configuration menu)."""
     reason = unsupported_reason(program, dtype)
     if reason is not None:
         raise UnsupportedProgram(reason)
@@ -88,7 +88,7 @@ def generate(program: Program, dtype: torch.dtype, param_dtypes: tuple[torch.dty
         header, '#include "gemm_program.cuh"', "", f"namespace {namespace} {{",
         f"FX_DEFINE_GEMM_MODULE(Prog, {entry})", f"}}  // namespace {namespace}", "",
     ])
-    for index in range(NUM_CONFIGS):
+    for index in range(NUM_KERNELS):
         sources[f"config_{index}.cu"] = "\n".join([
             header, '#include "gemm_program.cuh"', "", f"namespace {namespace} {{",
             f"FX_DEFINE_GEMM_CONFIG(Prog, {index})", f"}}  // namespace {namespace}", "",
