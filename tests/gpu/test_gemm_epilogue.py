@@ -218,3 +218,30 @@ def test_supported_programs_are_the_pointwise_ones():
     assert unsupported_reason(PROGRAMS["s01_scale_leaky"], torch.bfloat16) is None
     assert unsupported_reason(PROGRAMS["s01_scale_leaky"], torch.float32) is not None
     assert unsupported_reason(PROGRAMS["s02_group_leaky_double"], torch.bfloat16) is not None
+
+
+def test_a_compiled_model_reports_its_measured_path_and_equals_eager(modules):
+    """torch.compile(backend="fxfuse"): the chain is measured at its shape, the report names the
+    path taken and every path's time, and the output obeys the rule."""
+    import fxfuse
+
+    class Block(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.linear = torch.nn.Linear(512, 1024)
+
+        def forward(self, x):
+            return torch.nn.functional.leaky_relu(self.linear(x) * 2.0, 0.1)
+
+    torch.manual_seed(0)
+    model = Block().to(DEVICE, torch.bfloat16)
+    x = torch.randn(4, 64, 512, device=DEVICE, dtype=torch.bfloat16)
+    fxfuse.reset_report()
+    compiled = torch.compile(model, backend="fxfuse")
+    with torch.no_grad():
+        out, eager = compiled(x), model(x)
+        exact = torch.nn.functional.leaky_relu(
+            torch.nn.functional.linear(x.double(), model.linear.weight.double(), model.linear.bias.double()) * 2.0, 0.1)
+    (row,) = fxfuse.last_report().rows
+    assert row.status == "fused" and "measured: " in row.path and "row " in row.path
+    assert_under_rule(out, eager, exact)

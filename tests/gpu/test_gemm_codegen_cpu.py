@@ -1,0 +1,152 @@
+"""The in-GEMM back end's generator and selection plumbing, without a GPU.
+
+What the generated epilogue visitor tree reads and computes, which programs it takes, how its
+modules are keyed, where CUTLASS is found, and how measured selections persist. The kernels
+themselves run in test_gemm_epilogue.py on a Hopper GPU.
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+
+from fxfuse import expr as E
+from fxfuse.cuda import build, gemm_codegen
+from fxfuse.cuda.engine import Selection, _read_selection, _write_selection
+from fxfuse.ir import Gemm, Pointwise, Program, Widen
+from fxfuse.report import Report, Row
+from fxfuse.vocabulary import call
+from programs import PROGRAMS
+
+X = E.X
+S01_BF16 = Program.parse("linear(bias=True) | pointwise(bf16(leaky_relu(bf16(x * 2.0), 0.1)))")
+SCALAR_AND_COL = Program(Gemm(True), (Pointwise(call("silu", E.add(E.mul(X, E.param(0)), E.param(2)))),),
+                         ("scalar", "col", "col"))
+
+
+def header(program: Program, dtype=torch.bfloat16, params=None) -> str:
+    params = params if params is not None else (dtype,) * len(program.params)
+    return gemm_codegen.generate(program, dtype, params, "fxg_t", "fx_gemm_info_t")["gemm_program.cuh"]
+
+
+def test_the_kernel_computes_in_float32_and_rounds_once_at_the_store():
+    """eager's rounding points are dropped; the bias is added to the accumulator."""
+    canonical = gemm_codegen.canonical(S01_BF16)
+    assert canonical.to_string() == "linear(bias=True) | pointwise(leaky_relu(x * 2.0, 0.1))"
+    text = header(S01_BF16)
+    assert "fx_round_bf16" not in text
+    assert "const float x = acc[e] + in_bias[e];" in text
+    assert "fx_leaky_relu(t0, 0.10000000149011612f)" in text
+
+
+def test_programs_that_differ_only_in_rounding_share_one_module():
+    plain = Program.parse("linear(bias=True) | pointwise(leaky_relu(x * 2.0, 0.1))")
+    assert gemm_codegen.canonical(plain) == gemm_codegen.canonical(S01_BF16)
+
+
+def test_the_tree_reads_the_bias_and_each_parameter_the_expression_uses_in_its_own_type():
+    text = header(SCALAR_AND_COL, params=(torch.float32, torch.bfloat16, torch.float32))
+    tree = next(line for line in text.splitlines() if "using Tree" in line)
+    assert tree.strip() == ("using Tree = fxg::Tree<fxg::Pointwise<Chain, Out>, fxg::Acc, fxg::Col<Tile, Element>, "
+                            "fxg::Scalar<float>, fxg::Col<Tile, float>>;")  # p1 is unused: no leaf
+    assert "fxg::scalar_args<float>(a.params[0].ptr)" in text
+    assert "fxg::col_args<fxg::Col<Tile, float>>(a.params[2].ptr)" in text
+    assert "kParamIsCol[3] = {0, 1, 1}" in text and "kParamDtypes[3] = {FX_F32, FX_BF16, FX_F32}" in text
+
+
+def test_a_gemm_without_bias_reads_the_accumulator_alone():
+    text = header(PROGRAMS["s14_silu_div_clamp_tanh"])
+    assert "const float x = acc[e];" in text and "in_bias" not in text
+
+
+def test_a_widening_chain_stores_float32():
+    program = PROGRAMS["widen_s09_vec_relu"]
+    text = header(program, params=(torch.float32,))
+    assert "using Out = float;" in text and "kOutDtype = FX_F32" in text
+    assert gemm_codegen.canonical(program).widens
+
+
+def test_one_unit_per_kernel_and_an_entry_point():
+    sources = gemm_codegen.generate(S01_BF16, torch.float16, (), "fxg_t", "fx_gemm_info_t")
+    assert sorted(sources) == ["config_0.cu", "config_1.cu", "config_2.cu", "gemm_program.cuh", "main.cu"]
+    assert "FX_DEFINE_GEMM_MODULE(Prog, fx_gemm_info_t)" in sources["main.cu"]
+    assert "FX_DEFINE_GEMM_CONFIG(Prog, 2)" in sources["config_2.cu"]
+    assert "using Element = cutlass::half_t;" in sources["gemm_program.cuh"]
+
+
+@pytest.mark.parametrize("name,dtype,reason", [
+    ("s01_scale_leaky", torch.float32, "bfloat16 and float16"),
+    ("s02_group_leaky_double", torch.bfloat16, "norm stages"),
+    ("s16_sigmoid_sum", torch.bfloat16, "reduce stages"),
+])
+def test_programs_the_in_gemm_path_does_not_take_yet(name, dtype, reason):
+    assert reason in gemm_codegen.unsupported_reason(PROGRAMS[name], dtype)
+    with pytest.raises(ValueError):
+        gemm_codegen.generate(PROGRAMS[name], dtype, (dtype,) * len(PROGRAMS[name].params), "n", "e")
+
+
+def test_the_pointwise_suite_programs_are_taken():
+    for name in ("s01_scale_leaky", "s10_div_gelu", "s13_sub_mul_relu", "s14_silu_div_clamp_tanh", "identity"):
+        assert gemm_codegen.unsupported_reason(PROGRAMS[name], torch.bfloat16) is None, name
+
+
+def test_parameters_of_other_dtypes_reach_the_kernel_as_float32():
+    assert gemm_codegen.kernel_param_dtype(torch.float64) == torch.float32
+    assert gemm_codegen.kernel_param_dtype(torch.bfloat16) == torch.bfloat16
+
+
+def test_cutlass_is_found_through_cutlass_path(tmp_path, monkeypatch):
+    include = tmp_path / "include" / "cutlass"
+    include.mkdir(parents=True)
+    (include / "cutlass.h").write_text("")
+    (include / "version.h").write_text("#define CUTLASS_MAJOR 4\n#define CUTLASS_MINOR 2\n#define CUTLASS_PATCH 0\n")
+    monkeypatch.setenv("CUTLASS_PATH", str(tmp_path))
+    assert build.cutlass_include() == tmp_path / "include"
+    assert build.cutlass_version(tmp_path / "include") == "4.2.0"
+
+
+def test_gemm_modules_are_built_for_hopper_only(monkeypatch):
+    monkeypatch.setattr(build, "cutlass_include", lambda: Path("/somewhere"))
+    assert build.gemm_target_reason(build.Target("cuda", "sm_90a")) is None
+    assert "sm_90a" in build.gemm_target_reason(build.Target("cuda", "sm_80"))
+    assert "sm_90a" in build.gemm_target_reason(build.Target("emulate", "emulate"))
+    monkeypatch.setattr(build, "cutlass_include", lambda: None)
+    assert "fxfuse[cutlass]" in build.gemm_target_reason(build.Target("cuda", "sm_90a"))
+
+
+def test_a_selection_survives_on_disk_and_a_corrupt_one_is_measured_again(tmp_path):
+    selection = Selection("cooperative, raster M", 1, {"row": 12.5, "cooperative, raster M": 10.0}, 10)
+    path = tmp_path / "selections" / "s.json"
+    _write_selection(path, selection)
+    assert _read_selection(path) == selection
+    path.write_text("{not json")
+    assert _read_selection(path) is None
+    assert "in-GEMM epilogue (cooperative, raster M)" in selection.describe()
+    assert "row 12.5 us" in Selection("row", -1, {"row": 12.5}, 3).describe()
+
+
+def test_the_report_shows_the_gpu_path_when_there_is_one():
+    row = Row(0, "linear", "fused", ["linear", "relu"], ["linear", "relu"], None, "linear(bias=True) | "
+              "pointwise(relu(x))", "bfloat16", path="in-GEMM epilogue (cooperative); measured: ...")
+    assert "GPU path" in str(Report([row]))
+    assert "GPU path" not in str(Report([Row(0, "linear", "fused", [], [], None, None, None)]))
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None or build.cutlass_include() is None,
+                    reason="needs nvcc and the CUTLASS headers (pip install 'fxfuse[cutlass]')")
+def test_a_generated_unit_compiles_for_sm90a(tmp_path):
+    sources = gemm_codegen.generate(SCALAR_AND_COL, torch.bfloat16, (torch.float32,) * 3, "fxg_t", "fx_gemm_info_t")
+    for name, text in sources.items():
+        (tmp_path / name).write_text(text)
+    import subprocess
+
+    result = subprocess.run(
+        ["nvcc", "-std=c++17", "--expt-relaxed-constexpr", "-DNDEBUG", "-gencode=arch=compute_90a,code=sm_90a",
+         f"-I{build.CSRC}", f"-I{build.cutlass_include()}", f"-I{tmp_path}", "-c", str(tmp_path / "main.cu"),
+         "-o", str(tmp_path / "main.o")],
+        capture_output=True, text=True, timeout=600,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
