@@ -330,6 +330,35 @@ class ProgramModule:
     path: Path
 
 
+def _build_generated(key: str, label: str, name: str, entry: str, sources: dict[str, str], target: Target,
+                     csrc: Path, cutlass: Path | None = None) -> tuple[ctypes.CDLL, int, Path]:
+    """Compile generated ``sources`` (headers beside csrc/'s, units compiled) into the cache entry
+    ``key`` (or find it there), load the library and call ``entry``: (library, the info address
+    it returns, the library's path), its ABI checked."""
+
+    def compile_into(directory: Path):
+        _copy_headers(directory, csrc)
+        for file, content in sources.items():
+            (directory / "include" / file if file.endswith(".cuh") else directory / file).write_text(content)
+        units = [directory / file for file in sources if not file.endswith(".cuh")]
+        path = _load_extension(name, units, directory, target, python_module=False, cutlass=cutlass)
+        return {"library": Path(path).name, "entry": entry}, None
+
+    directory, manifest, _ = _cached_build(key, label, compile_into)
+    path = directory / manifest["library"]
+    try:
+        library = ctypes.CDLL(str(path))
+        function = getattr(library, manifest["entry"])
+    except (OSError, AttributeError) as error:
+        raise BuildError(f"cannot load {path}: {error}") from error
+    function.restype = ctypes.c_void_p
+    info = function()
+    abi = ctypes.c_int32.from_address(info).value
+    if abi != FX_ABI_VERSION:
+        raise BuildError(f"{path}: ABI {abi}, expected {FX_ABI_VERSION}")
+    return library, info, path
+
+
 def build_program(program: Program, dtype: torch.dtype, target: Target, csrc: Path = CSRC) -> ProgramModule:
     """Generate, compile (or find in the cache) and load ``program`` for ``dtype``."""
     text = program.to_string()
@@ -342,26 +371,7 @@ def build_program(program: Program, dtype: torch.dtype, target: Target, csrc: Pa
     except codegen.UnsupportedProgram as error:
         raise BuildError(f"unsupported program {text!r} ({dtype}): {error}") from error
 
-    def compile_into(directory: Path):
-        _copy_headers(directory, csrc)
-        for name, content in sources.items():
-            (directory / "include" / name if name.endswith(".cuh") else directory / name).write_text(content)
-        units = [directory / name for name in sources if not name.endswith(".cuh")]
-        path = _load_extension(f"fxp_{short}", units, directory, target, python_module=False)
-        return {"library": Path(path).name, "entry": entry}, None
-
-    directory, manifest, _ = _cached_build(key, short_label(text, dtype), compile_into)
-    path = directory / manifest["library"]
-    try:
-        library = ctypes.CDLL(str(path))
-        function = getattr(library, manifest["entry"])
-    except (OSError, AttributeError) as error:
-        raise BuildError(f"cannot load {path}: {error}") from error
-    function.restype = ctypes.c_void_p
-    info = function()
-    abi = ctypes.c_int32.from_address(info).value
-    if abi != FX_ABI_VERSION:
-        raise BuildError(f"{path}: ABI {abi}, expected {FX_ABI_VERSION}")
+    library, info, path = _build_generated(key, short_label(text, dtype), f"fxp_{short}", entry, sources, target, csrc)
     return ProgramModule(library, info, path)
 
 
@@ -433,26 +443,8 @@ def build_gemm(program: Program, dtype: torch.dtype, param_dtypes: tuple[torch.d
     except codegen.UnsupportedProgram as error:
         raise BuildError(f"no in-GEMM kernel for {text!r} ({dtype}): {error}") from error
 
-    def compile_into(directory: Path):
-        _copy_headers(directory, csrc)
-        for name, content in sources.items():
-            (directory / "include" / name if name.endswith(".cuh") else directory / name).write_text(content)
-        units = [directory / name for name in sources if not name.endswith(".cuh")]
-        path = _load_extension(f"fxg_{short}", units, directory, target, python_module=False, cutlass=include)
-        return {"library": Path(path).name, "entry": entry}, None
-
-    directory, manifest, _ = _cached_build(key, "in-GEMM " + short_label(text, dtype), compile_into)
-    path = directory / manifest["library"]
-    try:
-        library = ctypes.CDLL(str(path))
-        function = getattr(library, manifest["entry"])
-    except (OSError, AttributeError) as error:
-        raise BuildError(f"cannot load {path}: {error}") from error
-    function.restype = ctypes.c_void_p
-    info = function()
-    abi = ctypes.c_int32.from_address(info).value
-    if abi != FX_ABI_VERSION:
-        raise BuildError(f"{path}: ABI {abi}, expected {FX_ABI_VERSION}")
+    library, info, path = _build_generated(key, "in-GEMM " + short_label(text, dtype), f"fxg_{short}", entry,
+                                           sources, target, csrc, cutlass=include)
     return GemmModule(library, info, path, key)
 
 

@@ -150,3 +150,34 @@ def test_a_generated_unit_compiles_for_sm90a(tmp_path):
         capture_output=True, text=True, timeout=600,
     )
     assert result.returncode == 0, result.stderr[-3000:]
+
+
+def test_gemm_modules_are_keyed_on_the_kernel_program_parameter_dtypes_and_cutlass(tmp_path, monkeypatch):
+    """What build_gemm hands the compiler: the CUTLASS include, four units, a key that two
+    spellings of one kernel share and parameter dtypes or another CUTLASS version change."""
+    include = tmp_path / "include"
+    (include / "cutlass").mkdir(parents=True)
+    (include / "cutlass" / "cutlass.h").write_text("")
+    version = include / "cutlass" / "version.h"
+    version.write_text("#define CUTLASS_MAJOR 4\n#define CUTLASS_MINOR 2\n#define CUTLASS_PATCH 0\n")
+    monkeypatch.setenv("CUTLASS_PATH", str(tmp_path))
+    built = []
+
+    def fake_build(key, label, name, entry, sources, target, csrc, cutlass=None):
+        built.append(dict(key=key, label=label, sources=sorted(sources), cutlass=cutlass))
+        return None, 0, tmp_path / "lib.so"
+
+    monkeypatch.setattr(build, "_build_generated", fake_build)
+    target = build.Target("cuda", "sm_90a", (), None)
+    plain = Program.parse("linear(bias=True) | pointwise(leaky_relu(x * 2.0, 0.1))")
+    keys = [build.build_gemm(p, torch.bfloat16, (), target).key for p in (S01_BF16, plain)]
+    assert keys[0] == keys[1]
+    assert built[0]["cutlass"] == include and built[0]["label"].startswith("in-GEMM ")
+    assert built[0]["sources"] == ["config_0.cu", "config_1.cu", "config_2.cu", "gemm_program.cuh", "main.cu"]
+    col = Program(Gemm(True), (Pointwise(E.add(X, E.param(0))),), ("col",))
+    assert (build.build_gemm(col, torch.bfloat16, (torch.bfloat16,), target).key
+            != build.build_gemm(col, torch.bfloat16, (torch.float32,), target).key)
+    build.cutlass_version.cache_clear()
+    version.write_text("#define CUTLASS_MAJOR 4\n#define CUTLASS_MINOR 3\n#define CUTLASS_PATCH 0\n")
+    assert build.build_gemm(plain, torch.bfloat16, (), target).key != keys[0]
+    build.cutlass_version.cache_clear()
