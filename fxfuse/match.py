@@ -174,8 +174,12 @@ class _Matcher:
         best, shrink_reason = self._longest_closed_prefix()
         if best is None or not best.stages:
             reason = shrink_reason or stop_reason or "no epilogue op after the GEMM"
+            after = chain[1 : len(self.region)]  # the ops matched after the GEMM
             if best is not None and not best.stages and best.bias is not None and not shrink_reason:
-                reason = stop_reason or "only a bias add after the GEMM"
+                only_bias = self.op.bias is None and len(after) == 1
+                reason = stop_reason or ("only a bias add after the GEMM" if only_bias else
+                                         f"no epilogue op after the GEMM: {', '.join(after)} "
+                                         f"{'is an identity' if len(after) == 1 else 'are identities'} here")
             return Chain(self.gemm, "not_fused", chain, [], reason, dtype=self.dtype)
         nodes = self.region[: self.region.index(best.node) + 1]
         complete = len(nodes) == len(self.region) and stop_reason is None

@@ -4,8 +4,11 @@ Builds go through ``torch.utils.cpp_extension.load`` (ninja). Each module lives 
 ``<cache>/<key>/`` where the key hashes everything that changes its binary: the program and dtype,
 the contents of csrc/, the codegen version, torch's and CUDA's versions and the target (device
 arch, or the host emulator). A build runs in a private temporary directory under a file lock
-(stale locks are broken) and is renamed into place with an ``ok`` marker, so concurrent processes
-neither corrupt the cache nor build twice, and a crashed build leaves nothing that looks finished.
+(stale locks are broken) and is renamed into place with an ``ok`` marker (its manifest, with the
+library's SHA-256), so concurrent processes neither corrupt the cache nor build twice, and a
+crashed build leaves nothing that looks finished. An entry whose library is missing, differs from
+its checksum or fails to load is removed and built again once, with a warning; a cache directory
+that cannot be written is replaced by a private temporary one, with a warning.
 
 Targets: ``cuda`` compiles the kernels with nvcc for the current device; ``emulate`` compiles the
 same sources as host C++ with FX_EMULATE (csrc/fx_emulate.h) so machines without a GPU can run
@@ -31,8 +34,10 @@ import shutil
 import subprocess
 import sys
 import threading
+import tempfile
 import time
 import uuid
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
@@ -156,10 +161,32 @@ def emulate_target() -> Target:
 # -- cache ----------------------------------------------------------------------------------------
 
 
-def cache_root() -> Path:
+def configured_cache_root() -> Path:
     """``$FXFUSE_CACHE_DIR`` or ``~/.cache/fxfuse``."""
     root = os.environ.get("FXFUSE_CACHE_DIR")
     return Path(root).expanduser() if root else Path.home() / ".cache" / "fxfuse"
+
+
+_fallback_roots: dict[Path, Path] = {}
+
+
+def cache_root() -> Path:
+    """The configured cache directory, or, where it cannot be created or written, a private
+    temporary directory for this process (warned about once)."""
+    root = configured_cache_root()
+    if root in _fallback_roots:
+        return _fallback_roots[root]
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=root, prefix=".probe-"):
+            pass
+        return root
+    except OSError as error:
+        fallback = Path(tempfile.mkdtemp(prefix="fxfuse-cache-"))
+        _fallback_roots[root] = fallback
+        warnings.warn(f"fxfuse: cannot write the build cache {root} ({error.strerror or error}); building into "
+                      f"{fallback} for this process (set FXFUSE_CACHE_DIR to a writable directory)", RuntimeWarning)
+        return fallback
 
 
 def _sources(csrc: Path) -> list[Path]:
@@ -249,12 +276,13 @@ def _cached_build(key: str, label: str, compile_into) -> tuple[Path, dict, objec
     loaded)`` when absent), its manifest, and what compile_into loaded (None on a cache hit)."""
     root = cache_root()
     final = root / key
-    marker = final / "ok"
-    if marker.is_file():
-        return final, json.loads(marker.read_text()), None
+    manifest = _intact(final, label)
+    if manifest is not None:
+        return final, manifest, None
     with _process_lock, _locked(root / f"{key}.lock", label):
-        if marker.is_file():
-            return final, json.loads(marker.read_text()), None
+        manifest = _intact(final, label)
+        if manifest is not None:
+            return final, manifest, None
         work = root / f"{key}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
         work.mkdir(parents=True)
         print(f"fxfuse: building {label} ...", end="", file=sys.stderr, flush=True)
@@ -270,12 +298,102 @@ def _cached_build(key: str, label: str, compile_into) -> tuple[Path, dict, objec
                 raise BuildError(f"building {label} failed:\n{_tail(str(error))}") from error
             raise
         manifest = {**manifest, "label": label, "seconds": round(time.perf_counter() - start, 2)}
+        if "library" in manifest and (work / manifest["library"]).is_file():
+            manifest["sha256"] = _file_digest(work / manifest["library"])
         (work / "ok").write_text(json.dumps(manifest))
         if final.exists():  # an unfinished directory from an older layout: replace it
             shutil.rmtree(final, ignore_errors=True)
         os.replace(work, final)
         print(f" done in {time.perf_counter() - start:.1f} s", file=sys.stderr, flush=True)
         return final, manifest, loaded
+
+
+_ENTRY_NAME = re.compile(r"^[0-9a-f]{32}(\.lock|\.lock\.guard|\.tmp-.*)?$")
+
+
+@dataclass(frozen=True)
+class CacheSummary:
+    """What ``python -m fxfuse cache`` shows: where the cache is, its size and its entries."""
+
+    root: Path
+    bytes: int
+    entries: dict[str, int]  # kind ("runtime", "program", "in-GEMM", "unfinished") -> count
+    selections: int  # measured path choices kept (fxfuse.cuda.engine)
+
+
+def _size(path: Path) -> int:
+    if path.is_file():
+        return path.stat().st_size
+    return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
+
+
+def cache_summary(root: Path | None = None) -> CacheSummary:
+    root = configured_cache_root() if root is None else root
+    entries: dict[str, int] = {}
+    total = 0
+    if root.is_dir():
+        for path in root.iterdir():
+            if not _ENTRY_NAME.match(path.name) and path.name != "selections":
+                continue
+            total += _size(path)
+            if path.is_dir() and _ENTRY_NAME.match(path.name):
+                label = ""
+                try:
+                    label = json.loads((path / "ok").read_text()).get("label", "")
+                    kind = "runtime" if label.startswith("runtime") else \
+                        "in-GEMM" if label.startswith("in-GEMM") else "program"
+                except (OSError, ValueError):
+                    kind = "unfinished"
+                entries[kind] = entries.get(kind, 0) + 1
+    selections = len(list((root / "selections").glob("*.json"))) if (root / "selections").is_dir() else 0
+    return CacheSummary(root, total, entries, selections)
+
+
+def clear_cache(root: Path | None = None) -> int:
+    """Remove fxfuse's entries (builds, locks, selections) from the cache directory, nothing else
+    that may share it; the bytes freed."""
+    root = configured_cache_root() if root is None else root
+    freed = 0
+    if root.is_dir():
+        for path in root.iterdir():
+            if _ENTRY_NAME.match(path.name) or path.name == "selections":
+                freed += _size(path)
+                shutil.rmtree(path) if path.is_dir() else path.unlink(missing_ok=True)
+    return freed
+
+
+def _file_digest(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def _intact(final: Path, label: str) -> dict | None:
+    """The manifest of a finished entry whose library matches its checksum; None where there is
+    no finished entry, or (warned about, then removed) one that is corrupt."""
+    marker = final / "ok"
+    if not marker.is_file():
+        return None
+    try:
+        manifest = json.loads(marker.read_text())
+        library = final / manifest["library"] if "library" in manifest else None
+        if library is not None and not library.is_file():
+            raise ValueError(f"{library.name} is missing")
+        if library is not None and "sha256" in manifest and _file_digest(library) != manifest["sha256"]:
+            raise ValueError(f"{library.name} differs from its checksum")
+    except (OSError, ValueError, KeyError, TypeError) as error:
+        evict(final, label, str(error))
+        return None
+    return manifest
+
+
+def evict(final: Path, label: str, why: str) -> None:
+    """Remove a corrupt cache entry (the next build of its key compiles it again)."""
+    warnings.warn(f"fxfuse: the cached build of {label} is corrupt ({why}); rebuilding it", RuntimeWarning)
+    marker = final / "ok"
+    try:  # the marker first, so that no process takes the rest for a finished entry
+        marker.unlink(missing_ok=True)
+    except OSError:
+        pass
+    shutil.rmtree(final, ignore_errors=True)
 
 
 @contextlib.contextmanager
@@ -344,19 +462,24 @@ def _build_generated(key: str, label: str, name: str, entry: str, sources: dict[
         path = _load_extension(name, units, directory, target, python_module=False, cutlass=cutlass)
         return {"library": Path(path).name, "entry": entry}, None
 
-    directory, manifest, _ = _cached_build(key, label, compile_into)
-    path = directory / manifest["library"]
-    try:
-        library = ctypes.CDLL(str(path))
-        function = getattr(library, manifest["entry"])
-    except (OSError, AttributeError) as error:
-        raise BuildError(f"cannot load {path}: {error}") from error
-    function.restype = ctypes.c_void_p
-    info = function()
-    abi = ctypes.c_int32.from_address(info).value
-    if abi != FX_ABI_VERSION:
-        raise BuildError(f"{path}: ABI {abi}, expected {FX_ABI_VERSION}")
-    return library, info, path
+    for attempt in range(2):  # a cached entry that does not load is built again, once
+        directory, manifest, _ = _cached_build(key, label, compile_into)
+        path = directory / manifest["library"]
+        try:
+            library = ctypes.CDLL(str(path))
+            function = getattr(library, manifest["entry"])
+            function.restype = ctypes.c_void_p
+            info = function()
+            abi = ctypes.c_int32.from_address(info).value
+            if abi != FX_ABI_VERSION:
+                raise ValueError(f"ABI {abi}, expected {FX_ABI_VERSION}")
+        except (OSError, AttributeError, ValueError) as error:
+            if attempt == 0:
+                evict(directory, label, f"cannot load {path.name}: {error}")
+                continue
+            raise BuildError(f"cannot load {path}: {error}") from error
+        return library, info, path
+    raise AssertionError("unreachable")
 
 
 def build_program(program: Program, dtype: torch.dtype, target: Target, csrc: Path = CSRC) -> ProgramModule:
@@ -460,10 +583,16 @@ def build_runtime(target: Target, csrc: Path = CSRC) -> ModuleType:
         module = _load_extension(name, [source], directory, target, python_module=True)
         return {"library": Path(module.__file__).name, "module": module.__name__}, module
 
-    directory, manifest, module = _cached_build(key, f"runtime ({target.tag})", compile_into)
+    label = f"runtime ({target.tag})"
+    directory, manifest, module = _cached_build(key, label, compile_into)
     if module is not None:
         return module
-    return _import(manifest["module"], directory / manifest["library"])
+    try:
+        return _import(manifest["module"], directory / manifest["library"])
+    except BuildError as error:  # a cached runtime that does not import: build it again, once
+        evict(directory, label, str(error).splitlines()[0])
+    directory, manifest, module = _cached_build(key, label, compile_into)
+    return module if module is not None else _import(manifest["module"], directory / manifest["library"])
 
 
 def _import(name: str, path: Path) -> ModuleType:

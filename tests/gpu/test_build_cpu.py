@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import multiprocessing
 import os
 import shutil
@@ -225,3 +226,70 @@ def test_prepare_many_builds_in_worker_processes(emulate_target):
     assert list(failed) == [(bad.to_string(), torch.float32)]
     x, w, b = torch.randn(3, 8), torch.randn(16, 8), torch.randn(16)
     assert engine.covers(PROGRAMS["s10_div_gelu"].to_string(), x, w, b, [])
+
+
+# -- a cache that heals -------------------------------------------------------------------------------
+
+
+def _artifact_build(counter: Path):
+    def compile_into(directory: Path):
+        counter.write_text(counter.read_text() + "built\n" if counter.exists() else "built\n")
+        (directory / "artifact").write_text("the library")
+        return {"library": "artifact"}, None
+
+    return compile_into
+
+
+@pytest.mark.parametrize("damage", ["changed", "missing"])
+def test_a_corrupt_entry_is_rebuilt_once_with_a_warning(tmp_path, monkeypatch, damage):
+    monkeypatch.setenv("FXFUSE_CACHE_DIR", str(tmp_path / "cache"))
+    counter = tmp_path / "count"
+    final, manifest, _ = build._cached_build("e" * 32, "a module", _artifact_build(counter))
+    assert len(manifest["sha256"]) == 64
+    if damage == "changed":
+        (final / "artifact").write_text("the librar")  # a truncated file
+    else:
+        (final / "artifact").unlink()
+    with pytest.warns(RuntimeWarning, match="cached build of a module is corrupt"):
+        final, _, _ = build._cached_build("e" * 32, "a module", _artifact_build(counter))
+    assert (final / "artifact").read_text() == "the library"
+    assert counter.read_text().count("built") == 2
+    build._cached_build("e" * 32, "a module", _artifact_build(counter))  # healed: a plain hit
+    assert counter.read_text().count("built") == 2
+
+
+def test_an_unwritable_cache_falls_back_to_a_private_directory(tmp_path, monkeypatch):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    monkeypatch.setenv("FXFUSE_CACHE_DIR", str(blocker / "cache"))  # its parent is a file
+    with pytest.warns(RuntimeWarning, match="cannot write the build cache"):
+        root = build.cache_root()
+    assert root.is_dir() and root != blocker / "cache"
+    assert build.cache_root() == root  # warned once, the same directory for the process
+    final, _, _ = build._cached_build("f" * 32, "a module", _artifact_build(tmp_path / "count"))
+    assert final.parent == root
+
+
+def test_a_cached_module_that_does_not_load_is_rebuilt(tmp_path, emulate_target):
+    """A library that matches its checksum but does not load (say, written by another toolchain):
+    built, damaged, then loaded by fresh processes (one that loaded a library of that name keeps
+    it)."""
+    program = PROGRAMS["s13_sub_mul_relu"]
+    code = ("import sys, torch; from fxfuse.cuda import build; from fxfuse.ir import Program; "
+            "print(build.build_program(Program.parse(sys.argv[1]), torch.float32, build.emulate_target()).path)")
+
+    def build_in_a_new_process():
+        return subprocess.run([sys.executable, "-c", code, program.to_string()], capture_output=True, text=True,
+                              timeout=600, env={**os.environ, "FXFUSE_CACHE_DIR": str(tmp_path / "cache")})
+
+    built = build_in_a_new_process()
+    assert built.returncode == 0, built.stderr
+    library = Path(built.stdout.strip().splitlines()[-1])
+    manifest = json.loads((library.parent / "ok").read_text())
+    library.write_bytes(b"not a shared library")
+    manifest["sha256"] = build._file_digest(library)
+    (library.parent / "ok").write_text(json.dumps(manifest))
+    again = build_in_a_new_process()
+    assert again.returncode == 0, again.stderr
+    assert "is corrupt (cannot load" in again.stderr and "rebuilding it" in again.stderr
+    assert Path(again.stdout.strip().splitlines()[-1]) == library and library.read_bytes()[:4] == b"\x7fELF"
