@@ -21,10 +21,11 @@ import torch
 
 from fxfuse import expr as E
 from fxfuse import reference
-from fxfuse.cuda.build import BuildError, emulate_target
+from fxfuse.cuda.build import BuildError, cache_root, emulate_target
 from fxfuse.cuda.engine import Engine
 from fxfuse.ir import Gemm, Norm, Program
 from fxfuse.vocabulary import call
+from progress import shown
 from programs import LOW_PRECISION, PROGRAMS, assert_backward_close, dtypes_of, grad_cases, make_params, poison, pw
 
 SHAPES = [(7, 1000, 300), (1, 64, 16), (5, 256, 16), (3, 4096, 8), (4, 3, 8), (6, 24, 5)]
@@ -34,7 +35,7 @@ TOL = {torch.float32: 1e-4, torch.bfloat16: 1e-2, torch.float16: 1e-2}
 
 
 @pytest.fixture(scope="module")
-def engine():
+def engine(request):
     if os.environ.get("FXFUSE_SKIP_EMULATOR"):
         pytest.skip("FXFUSE_SKIP_EMULATOR is set")
     if not (shutil.which("g++") or shutil.which("c++")):
@@ -46,7 +47,10 @@ def engine():
     engine = Engine(lambda device: target)
     pairs = {(PROGRAMS[c.values[0]], c.values[1]) for c in cases()}
     pairs |= {(PROGRAMS[name], dtype) for name in EXTRA for dtype in (torch.float32, torch.bfloat16)}
-    failed = engine.prepare_many(sorted(pairs, key=str), torch.device("cpu"))  # parallel builds
+    what = (f"fxfuse: compiling {len(pairs)} emulator modules (host C++, in parallel; cached in {cache_root()}, "
+            "so only a first run pays; FXFUSE_SKIP_EMULATOR=1 skips this file)")
+    with shown(request, what):
+        failed = engine.prepare_many(sorted(pairs, key=str), torch.device("cpu"))  # parallel builds
     assert not failed, failed
     return engine
 
