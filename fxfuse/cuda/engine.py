@@ -141,7 +141,9 @@ class Engine:
             ))
         cpus = os.cpu_count() or 2
         jobs = [(RUNTIME_SOURCE, torch.float32, None)] + [(t, d, None) for t, d in pairs] + triples
-        workers = max(1, min(workers or max(1, cpus // 2), len(jobs)))
+        # a module's units compile in parallel too; on few cores a worker a core keeps them busy
+        # through each build's serial steps (ninja and cpp_extension start-up, the link)
+        workers = max(1, min(workers or (cpus if cpus < 4 else cpus // 2), len(jobs)))
         context = multiprocessing.get_context("spawn")
         with concurrent.futures.ProcessPoolExecutor(workers, mp_context=context) as pool:
             texts, dtypes, params = zip(*jobs)
