@@ -201,14 +201,13 @@ class Engine:
         candidates = {ROW_PATH: -1}
         for config, name in enumerate(module.config_names):
             candidates[name] = config
-        times = {}
+        calls = {}
+        for name, config in candidates.items():
+            if config < 0 or module.supports(m, n, k, config):
+                calls[name] = (lambda config=config: runtime.run(handle, x, weight, bias, params, self._flags, None,
+                                                                 False, module.info, config))
         with torch.no_grad():
-            for name, config in candidates.items():
-                def call(config=config):
-                    return runtime.run(handle, x, weight, bias, params, self._flags, None, False, module.info, config)
-                if config >= 0 and not module.supports(m, n, k, config):
-                    continue
-                times[name] = _time_us(call)
+            times = interleaved_medians(calls, _time_us)
         path = min(times, key=times.get)
         return Selection(path, candidates[path], times, runtime.bucket_of(m))
 
@@ -329,21 +328,29 @@ def group_norm_rounds_stats(device: torch.device) -> bool:
     return distance(bf16(mean), bf16(rstd)) < distance(mean, rstd)
 
 
-def _time_us(call, calls: int = 10, repeats: int = 5) -> float:
-    """Median over ``repeats`` of the GPU time per call of ``calls`` back-to-back calls (after a
-    warm-up), microseconds."""
-    for _ in range(3):
+def interleaved_medians(calls: dict[str, Callable[[], object]], time_once: Callable[[Callable], float],
+                        rounds: int = 7) -> dict[str, float]:
+    """The median of ``rounds`` timings of each call, taken round-robin (every candidate once a
+    round, after one warm-up round), so that a drift of the card's clocks during the measurement
+    lands on all candidates alike rather than on whichever ran last."""
+    for call in calls.values():
+        time_once(call)
+    samples: dict[str, list[float]] = {name: [] for name in calls}
+    for _ in range(rounds):
+        for name, call in calls.items():
+            samples[name].append(time_once(call))
+    return {name: statistics.median(values) for name, values in samples.items()}
+
+
+def _time_us(call, calls: int = 10) -> float:
+    """GPU time per call of ``calls`` back-to-back calls, microseconds (CUDA events)."""
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(calls):
         call()
-    samples = []
-    for _ in range(repeats):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        for _ in range(calls):
-            call()
-        end.record()
-        end.synchronize()
-        samples.append(start.elapsed_time(end) * 1000.0 / calls)
-    return statistics.median(samples)
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end) * 1000.0 / calls
 
 
 def _selection_file(module_key: str, shape, bucket: int, device: torch.device):

@@ -181,3 +181,27 @@ def test_gemm_modules_are_keyed_on_the_kernel_program_parameter_dtypes_and_cutla
     version.write_text("#define CUTLASS_MAJOR 4\n#define CUTLASS_MINOR 3\n#define CUTLASS_PATCH 0\n")
     assert build.build_gemm(plain, torch.bfloat16, (), target).key != keys[0]
     build.cutlass_version.cache_clear()
+
+
+def test_the_selection_times_candidates_round_robin():
+    """A card that slows as it heats (0.5 % a timing here) slows every candidate alike: the 1 %
+    faster path wins in either order, where timing one candidate after the other would not."""
+    from fxfuse.cuda.engine import interleaved_medians
+
+    def drifting_clock():
+        timings = {"n": 0}
+
+        def time_once(call):
+            timings["n"] += 1
+            return call() * (1 + 0.005 * timings["n"])
+
+        return time_once
+
+    for order in (("row", "in-GEMM"), ("in-GEMM", "row")):
+        calls = {name: (lambda v=100.0 if name == "row" else 99.0: v) for name in order}
+        times = interleaved_medians(calls, drifting_clock())
+        assert min(times, key=times.get) == "in-GEMM"
+    one_after_the_other = drifting_clock()
+    row = sorted(one_after_the_other(lambda: 100.0) for _ in range(8))[4]
+    in_gemm = sorted(one_after_the_other(lambda: 99.0) for _ in range(8))[4]
+    assert in_gemm > row  # the drift alone would have picked the slower path
