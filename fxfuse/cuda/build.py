@@ -240,6 +240,7 @@ def cache_key(kind: str, payload: str, target: Target, csrc: Path = CSRC) -> str
 # -- building -------------------------------------------------------------------------------------
 
 _process_lock = threading.Lock()  # one build at a time in this process (the file lock spans processes)
+_whole_lines = False  # build workers side by side print each progress line whole, at its end
 
 
 def _compiler_flags(target: Target, cutlass: Path | None = None) -> dict:
@@ -288,12 +289,14 @@ def _cached_build(key: str, label: str, compile_into) -> tuple[Path, dict, objec
             return final, manifest, None
         work = root / f"{key}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
         work.mkdir(parents=True)
-        print(f"fxfuse: building {label} ...", end="", file=sys.stderr, flush=True)
+        head = f"fxfuse: building {label} ..."
+        if not _whole_lines:
+            print(head, end="", file=sys.stderr, flush=True)
         start = time.perf_counter()
         try:
             manifest, loaded = compile_into(work)
         except BaseException as error:
-            print(" failed", file=sys.stderr, flush=True)
+            print(f"{head if _whole_lines else ''} failed", file=sys.stderr, flush=True)
             shutil.rmtree(work, ignore_errors=True)
             if isinstance(error, BuildError):
                 raise
@@ -307,7 +310,8 @@ def _cached_build(key: str, label: str, compile_into) -> tuple[Path, dict, objec
         if final.exists():  # an unfinished directory from an older layout: replace it
             shutil.rmtree(final, ignore_errors=True)
         os.replace(work, final)
-        print(f" done in {time.perf_counter() - start:.1f} s", file=sys.stderr, flush=True)
+        print(f"{head if _whole_lines else ''} done in {time.perf_counter() - start:.1f} s", file=sys.stderr,
+              flush=True)
         return final, manifest, loaded
 
 
@@ -626,7 +630,9 @@ def build_in_subprocess(program_text: str, dtype: torch.dtype, target: Target, m
                         param_dtypes: tuple[torch.dtype, ...] | None = None) -> str | None:
     """Build one module into the shared cache (run in a worker process): the runtime, a program
     module, or with ``param_dtypes`` a GEMM module; the error text or None."""
+    global _whole_lines
     os.environ["MAX_JOBS"] = str(max_jobs)
+    _whole_lines = True
     try:
         if program_text == RUNTIME_SOURCE:
             build_runtime(target)
