@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # One call on a Hopper GPU machine for the in-GEMM back end: install fxfuse and the CUTLASS headers
-# (carried wheels in .whl/), the in-GEMM tests, then the benchmark of the rows given (BENCH_ROWS).
+# (wheels placed in .whl/ for a machine without network), the in-GEMM tests (GEMM_TESTS, empty: none),
+# then the benchmark of the rows given (BENCH_ROWS).
 set -uo pipefail
 OUT=${OUT:-$PWD/out}; mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 FXFUSE_CACHE_DIR=${FXFUSE_CACHE_DIR:-/tmp/fxfuse-cache} FXFUSE_SKIP_EMULATOR=1
@@ -12,8 +13,9 @@ python3 -m pip install -q --no-deps --no-build-isolation -e . >"$OUT/install.log
 { nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv
   python3 -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda)"; } | tee "$OUT/env.txt"
 status=0
-if [ -n "${GEMM_TESTS:-tests/gpu/test_gemm_epilogue.py}" ]; then
-  timeout ${TEST_TIMEOUT:-480} python3 -m pytest ${GEMM_TESTS:-tests/gpu/test_gemm_epilogue.py} -q -rs -x \
+GEMM_TESTS=${GEMM_TESTS-tests/gpu/test_gemm_epilogue.py}
+if [ -n "$GEMM_TESTS" ]; then
+  timeout ${TEST_TIMEOUT:-480} python3 -m pytest $GEMM_TESTS -q -rs -x \
     -p no:cacheprovider 2>&1 | tee "$OUT/gemm_tests.log" | tail -n 30 || status=1
 fi
 if [ -n "${BENCH_ROWS:-}" ]; then
