@@ -12,7 +12,8 @@
 // Col takes the CTA tile as a template argument, so a program's tree is a template over the
 // tile (Prog::Tree<Tile>). The GEMM around it is assembled from a Config (tile, cluster, mainloop
 // and epilogue schedules) by fxg::GemmFor; a program module compiles one unit per Config so that
-// ninja builds them in parallel, and the runtime picks the measured-fastest one per shape bucket.
+// ninja builds them in parallel; each runs under several tile orders chosen at launch, and the
+// runtime runs the configuration measured fastest for the call's shape bucket.
 //
 // Layouts: x is (M, K) row-major, weight (N, K) row-major (B is K-major), out (M, N) row-major.
 // TMA needs 16-byte aligned base pointers and row strides; the runtime checks the pointers,
@@ -97,9 +98,10 @@ struct Config {
                                                cutlass::epilogue::TmaWarpSpecializedCooperative>;
 };
 
-// The menu every program module compiles (index = FxGemmLaunch::config). Cooperative 128x256 with
-// a 2x1 cluster matched cuBLAS on the H100 without an epilogue; ping-pong overlaps one warp
-// group's epilogue with the other's mainloop; 128x128 serves shapes with few 128x256 tiles.
+// The kernels every GEMM module compiles, one unit each (ConfigI, I = kernel index). Cooperative
+// 128x256 with a 2x1 cluster came nearest cuBLAS on the H100 (1.05-1.08x with the bias and a
+// store); ping-pong overlaps one warp group's epilogue with the other's mainloop; 128x128 serves
+// shapes with few 128x256 tiles (BENCHMARKS.md section 9 has what each won).
 using Config0 = Config<128, 256, 64, 2, 1, false>;
 using Config1 = Config<128, 128, 64, 2, 1, true>;
 using Config2 = Config<128, 128, 64, 1, 2, false>;
