@@ -497,7 +497,7 @@ def build_program(program: Program, dtype: torch.dtype, target: Target, csrc: Pa
     entry = f"fx_program_info_{short}"
     ext = ".cu" if target.mode == "cuda" else ".cpp"
     try:
-        sources = codegen.generate(program, dtype, f"fxm_{short}", entry, ext)
+        sources = codegen.generate(program, dtype, f"fxm_{short}", entry, ext, one_unit=target.mode == "emulate")
     except codegen.UnsupportedProgram as error:
         raise BuildError(f"unsupported program {text!r} ({dtype}): {error}") from error
 

@@ -76,33 +76,33 @@ def items_units(program: Program, dtype: torch.dtype) -> list[int]:
     return [1 << k for k in range(top.bit_length()) if 1 << k <= top]
 
 
-def generate(program: Program, dtype: torch.dtype, namespace: str, entry: str, ext: str = ".cu") -> dict[str, str]:
+def generate(program: Program, dtype: torch.dtype, namespace: str, entry: str, ext: str = ".cu",
+             one_unit: bool = False) -> dict[str, str]:
     """The sources of one program module: file name -> text.
 
     ``program.cuh`` defines ``Prog``; ``main<ext>`` exports the entry point; ``items_<I><ext>``
     holds the kernels of one ITEMS value (separate units so that ninja builds them in parallel).
-    ``namespace`` keeps the kernels' symbols apart from other modules; ``entry`` names the exported
-    ``extern "C"`` function that returns the program's FxProgramInfo.
+    With ``one_unit`` (the host emulator: a unit's cost there is mostly parsing the headers)
+    ``module<ext>`` holds all of it. ``namespace`` keeps the kernels' symbols apart from other
+    modules; ``entry`` names the exported ``extern "C"`` function that returns the program's
+    FxProgramInfo.
     """
     if dtype not in ELEMENT_TYPES:
         raise UnsupportedProgram(f"element type {dtype} (float32, bfloat16 and float16 only)")
     element = ELEMENT_TYPES[dtype]
     header = [f"// fxfuse program module (codegen {CODEGEN_VERSION}), element type {element}"]
     sources = {"program.cuh": _program_header(program, dtype, namespace)}
-    sources[f"main{ext}"] = "\n".join(
-        [*header, '#include "program.cuh"', "", f"FX_DEFINE_PROGRAM({namespace}::Prog, {element}, {entry})", ""]
-    )
-    for items in items_units(program, dtype):
-        sources[f"items_{items}{ext}"] = "\n".join(
-            [
-                *header,
-                "#define FX_ITEMS_UNIT",
-                '#include "program.cuh"',
-                "",
-                f"FX_DEFINE_ITEMS_UNIT({namespace}::Prog, {element}, {items})",
-                "",
-            ]
+    program_line = f"FX_DEFINE_PROGRAM({namespace}::Prog, {element}, {entry})"
+    items_lines = {items: f"FX_DEFINE_ITEMS_UNIT({namespace}::Prog, {element}, {items})"
+                   for items in items_units(program, dtype)}
+    if one_unit:
+        sources[f"module{ext}"] = "\n".join(
+            [*header, "#define FX_ITEMS_UNIT", '#include "program.cuh"', "", *items_lines.values(), program_line, ""]
         )
+        return sources
+    sources[f"main{ext}"] = "\n".join([*header, '#include "program.cuh"', "", program_line, ""])
+    for items, line in items_lines.items():
+        sources[f"items_{items}{ext}"] = "\n".join([*header, "#define FX_ITEMS_UNIT", '#include "program.cuh"', "", line, ""])
     return sources
 
 
