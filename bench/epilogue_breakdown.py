@@ -60,18 +60,11 @@ def traced_calls(row, dtype):
 
 def event_us(fn, calls: int = CALLS) -> float:
     """Median over 5 rounds of the mean GPU time of ``calls`` back-to-back calls, in µs."""
+    from fxfuse.cuda.engine import time_us
+
     fn()
     torch.cuda.synchronize()
-    samples = []
-    for _ in range(5):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        for _ in range(calls):
-            fn()
-        end.record()
-        end.synchronize()
-        samples.append(start.elapsed_time(end) * 1000 / calls)
-    return sorted(samples)[2]
+    return sorted(time_us(fn, calls) for _ in range(5))[2]
 
 
 def epilogue_bytes(program, m: int, n: int, element: int) -> int:

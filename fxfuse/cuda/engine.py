@@ -207,7 +207,7 @@ class Engine:
                 calls[name] = (lambda config=config: runtime.run(handle, x, weight, bias, params, self._flags, None,
                                                                  False, module.info, config))
         with torch.no_grad():
-            times = interleaved_medians(calls, _time_us)
+            times = interleaved_medians(calls, time_us)
         path = min(times, key=times.get)
         return Selection(path, candidates[path], times, runtime.bucket_of(m))
 
@@ -342,7 +342,7 @@ def interleaved_medians(calls: dict[str, Callable[[], object]], time_once: Calla
     return {name: statistics.median(values) for name, values in samples.items()}
 
 
-def _time_us(call, calls: int = 10) -> float:
+def time_us(call, calls: int = 10) -> float:
     """GPU time per call of ``calls`` back-to-back calls, microseconds (CUDA events)."""
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     start.record()
