@@ -115,14 +115,15 @@ std::optional<Tensor> kernel_param(const Tensor& p, bool is_col, int64_t n, cons
 }
 
 // The program's parameters as its kernels read them (kept alive in `kept`); false where one does
-// not fit (the caller then leaves the call to the reference).
-bool kernel_params(at::TensorList params, const FxProgramInfo* info, int64_t n, const Tensor& like,
-                   std::vector<Tensor>& kept, std::vector<FxParam>& fx_params) {
+// not fit (the caller then leaves the call to the reference or the row path). `dtypes`, where
+// given, are the FxDtype codes a module compiled its parameter loads for (a GEMM module's).
+bool kernel_params(at::TensorList params, const int32_t* is_col, const int32_t* dtypes, int64_t n,
+                   const Tensor& like, std::vector<Tensor>& kept, std::vector<FxParam>& fx_params) {
   kept.reserve(params.size());
   fx_params.reserve(params.size());
   for (size_t i = 0; i < params.size(); ++i) {
-    std::optional<Tensor> q = kernel_param(params[i], info->param_is_col[i] != 0, n, like);
-    if (!q) return false;
+    std::optional<Tensor> q = kernel_param(params[i], is_col[i] != 0, n, like);
+    if (!q || (dtypes != nullptr && *code_of(q->scalar_type()) != dtypes[i])) return false;
     kept.push_back(*q);
     fx_params.push_back(FxParam{q->data_ptr(), *code_of(q->scalar_type()), 0});
   }
@@ -155,21 +156,14 @@ Result run_gemm(const FxGemmInfo* gemm, int32_t config, const Tensor& x, const T
   const int64_t m = k > 0 ? x.numel() / k : 0;
   if (!aligned16(x.data_ptr()) || !aligned16(weight.data_ptr())) return std::nullopt;
   if (!gemm->supports(m, n, k, config)) return std::nullopt;
-  std::vector<Tensor> kept;
-  std::vector<FxParam> fx_params;
-  kept.reserve(params.size());
-  fx_params.reserve(params.size());
-  for (size_t i = 0; i < params.size(); ++i) {
-    std::optional<Tensor> q = kernel_param(params[i], gemm->param_is_col[i] != 0, n, x);
-    if (!q || *code_of(q->scalar_type()) != gemm->param_dtypes[i]) return std::nullopt;
-    kept.push_back(*q);
-    fx_params.push_back(FxParam{q->data_ptr(), gemm->param_dtypes[i], 0});
-  }
 
   at::AutoDispatchBelowADInplaceOrView below_autograd;
 #if !defined(FX_EMULATE)
   const c10::cuda::OptionalCUDAGuard device_guard(x.device());
 #endif
+  std::vector<Tensor> kept;
+  std::vector<FxParam> fx_params;
+  if (!kernel_params(params, gemm->param_is_col, gemm->param_dtypes, n, x, kept, fx_params)) return std::nullopt;
   const int device = x.device().is_cpu() ? 0 : x.get_device();
   const DeviceFacts facts = device_facts(device);
   std::vector<int64_t> shape(x.sizes().begin(), x.sizes().end() - 1);
@@ -203,7 +197,7 @@ Result run_gemm(const FxGemmInfo* gemm, int32_t config, const Tensor& x, const T
   return std::make_tuple(out, at::empty({0}, floats), at::empty({0}, x.options()));
 }
 
-// Buckets of M (ceil(log2 m)) the selection measures and the table routes by
+// Buckets of M (ceil(log2 m)) the selection measures and the table routes by, with N and K
 constexpr int kBuckets = 64;
 int bucket_of(int64_t m) {
   int b = 0;
@@ -242,7 +236,7 @@ Result run(int64_t info_address, const Tensor& x, const Tensor& weight, const st
 
   std::vector<Tensor> kept;
   std::vector<FxParam> fx_params;
-  if (!kernel_params(params, info, n, x, kept, fx_params)) return std::nullopt;
+  if (!kernel_params(params, info->param_is_col, nullptr, n, x, kept, fx_params)) return std::nullopt;
 
   Tensor y;
   {
@@ -331,7 +325,7 @@ std::optional<GradOutputs> run_grad(int64_t info_address, const Tensor& grad, co
   const DeviceFacts facts = device_facts(y.device().is_cpu() ? 0 : y.get_device());
   std::vector<Tensor> kept;
   std::vector<FxParam> fx_params;
-  if (!kernel_params(params, info, n, y, kept, fx_params)) return std::nullopt;
+  if (!kernel_params(params, info->param_is_col, nullptr, n, y, kept, fx_params)) return std::nullopt;
   const Tensor y_c = y.contiguous();
   const Tensor g_c = grad.contiguous();  // an expanded gradient (of a sum, say) is materialised
   Tensor dy = at::empty(y.sizes(), y.options().memory_format(at::MemoryFormat::Contiguous));
@@ -371,13 +365,12 @@ Result run_py(int64_t info_address, const Tensor& x, const Tensor& weight, const
 // the kernels do not cover) goes to the Python engine, which builds or runs the reference.
 class ProgramTable {
  public:
-  // A prepared (program, dtype, device): its program module, its GEMM module (0: none) and, per
-  // bucket of M, the GEMM configuration that measured fastest (-1: the row path)
-  struct Entry {
+  // Where a call goes: the program module, the GEMM module (0: none) and its configuration (-1:
+  // the row path)
+  struct Route {
     int64_t info = 0;
     int64_t gemm = 0;
-    std::array<int8_t, kBuckets> choice;
-    Entry() { choice.fill(-1); }
+    int config = -1;
   };
   void add(const std::string& program, int32_t dtype, int32_t device, int64_t info) {
     const std::lock_guard<std::mutex> guard(mutex_);
@@ -387,16 +380,28 @@ class ProgramTable {
     const std::lock_guard<std::mutex> guard(mutex_);
     table_[key(program, dtype, device)].gemm = gemm;
   }
-  void choose(const std::string& program, int32_t dtype, int32_t device, int bucket, int config) {
-    TORCH_CHECK(bucket >= 0 && bucket < kBuckets && config >= -1 && config < 127, "fxfuse: bad choice");
+  // Calls of an (m, n, k) problem -- m by its bucket, as the selection measured it -- go to GEMM
+  // configuration `config` (-1: the row path)
+  void choose(const std::string& program, int32_t dtype, int32_t device, int64_t m, int64_t n, int64_t k,
+              int config) {
+    TORCH_CHECK(config >= -1 && m >= 0 && n >= 0 && k >= 0, "fxfuse: bad choice");
     const std::lock_guard<std::mutex> guard(mutex_);
-    table_[key(program, dtype, device)].choice[bucket] = static_cast<int8_t>(config);
+    table_[key(program, dtype, device)].choice[Shape{bucket_of(m), n, k}] = config;
   }
-  Entry find(c10::string_view program, int32_t dtype, int32_t device) {
-    const std::string k = key(program, dtype, device);
+  int64_t program_module(c10::string_view program, int32_t dtype, int32_t device) {
+    const std::string key_ = key(program, dtype, device);
     const std::lock_guard<std::mutex> guard(mutex_);
-    const auto it = table_.find(k);
-    return it == table_.end() ? Entry() : it->second;
+    const auto it = table_.find(key_);
+    return it == table_.end() ? 0 : it->second.info;
+  }
+  Route route(c10::string_view program, int32_t dtype, int32_t device, int64_t m, int64_t n, int64_t k) {
+    const std::string key_ = key(program, dtype, device);
+    const std::lock_guard<std::mutex> guard(mutex_);
+    const auto it = table_.find(key_);
+    if (it == table_.end()) return Route();
+    const Entry& entry = it->second;
+    const auto chosen = entry.gemm != 0 ? entry.choice.find(Shape{bucket_of(m), n, k}) : entry.choice.end();
+    return Route{entry.info, entry.gemm, chosen == entry.choice.end() ? -1 : chosen->second};
   }
   void set_fallback(py::object fallback, int64_t flags) {
     const std::lock_guard<std::mutex> guard(mutex_);
@@ -424,6 +429,22 @@ class ProgramTable {
     k.append(std::to_string(device));
     return k;
   }
+  struct Shape {
+    int bucket;
+    int64_t n;
+    int64_t k;
+    bool operator==(const Shape& o) const { return bucket == o.bucket && n == o.n && k == o.k; }
+  };
+  struct ShapeHash {
+    size_t operator()(const Shape& s) const {
+      return std::hash<int64_t>()((s.k * 1000003 + s.n) * kBuckets + s.bucket);
+    }
+  };
+  struct Entry {
+    int64_t info = 0;
+    int64_t gemm = 0;
+    std::unordered_map<Shape, int, ShapeHash> choice;
+  };
   std::mutex mutex_;
   std::unordered_map<std::string, Entry> table_;
   PyObject* fallback_ = nullptr;
@@ -442,12 +463,13 @@ Outputs linear_epilogue_kernel(c10::string_view program, const Tensor& x, const 
   ProgramTable& table = programs();
   const std::optional<int32_t> dtype = code_of(x.scalar_type());
   if (dtype) {
-    const ProgramTable::Entry entry = table.find(program, *dtype, x.is_cpu() ? -1 : x.get_device());
-    if (entry.info != 0) {
-      const int64_t k = x.dim() > 0 ? x.size(-1) : 0;
-      const int64_t m = k > 0 ? x.numel() / k : 0;
-      const int config = entry.gemm != 0 ? entry.choice[bucket_of(m)] : -1;
-      Result result = run(entry.info, x, weight, bias, params, table.flags(), std::nullopt, save_gemm, entry.gemm, config);
+    const int64_t k = x.dim() > 0 ? x.size(-1) : 0;
+    const int64_t m = k > 0 ? x.numel() / k : 0;
+    const int64_t n = weight.dim() == 2 ? weight.size(0) : 0;
+    const ProgramTable::Route route = table.route(program, *dtype, x.is_cpu() ? -1 : x.get_device(), m, n, k);
+    if (route.info != 0) {
+      Result result = run(route.info, x, weight, bias, params, table.flags(), std::nullopt, save_gemm, route.gemm,
+                          route.config);
       if (result) return *result;
     }
   }
@@ -466,7 +488,7 @@ GradOutputs epilogue_backward_kernel(c10::string_view program, const Tensor& gra
   ProgramTable& table = programs();
   const std::optional<int32_t> dtype = code_of(gemm.scalar_type());
   if (dtype) {
-    const int64_t info = table.find(program, *dtype, gemm.is_cpu() ? -1 : gemm.get_device()).info;
+    const int64_t info = table.program_module(program, *dtype, gemm.is_cpu() ? -1 : gemm.get_device());
     if (info != 0) {
       std::optional<GradOutputs> result = run_grad(info, grad, gemm, params, table.flags());
       if (result) return *result;
@@ -560,11 +582,11 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       "The GEMM module (FxGemmInfo address) of (program, dtype code, device index)");
   m.def(
       "choose",
-      [](const std::string& program, int32_t dtype, int32_t device, int bucket, int config) {
-        programs().choose(program, dtype, device, bucket, config);
+      [](const std::string& program, int32_t dtype, int32_t device, int64_t m, int64_t n, int64_t k, int config) {
+        programs().choose(program, dtype, device, m, n, k, config);
       },
-      "Route calls of (program, dtype code, device index) whose M falls in `bucket` to GEMM configuration "
-      "`config` (-1: the row path)");
+      "Route calls of (program, dtype code, device index) on an (m, n, k) problem -- any m of m's bucket -- "
+      "to GEMM configuration `config` (-1: the row path)");
   m.def("bucket_of", &bucket_of, "The bucket of M the selection and the routing use: ceil(log2(m))");
   m.def(
       "set_fallback", [](py::object fallback, int64_t flags) { programs().set_fallback(fallback, flags); },

@@ -141,7 +141,7 @@ def _with_path(chain: Chain) -> Chain:
         selection = cuda.select(chain.program, chain.dtype, _param_dtypes(chain), (m, n, k),
                                 chain.bias is not None, shapes)
     except Exception as error:  # noqa: BLE001 - the row path serves; say why
-        return replace(chain, path=f"row pass (selection failed: {type(error).__name__}: {error})")
+        return replace(chain, path=f"cuBLAS + row pass (selection failed: {type(error).__name__}: {error})")
     if selection is None:
         why = cuda.engine.gemm_error(chain.program, chain.dtype, _param_dtypes(chain), x.device)
         return replace(chain, path="cuBLAS + row pass" + (f" ({why.splitlines()[0]})" if why else ""))

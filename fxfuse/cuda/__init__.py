@@ -7,7 +7,7 @@ Public API:
   calls it at compile time, never inside CUDA graph capture); raises ``BuildError``;
 * ``prepare_many([(program, dtype), ...])`` -- the same for many, compiled in parallel processes;
 * ``select(program, dtype, param_dtypes, (m, n, k), has_bias)`` -- measure the row path against the
-  in-GEMM kernel's configurations at that shape and route its bucket of M to the fastest;
+  in-GEMM kernel's configurations at that shape and route such calls to the fastest;
 * ``BuildError`` -- the program cannot be compiled (unsupported, or the compiler failed);
 * the op's CUDA kernel lives in the runtime module (C++, registered with the dispatcher when the
   first program is prepared); before that ``fxfuse.op`` sends CUDA calls to ``engine.call``. A call whose

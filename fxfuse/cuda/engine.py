@@ -11,7 +11,7 @@ Two paths run a program on the GPU: the row path (the GEMM on cuBLAS, then the p
 pass over its output) and, where a GEMM module was built (Hopper, bf16/fp16, the in-GEMM
 epilogue of gemm_codegen.py), one CUTLASS kernel per call in one of several configurations.
 ``select`` times them once per (program, dtype, parameter dtypes, N, K, bucket of M) when a graph
-compiles, tells the runtime which to route that bucket to, and keeps the measurement on disk beside
+compiles, tells the runtime which to route such calls to, and keeps the measurement on disk beside
 the builds, so a warm compile measures nothing.
 """
 
@@ -54,7 +54,6 @@ class Selection:
     path: str
     config: int
     times_us: dict[str, float]
-    bucket: int
 
     def describe(self) -> str:
         times = ", ".join(f"{name} {t:.1f} us" for name, t in sorted(self.times_us.items(), key=lambda kv: kv[1]))
@@ -167,7 +166,7 @@ class Engine:
                shape: tuple[int, int, int], device: torch.device, has_bias: bool,
                param_shapes: tuple[tuple[int, ...], ...] | None = None) -> Selection | None:
         """Time the row path and each GEMM configuration on an (m, n, k) problem of random data
-        (or take the measurement cached on disk), route the bucket of m to the fastest, and return
+        (or take the measurement cached on disk), route (bucket of m, n, k) to the fastest, and return
         the selection; None where the program has no GEMM module (the row path serves)."""
         module = self.prepare_gemm(program, dtype, param_dtypes, device)
         if module is None:
@@ -184,7 +183,7 @@ class Engine:
         if selection is None:
             selection = self._measure(program, dtype, param_dtypes, shape, device, has_bias, module, param_shapes)
             _write_selection(disk, selection)
-        runtime.choose(key[0], DTYPE_CODES[dtype], key[2], bucket, selection.config)
+        runtime.choose(key[0], DTYPE_CODES[dtype], key[2], m, n, k, selection.config)
         self.selections[skey] = selection
         return selection
 
@@ -209,7 +208,7 @@ class Engine:
         with torch.no_grad():
             times = interleaved_medians(calls, time_us)
         path = min(times, key=times.get)
-        return Selection(path, candidates[path], times, runtime.bucket_of(m))
+        return Selection(path, candidates[path], times)
 
     def _runtime(self, device: torch.device):
         from .build import build_runtime

@@ -118,14 +118,14 @@ def test_gemm_modules_are_built_for_hopper_only(monkeypatch):
 
 
 def test_a_selection_survives_on_disk_and_a_corrupt_one_is_measured_again(tmp_path):
-    selection = Selection("cooperative, raster M", 1, {"row": 12.5, "cooperative, raster M": 10.0}, 10)
+    selection = Selection("cooperative, raster M", 1, {"row": 12.5, "cooperative, raster M": 10.0})
     path = tmp_path / "selections" / "s.json"
     _write_selection(path, selection)
     assert _read_selection(path) == selection
     path.write_text("{not json")
     assert _read_selection(path) is None
     assert "in-GEMM epilogue (cooperative, raster M)" in selection.describe()
-    assert "row 12.5 us" in Selection("row", -1, {"row": 12.5}, 3).describe()
+    assert "row 12.5 us" in Selection("row", -1, {"row": 12.5}).describe()
 
 
 def test_the_report_shows_the_gpu_path_when_there_is_one():
@@ -163,7 +163,7 @@ def test_gemm_modules_are_keyed_on_the_kernel_program_parameter_dtypes_and_cutla
     monkeypatch.setenv("CUTLASS_PATH", str(tmp_path))
     built = []
 
-    def fake_build(key, label, name, entry, sources, target, csrc, cutlass=None):
+    def fake_build(key, kind, label, name, entry, sources, target, csrc, cutlass=None):
         built.append(dict(key=key, label=label, sources=sorted(sources), cutlass=cutlass))
         return None, 0, tmp_path / "lib.so"
 
