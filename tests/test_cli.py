@@ -102,10 +102,11 @@ def test_the_report_does_not_copy_the_model():
 
 def test_cache_shows_where_and_what_and_clears_only_its_own(tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("FXFUSE_CACHE_DIR", str(tmp_path))
-    for key, label in (("a" * 32, "runtime (sm_90a)"), ("b" * 32, "linear(bias=True) [float32]"),
-                       ("c" * 32, "in-GEMM linear(bias=True) [bfloat16]")):
+    for key, kind, label in (("a" * 32, "runtime", "runtime (sm_90a)"),
+                             ("b" * 32, "program", "linear(bias=True) [float32]"),
+                             ("c" * 32, "in-GEMM", "in-GEMM linear(bias=True) [bfloat16]")):
         (tmp_path / key).mkdir()
-        (tmp_path / key / "ok").write_text(json.dumps({"label": label}))
+        (tmp_path / key / "ok").write_text(json.dumps({"label": label, "kind": kind, "library": "lib.so"}))
         (tmp_path / key / "lib.so").write_bytes(b"x" * 1000)
     (tmp_path / ("d" * 32 + ".lock")).write_text("")
     (tmp_path / "selections").mkdir()

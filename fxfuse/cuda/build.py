@@ -232,7 +232,7 @@ def cache_key(kind: str, payload: str, target: Target, csrc: Path = CSRC) -> str
         target.mode,
         target.tag,
         " ".join(target.nvcc_flags),
-        json.dumps(_compiler_flags(target) if target.mode == "cuda" or target.cuda_home else {}, sort_keys=True),
+        json.dumps(_compiler_flags(target), sort_keys=True),
     ]
     return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:32]
 
@@ -259,7 +259,7 @@ def _compiler_flags(target: Target, cutlass: Path | None = None) -> dict:
         )
     # -O1: the emulator is for tests; it compiles 1.3-1.4x faster than -O2 and computes the same
     # (no fast-math, no contraction in ISO C++17), so a first test run waits less
-    include = str(Path(target.cuda_home) / "include")
+    include = Path(target.cuda_home or "") / "include"
     return dict(extra_cflags=["-O1", "-DFX_EMULATE", f"-I{include}"], with_cuda=False)
 
 
@@ -324,7 +324,9 @@ class CacheSummary:
 
     root: Path
     bytes: int
-    entries: dict[str, int]  # kind ("runtime", "program", "in-GEMM", "unfinished") -> count
+    # the manifests' kind ("runtime", "program", "in-GEMM"; "older fxfuse": built by a version that
+    # did not record it, never read again since keys changed), or "unfinished" -> count
+    entries: dict[str, int]
     selections: int  # measured path choices kept (fxfuse.cuda.engine)
 
 
@@ -344,12 +346,9 @@ def cache_summary(root: Path | None = None) -> CacheSummary:
                 continue
             total += _size(path)
             if path.is_dir() and _ENTRY_NAME.match(path.name):
-                label = ""
                 try:
-                    label = json.loads((path / "ok").read_text()).get("label", "")
-                    kind = "runtime" if label.startswith("runtime") else \
-                        "in-GEMM" if label.startswith("in-GEMM") else "program"
-                except (OSError, ValueError):
+                    kind = json.loads((path / "ok").read_text()).get("kind", "older fxfuse")
+                except (OSError, ValueError, AttributeError):
                     kind = "unfinished"
                 entries[kind] = entries.get(kind, 0) + 1
     selections = len(list((root / "selections").glob("*.json"))) if (root / "selections").is_dir() else 0
@@ -387,12 +386,12 @@ def _intact(final: Path, label: str) -> dict | None:
         if library is not None and "sha256" in manifest and _file_digest(library) != manifest["sha256"]:
             raise ValueError(f"{library.name} differs from its checksum")
     except (OSError, ValueError, KeyError, TypeError) as error:
-        evict(final, label, str(error))
+        _evict(final, label, str(error))
         return None
     return manifest
 
 
-def evict(final: Path, label: str, why: str) -> None:
+def _evict(final: Path, label: str, why: str) -> None:
     """Remove a corrupt cache entry (the next build of its key compiles it again)."""
     warnings.warn(f"fxfuse: the cached build of {label} is corrupt ({why}); rebuilding it", RuntimeWarning)
     marker = final / "ok"
@@ -455,11 +454,11 @@ class ProgramModule:
     path: Path
 
 
-def _build_generated(key: str, label: str, name: str, entry: str, sources: dict[str, str], target: Target,
-                     csrc: Path, cutlass: Path | None = None) -> tuple[ctypes.CDLL, int, Path]:
+def _build_generated(key: str, kind: str, label: str, name: str, entry: str, sources: dict[str, str],
+                     target: Target, csrc: Path, cutlass: Path | None = None) -> tuple[ctypes.CDLL, int, Path]:
     """Compile generated ``sources`` (headers beside csrc/'s, units compiled) into the cache entry
-    ``key`` (or find it there), load the library and call ``entry``: (library, the info address
-    it returns, the library's path), its ABI checked."""
+    ``key`` (or find it there; its manifest names the ``kind`` of module), load the library and
+    call ``entry``: (library, the info address it returns, the library's path), its ABI checked."""
 
     def compile_into(directory: Path):
         _copy_headers(directory, csrc)
@@ -467,7 +466,7 @@ def _build_generated(key: str, label: str, name: str, entry: str, sources: dict[
             (directory / "include" / file if file.endswith(".cuh") else directory / file).write_text(content)
         units = [directory / file for file in sources if not file.endswith(".cuh")]
         path = _load_extension(name, units, directory, target, python_module=False, cutlass=cutlass)
-        return {"library": Path(path).name, "entry": entry}, None
+        return {"library": Path(path).name, "entry": entry, "kind": kind}, None
 
     for attempt in range(2):  # a cached entry that does not load is built again, once
         directory, manifest, _ = _cached_build(key, label, compile_into)
@@ -482,7 +481,7 @@ def _build_generated(key: str, label: str, name: str, entry: str, sources: dict[
                 raise ValueError(f"ABI {abi}, expected {FX_ABI_VERSION}")
         except (OSError, AttributeError, ValueError) as error:
             if attempt == 0:
-                evict(directory, label, f"cannot load {path.name}: {error}")
+                _evict(directory, label, f"cannot load {path.name}: {error}")
                 continue
             raise BuildError(f"cannot load {path}: {error}") from error
         return library, info, path
@@ -501,7 +500,8 @@ def build_program(program: Program, dtype: torch.dtype, target: Target, csrc: Pa
     except codegen.UnsupportedProgram as error:
         raise BuildError(f"unsupported program {text!r} ({dtype}): {error}") from error
 
-    library, info, path = _build_generated(key, short_label(text, dtype), f"fxp_{short}", entry, sources, target, csrc)
+    library, info, path = _build_generated(key, "program", short_label(text, dtype), f"fxp_{short}", entry, sources,
+                                           target, csrc)
     return ProgramModule(library, info, path)
 
 
@@ -573,8 +573,8 @@ def build_gemm(program: Program, dtype: torch.dtype, param_dtypes: tuple[torch.d
     except codegen.UnsupportedProgram as error:
         raise BuildError(f"no in-GEMM kernel for {text!r} ({dtype}): {error}") from error
 
-    library, info, path = _build_generated(key, "in-GEMM " + short_label(text, dtype), f"fxg_{short}", entry,
-                                           sources, target, csrc, cutlass=include)
+    library, info, path = _build_generated(key, "in-GEMM", "in-GEMM " + short_label(text, dtype), f"fxg_{short}",
+                                           entry, sources, target, csrc, cutlass=include)
     return GemmModule(library, info, path, key)
 
 
@@ -588,7 +588,7 @@ def build_runtime(target: Target, csrc: Path = CSRC) -> ModuleType:
         source = directory / RUNTIME_SOURCE
         shutil.copy2(csrc / RUNTIME_SOURCE, source)
         module = _load_extension(name, [source], directory, target, python_module=True)
-        return {"library": Path(module.__file__).name, "module": module.__name__}, module
+        return {"library": Path(module.__file__).name, "module": module.__name__, "kind": "runtime"}, module
 
     label = f"runtime ({target.tag})"
     directory, manifest, module = _cached_build(key, label, compile_into)
@@ -597,7 +597,7 @@ def build_runtime(target: Target, csrc: Path = CSRC) -> ModuleType:
     try:
         return _import(manifest["module"], directory / manifest["library"])
     except BuildError as error:  # a cached runtime that does not import: build it again, once
-        evict(directory, label, str(error).splitlines()[0])
+        _evict(directory, label, str(error).splitlines()[0])
     directory, manifest, module = _cached_build(key, label, compile_into)
     return module if module is not None else _import(manifest["module"], directory / manifest["library"])
 
