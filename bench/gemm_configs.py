@@ -6,7 +6,8 @@ For each program: ``F.linear`` (cuBLAS, with the bias: the floor), the row path 
 program module's pass) and each configuration of the program's GEMM module, as GPU time per call
 from CUDA-graph replays of 20 calls, median of repeats, inputs rotated over 4 sets. ``identity``
 is the bare GEMM through CUTLASS (no epilogue but the store): the "bare GEMM first" comparison.
-Programs are the suite's pointwise rows as fxfuse matches them (tests/gpu/programs.py spells them).
+Programs are the suite's pointwise and group-norm rows as fxfuse matches them (tests/gpu/programs.py
+spells them; S08 is meant for its own shape, 32768,4096,1024).
 """
 
 from __future__ import annotations
@@ -28,10 +29,17 @@ SETS = 4
 
 
 def programs() -> dict:
+    import dataclasses
+
     from fxfuse import expr as E
-    from fxfuse.ir import Gemm, Pointwise, Program
+    from fxfuse.ir import Gemm, Norm, Pointwise, Program
     from fxfuse.vocabulary import call
     from programs import PROGRAMS
+
+    def groups(name: str, count: int) -> Program:  # the suite's group counts (tests use small ones)
+        program = PROGRAMS[name]
+        stages = tuple(dataclasses.replace(s, groups=count) if isinstance(s, Norm) else s for s in program.stages)
+        return Program(program.gemm, stages, program.params)
 
     X = E.X
     return {
@@ -42,6 +50,11 @@ def programs() -> dict:
         "S12": Program(Gemm(True), (Pointwise(call("mish", call("mish", X))),)),
         "S13": PROGRAMS["s13_sub_mul_relu"],
         "S14": PROGRAMS["s14_silu_div_clamp_tanh"],
+        "S02": groups("s02_group_leaky_double", 512),
+        "S04": groups("s04_group_silu_vec_silu", 256),
+        "S17": groups("s17_vec_hardtanh_mish_group", 256),
+        "S08": Program(Gemm(True), (Pointwise(E.add(E.mul(call("sigmoid", X), X), E.param(0))),
+                                    Norm("group", 1e-5, groups=64, weight=1, bias=2)), ("col", "col", "col")),
     }
 
 

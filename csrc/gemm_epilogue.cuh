@@ -9,6 +9,8 @@
 //   fxg::Scalar<T>      one value of type T read from device memory (a 0-d parameter)
 //   fxg::Pointwise<Fn>  the program's pointwise expression on the float32 fragments of its inputs,
 //                       rounded once to the output type (Sm90Compute)
+//   fxg::GroupNorm<Post, EpiN>  GroupNorm of groups inside the epilogue subtile on its input's
+//                       float32 values, statistics in registers, then the rest of the chain
 // Col takes the CTA tile as a template argument, so a program's tree is a template over the
 // tile (Prog::Tree<Tile>). The GEMM around it is assembled from a Config (tile, cluster, mainloop
 // and epilogue schedules) by fxg::GemmFor; a program module compiles one unit per Config so that
@@ -69,6 +71,190 @@ using Pointwise = fusion::Sm90Compute<Fn, Out, float, cutlass::FloatRoundStyle::
 
 template <class Node, class... Inputs> using Tree = fusion::Sm90EVT<Node, Inputs...>;
 
+// A parameter of type T as float: value i of a column vector (i = the column), or of a scalar (0).
+template <class T> CUTLASS_DEVICE float load_param(const void* ptr, int64_t i) {
+  if constexpr (sizeof(T) == 2) {
+    return static_cast<float>(T::bitcast(__ldg(static_cast<const unsigned short*>(ptr) + i)));
+  } else {
+    return __ldg(static_cast<const float*>(ptr) + i);
+  }
+}
+
+// GroupNorm of groups that lie inside the epilogue subtile (EpiN columns), on the float32 values
+// of the stages before it, then the rest of the chain (Post): per (row, group) mean and variance in
+// registers, two passes (mean, then squared deviations), one store.
+//
+// It runs in the epilogue's reduce step, which sees the whole subtile's visited values. The
+// statistics rely on the SM90 WGMMA accumulator layout (PTX ISA, wgmma fragments): a thread holds
+// two rows 8 apart and, in each 8-column block of the subtile, two adjacent columns; the four
+// lanes of a quad hold the rest of those blocks. So a group of a multiple of 8 columns is summed
+// per thread over its blocks, then over the quad (two shuffles). The layout is checked where it is
+// read: relative coordinates outside it stop the kernel (the checks fold away when it holds).
+//
+// Post (generated): Arguments, and float apply(Arguments const&, int64_t n, float x) -- the
+// normalized value x at column n through the norm's affine parameters and the stages after it.
+template <class Post, int EpiN>
+struct GroupNorm {
+  static_assert(EpiN % 8 == 0, "the subtile is a whole number of 8-column blocks");
+  static constexpr int kBlocks = EpiN / 8;
+
+  struct SharedStorage {};
+  struct Arguments {
+    int32_t group = 0;  // columns of a group: a multiple of 8 dividing EpiN (N / groups)
+    float eps = 0.f;
+    typename Post::Arguments post{};
+  };
+  using Params = Arguments;
+
+  template <class Problem>
+  static constexpr Params to_underlying_arguments(Problem const&, Arguments const& args, void*) {
+    return args;
+  }
+  template <class Problem>
+  static bool can_implement(Problem const& problem, Arguments const& args) {
+    const int n = get<1>(problem);
+    return args.group >= 8 && args.group % 8 == 0 && EpiN % args.group == 0 && n % args.group == 0;
+  }
+  template <class Problem>
+  static size_t get_workspace_size(Problem const&, Arguments const&) {
+    return 0;
+  }
+  template <class Problem>
+  static cutlass::Status initialize_workspace(Problem const&, Arguments const&, void*, cudaStream_t,
+                                              cutlass::CudaHostAdapter* = nullptr) {
+    return cutlass::Status::kSuccess;
+  }
+
+  CUTLASS_HOST_DEVICE GroupNorm() {}
+  CUTLASS_HOST_DEVICE GroupNorm(Params const& params, SharedStorage const&) : params(params) {}
+  Params params;
+
+  CUTLASS_DEVICE bool is_producer_load_needed() const { return false; }
+  CUTLASS_DEVICE bool is_C_load_needed() const { return false; }
+
+  template <class... Args>
+  CUTLASS_DEVICE auto get_producer_load_callbacks(fusion::ProducerLoadArgs<Args...> const&) {
+    return fusion::EmptyProducerLoadCallbacks{};
+  }
+
+  template <class Coords>
+  struct ConsumerStoreCallbacks : fusion::EmptyConsumerStoreCallbacks {
+    CUTLASS_DEVICE ConsumerStoreCallbacks(Coords coords, int64_t first_col, int64_t n, int col_in_tile,
+                                          Params const& params)
+        : coords(coords), first_col(first_col), n(n), col_in_tile(col_in_tile), params(params) {}
+
+    Coords coords;    // (R2S, R2S_M, R2S_N, EPI_M, EPI_N) -> (m, n) relative to the thread's first value
+    int64_t first_col;  // the column of the thread's first value
+    int64_t n;          // N
+    int col_in_tile;    // the thread's first column within the CTA tile
+    Params const& params;
+
+    template <class ElementAccumulator, class ElementInput, int F>
+    CUTLASS_DEVICE cutlass::Array<float, F> visit(cutlass::Array<ElementAccumulator, F> const&, int, int, int,
+                                         cutlass::Array<ElementInput, F> const& input) {
+      return cutlass::NumericArrayConverter<float, ElementInput, F>{}(input);
+    }
+
+    // Per (row slot, block): the sum over the group holding the block, of the thread's values
+    // and then its quad's.
+    CUTLASS_DEVICE void group_sums(float (&sums)[2][kBlocks], int shift) const {
+      float grouped[2][kBlocks];
+      CUTLASS_PRAGMA_UNROLL
+      for (int r = 0; r < 2; ++r) {
+        CUTLASS_PRAGMA_UNROLL
+        for (int j = 0; j < kBlocks; ++j) {
+          grouped[r][j] = 0.f;
+          CUTLASS_PRAGMA_UNROLL
+          for (int i = 0; i < kBlocks; ++i) {
+            if ((i >> shift) == (j >> shift)) grouped[r][j] += sums[r][i];
+          }
+        }
+      }
+      CUTLASS_PRAGMA_UNROLL
+      for (int r = 0; r < 2; ++r) {
+        CUTLASS_PRAGMA_UNROLL
+        for (int j = 0; j < kBlocks; ++j) {
+          float s = grouped[r][j];
+          s += __shfl_xor_sync(0xffffffffu, s, 1);
+          s += __shfl_xor_sync(0xffffffffu, s, 2);
+          sums[r][j] = s;
+        }
+      }
+    }
+
+    template <class STensor, class SyncFn, class VTensor>
+    CUTLASS_DEVICE void reduce(STensor&&, SyncFn const&, int, int epi_n, bool, VTensor visit_results) {
+      using Fragment = typename cute::remove_cvref_t<VTensor>::value_type;
+      constexpr int F = Fragment::kElements;
+      constexpr int V = decltype(size(visit_results))::value;
+      auto relative = coords(_, _, _, _0{}, _0{});  // the same in every subtile
+      if (col_in_tile % EpiN >= 8 || col_in_tile % 8 > 6) __trap();  // the layout above
+      const int shift = __ffs(params.group >> 3) - 1;  // log2(blocks in a group)
+      const float inv_group = 1.f / static_cast<float>(params.group);
+
+      float mean[2][kBlocks], rstd[2][kBlocks];
+      CUTLASS_PRAGMA_UNROLL
+      for (int r = 0; r < 2; ++r) {
+        CUTLASS_PRAGMA_UNROLL
+        for (int j = 0; j < kBlocks; ++j) mean[r][j] = rstd[r][j] = 0.f;
+      }
+      CUTLASS_PRAGMA_UNROLL
+      for (int v = 0; v < V; ++v) {
+        CUTLASS_PRAGMA_UNROLL
+        for (int f = 0; f < F; ++f) {
+          auto c = relative(v * F + f);
+          const int r = get<0>(c) / 8, j = get<1>(c) / 8;
+          if (r < 0 || r > 1 || j < 0 || j >= kBlocks) __trap();
+          mean[r][j] += visit_results(v)[f];
+        }
+      }
+      group_sums(mean, shift);
+      CUTLASS_PRAGMA_UNROLL
+      for (int r = 0; r < 2; ++r) {
+        CUTLASS_PRAGMA_UNROLL
+        for (int j = 0; j < kBlocks; ++j) mean[r][j] *= inv_group;
+      }
+      CUTLASS_PRAGMA_UNROLL
+      for (int v = 0; v < V; ++v) {
+        CUTLASS_PRAGMA_UNROLL
+        for (int f = 0; f < F; ++f) {
+          auto c = relative(v * F + f);
+          const int r = get<0>(c) / 8, j = get<1>(c) / 8;
+          const float d = visit_results(v)[f] - mean[r][j];
+          rstd[r][j] += d * d;
+        }
+      }
+      group_sums(rstd, shift);
+      CUTLASS_PRAGMA_UNROLL
+      for (int r = 0; r < 2; ++r) {
+        CUTLASS_PRAGMA_UNROLL
+        for (int j = 0; j < kBlocks; ++j) rstd[r][j] = rsqrtf(rstd[r][j] * inv_group + params.eps);
+      }
+      const int64_t subtile_col = first_col + static_cast<int64_t>(epi_n) * EpiN;
+      CUTLASS_PRAGMA_UNROLL
+      for (int v = 0; v < V; ++v) {
+        CUTLASS_PRAGMA_UNROLL
+        for (int f = 0; f < F; ++f) {
+          auto c = relative(v * F + f);
+          const int r = get<0>(c) / 8, j = get<1>(c) / 8;
+          const int64_t col = subtile_col + get<1>(c);
+          const float x = (visit_results(v)[f] - mean[r][j]) * rstd[r][j];
+          visit_results(v)[f] = col < n ? Post::apply(params.post, col, x) : 0.f;
+        }
+      }
+    }
+  };
+
+  template <bool ReferenceSrc, class... Args>
+  CUTLASS_DEVICE auto get_consumer_store_callbacks(fusion::ConsumerStoreArgs<Args...> const& args) {
+    static_assert(decltype(size<1>(args.epi_tile))::value == EpiN, "the subtile the norm was built for");
+    const int64_t n = get<1>(args.problem_shape_mnkl);
+    const int64_t first_col = n - get<1>(args.residue_tCcD);
+    const int col_in_tile = static_cast<int>(get<1>(args.residue_cD) - get<1>(args.residue_tCcD));
+    return ConsumerStoreCallbacks<decltype(args.tCcD)>(args.tCcD, first_col, n, col_in_tile, params);
+  }
+};
+
 // Arguments of the leaves, from the launch's pointers
 inline typename Acc::Arguments acc_args() { return {}; }
 
@@ -90,6 +276,7 @@ template <class T> typename Scalar<T>::Arguments scalar_args(const void* ptr) {
 // A GEMM configuration: CTA tile (M, N, K), cluster shape, mainloop and epilogue schedules.
 template <int TM, int TN, int TK, int CM, int CN, bool Pingpong>
 struct Config {
+  static constexpr bool kPingpong = Pingpong;
   using Tile = Shape<Int<TM>, Int<TN>, Int<TK>>;
   using Cluster = Shape<Int<CM>, Int<CN>, _1>;
   using MainloopSchedule = cute::conditional_t<Pingpong, cutlass::gemm::KernelTmaWarpSpecializedPingpong,
@@ -144,8 +331,14 @@ inline const char* const* config_names() {
 
 // -- the GEMM ----------------------------------------------------------------------------------------
 
-// Prog (generated): Element (x, weight), Out (the output), template <class Tile> Tree (the EVT),
-// and args(const FxGemmLaunch&) -> Tree<Tile>::Arguments.
+// The epilogue subtile: CUTLASS's choice, or EpiN columns where a stage needs whole groups in one
+// (rows: a warp group's 64 in ping-pong, both warp groups' 128 in the cooperative kernels).
+template <class Cfg, int EpiN>
+using EpilogueTileFor = cute::conditional_t<EpiN == 0, cutlass::epilogue::collective::EpilogueTileAuto,
+                                            Shape<Int<Cfg::kPingpong ? 64 : 128>, Int<EpiN>>>;
+
+// Prog (generated): Element (x, weight), Out (the output), kEpilogueN (0: CUTLASS's subtile),
+// template <class Tile> Tree (the EVT), and args(const FxGemmLaunch&) -> Tree<Tile>::Arguments.
 template <class Prog, class Cfg>
 struct GemmFor {
   using T = typename Prog::Element;
@@ -153,7 +346,7 @@ struct GemmFor {
   using EpilogueTree = typename Prog::template Tree<typename Cfg::Tile>;
   using Epilogue = typename cutlass::epilogue::collective::CollectiveBuilder<
       cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, typename Cfg::Tile, typename Cfg::Cluster,
-      cutlass::epilogue::collective::EpilogueTileAuto, float, float, void, cutlass::layout::RowMajor,
+      EpilogueTileFor<Cfg, Prog::kEpilogueN>, float, float, void, cutlass::layout::RowMajor,
       kAlign<Out>, Out, cutlass::layout::RowMajor, kAlign<Out>, typename Cfg::EpilogueSchedule,
       EpilogueTree>::CollectiveOp;
   using Mainloop = typename cutlass::gemm::collective::CollectiveBuilder<

@@ -16,16 +16,18 @@ parallel.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import sympy
 import torch
 
 from .. import expr as E
-from ..ir import Pointwise, Program, Widen
+from ..ir import Norm, Pointwise, Program, Widen
 from ..vocabulary import ROUNDING
 from .codegen import UnsupportedProgram
 from .printer import UnsupportedExpression, print_expr
 
-GEMM_CODEGEN_VERSION = "1"
+GEMM_CODEGEN_VERSION = "2"
 NUM_KERNELS = 3  # fxg::kNumKernels, csrc/gemm_epilogue.cuh: one unit each
 
 # element types the in-GEMM path takes for x and weight (float32 would be TF32: not built yet)
@@ -33,18 +35,71 @@ GEMM_DTYPES = {torch.bfloat16: "FX_BF16", torch.float16: "FX_F16"}
 PARAM_DTYPES = {torch.float32: "FX_F32", torch.bfloat16: "FX_BF16", torch.float16: "FX_F16"}
 _ELEMENTS = {"FX_F32": "float", "FX_BF16": "cutlass::bfloat16_t", "FX_F16": "cutlass::half_t"}
 
+# fxg::GroupNorm's epilogue subtile: groups of 8, 16, 32 or 64 columns lie inside it
+GROUP_NORM_SUBTILE = 64
+
+
+@dataclass(frozen=True)
+class Epilogue:
+    """A program as the in-GEMM epilogue computes it: float32 expressions without rounding points
+    before and after an optional in-tile group norm (``post`` is ``x`` without one)."""
+
+    pre: sympy.Expr
+    norm: Norm | None
+    post: sympy.Expr
+
+    @staticmethod
+    def of(program: Program) -> "Epilogue":
+        segments: list[sympy.Expr] = [E.X]
+        norm = None
+        for stage in program.stages:
+            if isinstance(stage, Pointwise):
+                segments[-1] = E.substitute(stage.expr, {E.X: segments[-1]})
+            elif isinstance(stage, Norm):
+                norm = stage
+                segments.append(E.X)
+        rounding = set(ROUNDING.values())
+        post = E.without_calls(segments[-1], rounding) if norm is not None else E.X
+        return Epilogue(E.without_calls(segments[0], rounding), norm, post)
+
+    def affine_post(self) -> sympy.Expr:
+        """What follows the normalized value: the norm's weight and bias, then the stages after it."""
+        x = E.X
+        if self.norm.weight is not None:
+            x = E.mul(x, E.param(self.norm.weight))
+        if self.norm.bias is not None:
+            x = E.add(x, E.param(self.norm.bias))
+        return E.substitute(self.post, {E.X: x})
+
+
+def group_size(norm: Norm, n: int) -> int | None:
+    """Columns of a group of ``norm`` at N = ``n`` where the in-GEMM group norm takes it, else None."""
+    if n % norm.groups:
+        return None
+    size = n // norm.groups
+    return size if size % 8 == 0 and GROUP_NORM_SUBTILE % size == 0 else None
+
 
 def unsupported_reason(program: Program, dtype: torch.dtype) -> str | None:
-    """Why the in-GEMM path cannot take ``program`` on ``dtype`` inputs (None: it can)."""
+    """Why the in-GEMM path cannot take ``program`` on ``dtype`` inputs (None: it can; a group
+    norm's group size is checked per call, by the module)."""
     if dtype not in GEMM_DTYPES:
         return f"the in-GEMM path takes bfloat16 and float16 GEMMs, not {dtype}"
+    norms = [s for s in program.stages if isinstance(s, Norm)]
     for stage in program.stages:
-        if not isinstance(stage, (Pointwise, Widen)):
+        if not isinstance(stage, (Pointwise, Widen, Norm)):
             return f"{type(stage).__name__.lower()} stages are not in the in-GEMM epilogue yet"
+    if any(norm.kind != "group" for norm in norms):
+        return "norms other than GroupNorm are not in the in-GEMM epilogue yet"
+    if len(norms) > 1:
+        return "more than one norm in a chain is not in the in-GEMM epilogue yet"
     if any(kind not in ("col", "scalar") for kind in program.params):
         return "parameter kinds other than column vectors and scalars"
+    epilogue = Epilogue.of(program)
     try:
-        print_expr(epilogue_expression(program))
+        print_expr(epilogue.pre)
+        if epilogue.norm is not None:
+            print_expr(epilogue.affine_post())
     except UnsupportedExpression as error:
         return str(error)
     return None
@@ -56,21 +111,20 @@ def kernel_param_dtype(dtype: torch.dtype) -> torch.dtype:
 
 
 def canonical(program: Program) -> Program:
-    """The program as the in-GEMM kernel computes it: one pointwise stage without rounding points
-    (then a Widen where the chain widens). Programs that differ only where eager rounds share one
-    GEMM module: it names the module and keys its build."""
-    stages: tuple = (Pointwise(epilogue_expression(program)),)
+    """The program as the in-GEMM kernel computes it: its pointwise stages composed without
+    rounding points around the norm (then a Widen where the chain widens). Programs that differ
+    only where eager rounds share one GEMM module: it names the module and keys its build."""
+    epilogue = Epilogue.of(program)
+    stages: tuple = (Pointwise(epilogue.pre),)
+    if epilogue.norm is not None:
+        stages += (epilogue.norm, Pointwise(epilogue.post))
     return Program(program.gemm, stages + ((Widen(),) if program.widens else ()), program.params)
 
 
 def epilogue_expression(program: Program) -> sympy.Expr:
-    """The program's pointwise stages as one float32 expression in the accumulator ``x``
-    (bias included), without the low-precision rounding points."""
-    expression = E.X
-    for stage in program.stages:
-        if isinstance(stage, Pointwise):
-            expression = E.substitute(stage.expr, {E.X: expression})
-    return E.without_calls(expression, set(ROUNDING.values()))
+    """A pointwise program's stages as one float32 expression in the accumulator ``x`` (bias
+    included), without the low-precision rounding points."""
+    return Epilogue.of(program).pre
 
 
 def generate(program: Program, dtype: torch.dtype, param_dtypes: tuple[torch.dtype, ...], namespace: str,
@@ -98,7 +152,8 @@ def generate(program: Program, dtype: torch.dtype, param_dtypes: tuple[torch.dty
 
 def _program_header(program: Program, dtype: torch.dtype, param_dtypes: tuple[torch.dtype, ...],
                     namespace: str) -> str:
-    printed = print_expr(epilogue_expression(program), x_name="x", prefix="t")
+    epilogue = Epilogue.of(program)
+    printed = print_expr(epilogue.pre, x_name="x", prefix="t")
     used = sorted(printed.params)
     element = _ELEMENTS[GEMM_DTYPES[dtype]]
     out_code = PARAM_DTYPES[program.output_dtype(dtype)]
@@ -123,6 +178,20 @@ def _program_header(program: Program, dtype: torch.dtype, param_dtypes: tuple[to
     inputs = ", ".join(["A const& acc"] + [f"A const& in_{name}" for name in names])
     x_value = "acc[e] + in_bias[e]" if program.gemm.bias else "acc[e]"
     comment = program.to_string().replace("*/", "* /")
+    chain_out = "Out" if epilogue.norm is None else "float"
+    chain = f"fxg::Tree<fxg::Pointwise<Chain, {chain_out}>, {', '.join(['fxg::Acc'] + leaves)}>"
+    chain_args = f"{{{', '.join(['fxg::acc_args()'] + leaf_args + ['{}'])}}}"
+    if epilogue.norm is None:
+        post, tree, tree_args, subtile = [], chain, chain_args, 0
+    else:
+        post = _post_struct(epilogue, codes, program.params)
+        tree = f"fxg::Tree<fxg::GroupNorm<Post, {GROUP_NORM_SUBTILE}>, {chain}>"
+        tree_args = (f"{{{chain_args}, {{static_cast<int32_t>(a.n / kGroups), {float(epilogue.norm.eps)!r}f, "
+                     f"Post::args(a)}}}}")
+        subtile = GROUP_NORM_SUBTILE
+    supports = "n % 8 == 0 && k % 8 == 0"
+    if epilogue.norm is not None:
+        supports += (f" && n % kGroups == 0 && (n / kGroups) % 8 == 0 && {GROUP_NORM_SUBTILE} % (n / kGroups) == 0")
     return "\n".join([
         f"// fxfuse GEMM program (gemm codegen {GEMM_CODEGEN_VERSION}), {dtype}",
         f"/* {comment} */",
@@ -147,6 +216,7 @@ def _program_header(program: Program, dtype: torch.dtype, param_dtypes: tuple[to
         "  }",
         "};",
         "",
+        *post,
         "struct Prog {",
         f"  using Element = {element};",
         f"  using Out = {_ELEMENTS[out_code]};",
@@ -155,20 +225,50 @@ def _program_header(program: Program, dtype: torch.dtype, param_dtypes: tuple[to
         f"  static constexpr int32_t kNumParams = {len(program.params)};",
         f"  static constexpr int32_t kParamIsCol[{max(1, len(codes))}] = {{{', '.join(is_col) or '0'}}};",
         f"  static constexpr int32_t kParamDtypes[{max(1, len(codes))}] = {{{', '.join(codes) or 'FX_F32'}}};",
+        f"  static constexpr int kEpilogueN = {subtile};",
+        *([f"  static constexpr int64_t kGroups = {epilogue.norm.groups};"] if epilogue.norm is not None else []),
         "",
-        "  // 16-byte rows for TMA (x, weight, out) and for the column inputs' vector loads",
-        "  static bool supports(int64_t n, int64_t k) { return n % 8 == 0 && k % 8 == 0; }",
+        "  // 16-byte rows for TMA (x, weight, out) and for the column inputs' vector loads"
+        + ("; groups inside the norm's subtile" if epilogue.norm is not None else ""),
+        f"  static bool supports(int64_t n, int64_t k) {{ return {supports}; }}",
         "",
         "  template <class Tile>",
-        f"  using Tree = fxg::Tree<fxg::Pointwise<Chain, Out>, {', '.join(['fxg::Acc'] + leaves)}>;",
+        f"  using Tree = {tree};",
         "",
         "  template <class Tile>",
         "  static typename Tree<Tile>::Arguments args(const FxGemmLaunch& a) {",
         "    (void)a;",
-        f"    return {{{', '.join(['fxg::acc_args()'] + leaf_args + ['{}'])}}};",
+        f"    return {tree_args};",
         "  }",
         "};",
         "",
         f"}}  // namespace {namespace}",
         "",
     ])
+
+
+def _post_struct(epilogue: Epilogue, codes: list[str], kinds: tuple[str, ...]) -> list[str]:
+    """fxg::GroupNorm's Post: the normalized value through the norm's weight and bias and the
+    stages after it, reading column parameters at the value's column and scalars directly."""
+    printed = print_expr(epilogue.affine_post(), x_name="x", prefix="u")
+    used = sorted(printed.params)
+    return [
+        "// after the group norm: its weight and bias, then the stages after it",
+        "struct Post {",
+        f"  struct Arguments {{ const void* ptr[{max(1, len(codes))}]; }};",
+        "  static Arguments args(const FxGemmLaunch& a) {",
+        "    Arguments out{};",
+        "    for (int i = 0; i < a.num_params; ++i) out.ptr[i] = a.params[i].ptr;",
+        "    return out;",
+        "  }",
+        "  CUTLASS_DEVICE static float apply(const Arguments& a, int64_t n, float x) {",
+        "    (void)a;",
+        "    (void)n;",
+        *[f"    const float p{i} = fxg::load_param<{_ELEMENTS[codes[i]]}>(a.ptr[{i}], "
+          f"{'n' if kinds[i] == 'col' else '0'});" for i in used],
+        *["    " + line for line in printed.lines],
+        f"    return {printed.result};",
+        "  }",
+        "};",
+        "",
+    ]

@@ -79,7 +79,8 @@ def test_one_unit_per_kernel_and_an_entry_point():
 
 @pytest.mark.parametrize("name,dtype,reason", [
     ("s01_scale_leaky", torch.float32, "bfloat16 and float16"),
-    ("s02_group_leaky_double", torch.bfloat16, "norm stages"),
+    ("s20_layer_silu", torch.bfloat16, "norms other than GroupNorm"),
+    ("widen_rms_then_group", torch.bfloat16, "norms other than GroupNorm"),
     ("s16_sigmoid_sum", torch.bfloat16, "reduce stages"),
 ])
 def test_programs_the_in_gemm_path_does_not_take_yet(name, dtype, reason):
@@ -91,6 +92,49 @@ def test_programs_the_in_gemm_path_does_not_take_yet(name, dtype, reason):
 def test_the_pointwise_suite_programs_are_taken():
     for name in ("s01_scale_leaky", "s10_div_gelu", "s13_sub_mul_relu", "s14_silu_div_clamp_tanh", "identity"):
         assert gemm_codegen.unsupported_reason(PROGRAMS[name], torch.bfloat16) is None, name
+
+
+def test_the_suite_group_norm_chains_are_taken():
+    for name in ("s02_group_leaky_double", "s04_group_silu_vec_silu", "s17_vec_hardtanh_mish_group",
+                 "widen_s08_silu_vec_group"):
+        assert gemm_codegen.unsupported_reason(PROGRAMS[name], torch.bfloat16) is None, name
+
+
+def test_a_group_norm_chain_is_its_stages_before_and_after_the_norm_without_rounding_points():
+    program = Program.parse("linear(bias=True) | pointwise(bf16(bf16(x * 2.0) + p0)) | "
+                            "group_norm(eps=1e-05, groups=8, weight=p1, bias=p2) | pointwise(bf16(relu(x))) | "
+                            "pointwise(bf16(x * p3)) || col col col scalar")
+    assert gemm_codegen.canonical(program).to_string() == (
+        "linear(bias=True) | pointwise((x * 2.0) + p0) | group_norm(eps=1e-05, groups=8, weight=p1, bias=p2) | "
+        "pointwise(relu(x) * p3) || col col col scalar")
+
+
+def test_the_group_norm_stage_takes_the_values_before_it_in_float32_and_applies_the_rest_per_column():
+    program = PROGRAMS["s04_group_silu_vec_silu"]  # group norm (weight p0, bias p1), silu, x p2, silu
+    text = header(program, params=(torch.float32, torch.bfloat16, torch.float16))
+    tree = next(line for line in text.splitlines() if "using Tree" in line)
+    assert tree.strip() == ("using Tree = fxg::Tree<fxg::GroupNorm<Post, 64>, fxg::Tree<fxg::Pointwise<Chain, float>, "
+                            "fxg::Acc, fxg::Col<Tile, Element>>>;")
+    assert "const float p0 = fxg::load_param<float>(a.ptr[0], n);" in text
+    assert "const float p1 = fxg::load_param<cutlass::bfloat16_t>(a.ptr[1], n);" in text
+    assert "const float p2 = fxg::load_param<cutlass::half_t>(a.ptr[2], n);" in text
+    assert "static constexpr int kEpilogueN = 64;" in text and "kGroups = 8;" in text
+    assert "{static_cast<int32_t>(a.n / kGroups), 1e-05f, Post::args(a)}" in text
+    assert "64 % (n / kGroups) == 0" in text  # groups of 8-64 columns: whole blocks inside the subtile
+
+
+def test_a_scalar_after_the_norm_is_read_once_not_per_column():
+    program = Program.parse("linear(bias=False) | group_norm(eps=0.001, groups=4) | pointwise(x * p0) || scalar")
+    text = header(program)
+    assert "const float p0 = fxg::load_param<cutlass::bfloat16_t>(a.ptr[0], 0);" in text
+    assert "1e-03f" in text or "0.001f" in text
+
+
+@pytest.mark.parametrize("n,groups,size", [(8192, 512, 16), (8192, 256, 32), (4096, 64, 64), (264, 33, 8),
+                                           (8192, 16, None), (96, 4, None), (100, 10, None), (8192, 5, None)])
+def test_group_sizes_inside_the_subtile(n, groups, size):
+    from fxfuse.ir import Norm
+    assert gemm_codegen.group_size(Norm("group", 1e-5, groups=groups), n) == size
 
 
 def test_parameters_of_other_dtypes_reach_the_kernel_as_float32():

@@ -18,14 +18,12 @@ import torch
 import fxfuse.cuda as fxcuda
 from fxfuse import expr as E
 from fxfuse import reference
-from fxfuse.cuda.build import cuda_target, gemm_target_reason
-from fxfuse.cuda.gemm_codegen import epilogue_expression, unsupported_reason
+from fxfuse.cuda.gemm_codegen import unsupported_reason
 from fxfuse.ir import Gemm, Pointwise, Program
 from fxfuse.vocabulary import call
-from programs import PROGRAMS, make_params, vocabulary_program
+from gemm_harness import DEVICE, SCHEDULES, TOL, assert_under_rule, build_modules, draw, kernels, run_config, truth
+from programs import PROGRAMS, vocabulary_program
 
-DEVICE = "cuda"
-TOL = 1e-2
 X = E.X
 
 EXTRA = {
@@ -41,80 +39,15 @@ NAMES = ["identity", "s01_scale_leaky", "s10_div_gelu", "s13_sub_mul_relu", "s14
 CASES = [(name, torch.bfloat16) for name in NAMES] + [("s01_scale_leaky", torch.float16),
                                                       ("scalar_and_col", torch.float16)]
 SHAPES = [(1, 136, 72), (7, 520, 264), (300, 1032, 520), (1024, 2048, 512)]
-SCHEDULES = 6  # fxg::kNumSchedules: configurations of one kernel
 
 
 def program_of(name: str) -> Program:
     return EXTRA.get(name) or PROGRAMS[name]
 
 
-def param_dtypes(program: Program, dtype: torch.dtype) -> tuple[torch.dtype, ...]:
-    """A widening chain's parameters are float32 (they promote it, as under autocast)."""
-    return tuple(torch.float32 if program.widens else dtype for _ in program.params)
-
-
-@pytest.fixture(scope="module", autouse=True)
+@pytest.fixture(scope="module")
 def modules():
-    if not fxcuda.available():
-        pytest.skip("no CUDA toolchain (nvcc + ninja)")
-    reason = gemm_target_reason(cuda_target(torch.device(DEVICE)))
-    if reason is not None:
-        pytest.skip(reason)
-    items = [(program_of(n), d) for n, d in CASES]
-    gemms = [(program_of(n), d, param_dtypes(program_of(n), d)) for n, d in CASES]
-    failed = fxcuda.prepare_many(items, gemm_items=gemms)
-    assert not failed
-    device = torch.device(DEVICE, torch.cuda.current_device())
-    built = {}
-    for (name, dtype), (program, _, params) in zip(CASES, gemms):
-        module = fxcuda.engine.prepare_gemm(program, dtype, params, device)
-        assert module is not None, fxcuda.engine.gemm_error(program, dtype, params, device)
-        built[(name, dtype)] = module
-    return built
-
-
-def draw(program: Program, dtype: torch.dtype, m: int, n: int, k: int, seed: int, batch: tuple = ()):
-    g = torch.Generator().manual_seed(seed)
-    x = torch.randn(*batch, m, k, generator=g).to(DEVICE, dtype)
-    w = (torch.randn(n, k, generator=g) / math.sqrt(k)).to(DEVICE, dtype)
-    b = torch.randn(n, generator=g).to(DEVICE, dtype) if program.gemm.bias else None
-    params = make_params(program, n, dtype=torch.float32 if program.widens else dtype, generator=g, device=DEVICE)
-    return x, w, b, params
-
-
-def truth(program: Program, x, w, b, params) -> torch.Tensor:
-    """The program in float64 without rounding points: what every result approximates."""
-    exact = Program(program.gemm, (Pointwise(epilogue_expression(program)),), program.params)
-    return reference.op_forward(exact, x.double(), w.double(), None if b is None else b.double(),
-                                [p.double() for p in params], False)[0]
-
-
-def assert_under_rule(out: torch.Tensor, eager: torch.Tensor, exact: torch.Tensor) -> None:
-    """Within TOL of eager's result, or (elementwise) no further from the truth than eager's."""
-    assert out.dtype == eager.dtype and out.shape == eager.shape
-    o, e = out.double(), eager.double()
-    assert torch.equal(o.isnan(), e.isnan()), "NaN positions differ from eager's"
-    close = (o - e).abs() <= TOL + TOL * e.abs()
-    no_further = (o - exact).abs() <= (e - exact).abs() * 1.0001 + 1e-6
-    same_inf = o.isinf() & (o == e)
-    bad = ~(close | no_further | same_inf | e.isnan())
-    assert not bad.any(), f"{int(bad.sum())} elements off, e.g. out {o[bad][:4].tolist()} eager {e[bad][:4].tolist()}"
-
-
-def kernels(module) -> range:
-    """One configuration of each kernel (the first schedule of each): schedules only reorder tiles."""
-    return range(0, len(module.config_names), SCHEDULES)
-
-
-def run_config(module, program, x, w, b, params, config: int) -> torch.Tensor:
-    """Configuration ``config`` of the module, into a NaN-poisoned buffer (it must cover the call)."""
-    n = w.shape[0]
-    m = x.numel() // x.shape[-1]
-    assert module.supports(m, n, x.shape[-1], config)
-    out = torch.full((*x.shape[:-1], n), math.nan, device=DEVICE, dtype=program.output_dtype(x.dtype))
-    result = fxcuda.engine.call(program.to_string(), x, w, b, params, out=out, gemm=module, config=config)[0]
-    assert result.data_ptr() == out.data_ptr(), "the call did not take the in-GEMM path"
-    return result
+    return build_modules({(name, dtype): (program_of(name), dtype) for name, dtype in CASES})
 
 
 @pytest.mark.parametrize("m,n,k", SHAPES)
@@ -214,10 +147,11 @@ def test_cuda_graph_replay(modules):
     assert_under_rule(out, eager, exact)
 
 
-def test_supported_programs_are_the_pointwise_ones():
+def test_supported_programs_are_the_pointwise_and_group_norm_ones():
     assert unsupported_reason(PROGRAMS["s01_scale_leaky"], torch.bfloat16) is None
     assert unsupported_reason(PROGRAMS["s01_scale_leaky"], torch.float32) is not None
-    assert unsupported_reason(PROGRAMS["s02_group_leaky_double"], torch.bfloat16) is not None
+    assert unsupported_reason(PROGRAMS["s02_group_leaky_double"], torch.bfloat16) is None
+    assert unsupported_reason(PROGRAMS["s11_gelu_softmax"], torch.bfloat16) is not None
 
 
 def test_a_compiled_model_reports_its_measured_path_and_equals_eager(modules):

@@ -1,0 +1,91 @@
+"""What the in-GEMM tests share: drawing a problem, the float64 truth, the correctness rule, and
+running one configuration of a GEMM module into a poisoned buffer."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+import fxfuse.cuda as fxcuda
+from fxfuse import reference
+from fxfuse.cuda.build import cuda_target, gemm_target_reason
+from fxfuse.cuda.gemm_codegen import canonical
+from fxfuse.ir import Program
+from programs import make_params
+
+DEVICE = "cuda"
+TOL = 1e-2
+SCHEDULES = 6  # fxg::kNumSchedules: configurations of one kernel
+
+
+def param_dtypes(program: Program, dtype: torch.dtype) -> tuple[torch.dtype, ...]:
+    """A widening chain's parameters are float32 (they promote it, as under autocast)."""
+    return tuple(torch.float32 if program.widens else dtype for _ in program.params)
+
+
+def build_modules(cases: dict[str, tuple[Program, torch.dtype]]) -> dict:
+    """The GEMM module of each named (program, dtype), built in parallel (skips without a Hopper
+    GPU, nvcc or CUTLASS)."""
+    if not fxcuda.available():
+        pytest.skip("no CUDA toolchain (nvcc + ninja)")
+    reason = gemm_target_reason(cuda_target(torch.device(DEVICE)))
+    if reason is not None:
+        pytest.skip(reason)
+    items = [(program, dtype) for program, dtype in cases.values()]
+    gemms = [(program, dtype, param_dtypes(program, dtype)) for program, dtype in cases.values()]
+    assert not fxcuda.prepare_many(items, gemm_items=gemms)
+    device = torch.device(DEVICE, torch.cuda.current_device())
+    built = {}
+    for name, (program, dtype, params) in zip(cases, gemms):
+        module = fxcuda.engine.prepare_gemm(program, dtype, params, device)
+        assert module is not None, fxcuda.engine.gemm_error(program, dtype, params, device)
+        built[name] = module
+    return built
+
+
+def draw(program: Program, dtype: torch.dtype, m: int, n: int, k: int, seed: int, batch: tuple = ()):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(*batch, m, k, generator=g).to(DEVICE, dtype)
+    w = (torch.randn(n, k, generator=g) / math.sqrt(k)).to(DEVICE, dtype)
+    b = torch.randn(n, generator=g).to(DEVICE, dtype) if program.gemm.bias else None
+    params = make_params(program, n, dtype=torch.float32 if program.widens else dtype, generator=g, device=DEVICE)
+    return x, w, b, params
+
+
+def truth(program: Program, x, w, b, params) -> torch.Tensor:
+    """The program in float64 without rounding points: what every result approximates."""
+    exact = canonical(program)
+    return reference.op_forward(exact, x.double(), w.double(), None if b is None else b.double(),
+                                [p.double() for p in params], False)[0]
+
+
+def assert_under_rule(out: torch.Tensor, eager: torch.Tensor, exact: torch.Tensor) -> None:
+    """Within TOL of eager's result, or (elementwise) no further from the truth than eager's."""
+    assert out.dtype == eager.dtype and out.shape == eager.shape
+    o, e = out.double(), eager.double()
+    assert torch.equal(o.isnan(), e.isnan()), "NaN positions differ from eager's"
+    close = (o - e).abs() <= TOL + TOL * e.abs()
+    no_further = (o - exact).abs() <= (e - exact).abs() * 1.0001 + 1e-6
+    same_inf = o.isinf() & (o == e)
+    bad = ~(close | no_further | same_inf | e.isnan())
+    assert not bad.any(), f"{int(bad.sum())} elements off, e.g. out {o[bad][:4].tolist()} eager {e[bad][:4].tolist()}"
+
+
+def kernels(module) -> range:
+    """One configuration of each kernel (the first schedule of each): schedules only reorder tiles."""
+    return range(0, len(module.config_names), SCHEDULES)
+
+
+def run_config(module, program, x, w, b, params, config: int) -> torch.Tensor:
+    """Configuration ``config`` of the module, into a NaN-poisoned buffer (it must cover the call)."""
+    n = w.shape[0]
+    m = x.numel() // x.shape[-1]
+    assert module.supports(m, n, x.shape[-1], config)
+    out = torch.full((*x.shape[:-1], n), math.nan, device=DEVICE, dtype=program.output_dtype(x.dtype))
+    result = fxcuda.engine.call(program.to_string(), x, w, b, params, out=out, gemm=module, config=config)[0]
+    assert result.data_ptr() == out.data_ptr(), "the call did not take the in-GEMM path"
+    return result
+
+
