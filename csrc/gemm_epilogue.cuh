@@ -91,8 +91,10 @@ template <class T> CUTLASS_DEVICE float load_param(const void* ptr, int64_t i) {
 // per thread over its blocks, then over the quad (two shuffles). The layout is checked where it is
 // read: relative coordinates outside it stop the kernel (the checks fold away when it holds).
 //
-// Post (generated): Arguments, and float apply(Arguments const&, int64_t n, float x) -- the
-// normalized value x at column n through the norm's affine parameters and the stages after it.
+// Post (generated): Arguments (the parameters' pointers), Scalars scalars(Arguments const&) (the
+// scalar parameters, read once a subtile) and float apply(Arguments const&, Scalars const&,
+// int64_t n, float x) -- the normalized value x at column n through the norm's affine parameters
+// and the stages after it.
 template <class Post, int EpiN>
 struct GroupNorm {
   static_assert(EpiN % 8 == 0, "the subtile is a whole number of 8-column blocks");
@@ -147,7 +149,7 @@ struct GroupNorm {
     int64_t first_col;  // the column of the thread's first value
     int64_t n;          // N
     int col_in_tile;    // the thread's first column within the CTA tile
-    Params const& params;
+    Params params;      // a copy: pointers and sizes in registers, not read through memory per value
 
     template <class ElementAccumulator, class ElementInput, int F>
     CUTLASS_DEVICE cutlass::Array<float, F> visit(cutlass::Array<ElementAccumulator, F> const&, int, int, int,
@@ -156,17 +158,21 @@ struct GroupNorm {
     }
 
     // Per (row slot, block): the sum over the group holding the block, of the thread's values
-    // and then its quad's.
-    CUTLASS_DEVICE void group_sums(float (&sums)[2][kBlocks], int shift) const {
-      float grouped[2][kBlocks];
+    // (a butterfly over the blocks of a group: groups are 1, 2, 4 or 8 blocks), then its quad's.
+    CUTLASS_DEVICE static void group_sums(float (&sums)[2][kBlocks], int blocks_per_group) {
       CUTLASS_PRAGMA_UNROLL
-      for (int r = 0; r < 2; ++r) {
-        CUTLASS_PRAGMA_UNROLL
-        for (int j = 0; j < kBlocks; ++j) {
-          grouped[r][j] = 0.f;
+      for (int step = 1; step < kBlocks; step *= 2) {
+        if (step < blocks_per_group) {  // uniform over the warp
+          float partner[2][kBlocks];
           CUTLASS_PRAGMA_UNROLL
-          for (int i = 0; i < kBlocks; ++i) {
-            if ((i >> shift) == (j >> shift)) grouped[r][j] += sums[r][i];
+          for (int r = 0; r < 2; ++r) {
+            CUTLASS_PRAGMA_UNROLL
+            for (int j = 0; j < kBlocks; ++j) partner[r][j] = sums[r][j ^ step];
+          }
+          CUTLASS_PRAGMA_UNROLL
+          for (int r = 0; r < 2; ++r) {
+            CUTLASS_PRAGMA_UNROLL
+            for (int j = 0; j < kBlocks; ++j) sums[r][j] += partner[r][j];
           }
         }
       }
@@ -174,7 +180,7 @@ struct GroupNorm {
       for (int r = 0; r < 2; ++r) {
         CUTLASS_PRAGMA_UNROLL
         for (int j = 0; j < kBlocks; ++j) {
-          float s = grouped[r][j];
+          float s = sums[r][j];
           s += __shfl_xor_sync(0xffffffffu, s, 1);
           s += __shfl_xor_sync(0xffffffffu, s, 2);
           sums[r][j] = s;
@@ -189,7 +195,7 @@ struct GroupNorm {
       constexpr int V = decltype(size(visit_results))::value;
       auto relative = coords(_, _, _, _0{}, _0{});  // the same in every subtile
       if (col_in_tile % EpiN >= 8 || col_in_tile % 8 > 6) __trap();  // the layout above
-      const int shift = __ffs(params.group >> 3) - 1;  // log2(blocks in a group)
+      const int blocks_per_group = params.group / 8;
       const float inv_group = 1.f / static_cast<float>(params.group);
 
       float mean[2][kBlocks], rstd[2][kBlocks];
@@ -208,7 +214,7 @@ struct GroupNorm {
           mean[r][j] += visit_results(v)[f];
         }
       }
-      group_sums(mean, shift);
+      group_sums(mean, blocks_per_group);
       CUTLASS_PRAGMA_UNROLL
       for (int r = 0; r < 2; ++r) {
         CUTLASS_PRAGMA_UNROLL
@@ -224,13 +230,14 @@ struct GroupNorm {
           rstd[r][j] += d * d;
         }
       }
-      group_sums(rstd, shift);
+      group_sums(rstd, blocks_per_group);
       CUTLASS_PRAGMA_UNROLL
       for (int r = 0; r < 2; ++r) {
         CUTLASS_PRAGMA_UNROLL
         for (int j = 0; j < kBlocks; ++j) rstd[r][j] = rsqrtf(rstd[r][j] * inv_group + params.eps);
       }
       const int64_t subtile_col = first_col + static_cast<int64_t>(epi_n) * EpiN;
+      const auto scalars = Post::scalars(params.post);
       CUTLASS_PRAGMA_UNROLL
       for (int v = 0; v < V; ++v) {
         CUTLASS_PRAGMA_UNROLL
@@ -239,7 +246,9 @@ struct GroupNorm {
           const int r = get<0>(c) / 8, j = get<1>(c) / 8;
           const int64_t col = subtile_col + get<1>(c);
           const float x = (visit_results(v)[f] - mean[r][j]) * rstd[r][j];
-          visit_results(v)[f] = col < n ? Post::apply(params.post, col, x) : 0.f;
+          // columns past N are not stored: read the last column's parameters there, so that the
+          // loads need no branch and the unrolled loop can issue them together
+          visit_results(v)[f] = Post::apply(params.post, scalars, col < n ? col : n - 1, x);
         }
       }
     }

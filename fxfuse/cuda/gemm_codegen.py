@@ -251,7 +251,8 @@ def _post_struct(epilogue: Epilogue, codes: list[str], kinds: tuple[str, ...]) -
     """fxg::GroupNorm's Post: the normalized value through the norm's weight and bias and the
     stages after it, reading column parameters at the value's column and scalars directly."""
     printed = print_expr(epilogue.affine_post(), x_name="x", prefix="u")
-    used = sorted(printed.params)
+    cols = [i for i in sorted(printed.params) if kinds[i] == "col"]
+    scalars = [i for i in sorted(printed.params) if kinds[i] != "col"]
     return [
         "// after the group norm: its weight and bias, then the stages after it",
         "struct Post {",
@@ -261,11 +262,17 @@ def _post_struct(epilogue: Epilogue, codes: list[str], kinds: tuple[str, ...]) -
         "    for (int i = 0; i < a.num_params; ++i) out.ptr[i] = a.params[i].ptr;",
         "    return out;",
         "  }",
-        "  CUTLASS_DEVICE static float apply(const Arguments& a, int64_t n, float x) {",
+        "  struct Scalars { " + "".join(f"float p{i}; " for i in scalars) + "};",
+        "  CUTLASS_DEVICE static Scalars scalars(const Arguments& a) {",
         "    (void)a;",
+        "    return {" + ", ".join(f"fxg::load_param<{_ELEMENTS[codes[i]]}>(a.ptr[{i}], 0)" for i in scalars) + "};",
+        "  }",
+        "  CUTLASS_DEVICE static float apply(const Arguments& a, const Scalars& s, int64_t n, float x) {",
+        "    (void)a;",
+        "    (void)s;",
         "    (void)n;",
-        *[f"    const float p{i} = fxg::load_param<{_ELEMENTS[codes[i]]}>(a.ptr[{i}], "
-          f"{'n' if kinds[i] == 'col' else '0'});" for i in used],
+        *[f"    const float p{i} = fxg::load_param<{_ELEMENTS[codes[i]]}>(a.ptr[{i}], n);" for i in cols],
+        *[f"    const float p{i} = s.p{i};" for i in scalars],
         *["    " + line for line in printed.lines],
         f"    return {printed.result};",
         "  }",

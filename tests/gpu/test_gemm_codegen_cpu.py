@@ -126,7 +126,8 @@ def test_the_group_norm_stage_takes_the_values_before_it_in_float32_and_applies_
 def test_a_scalar_after_the_norm_is_read_once_not_per_column():
     program = Program.parse("linear(bias=False) | group_norm(eps=0.001, groups=4) | pointwise(x * p0) || scalar")
     text = header(program)
-    assert "const float p0 = fxg::load_param<cutlass::bfloat16_t>(a.ptr[0], 0);" in text
+    assert "return {fxg::load_param<cutlass::bfloat16_t>(a.ptr[0], 0)};" in text  # Post::scalars, once a subtile
+    assert "const float p0 = s.p0;" in text
     assert "1e-03f" in text or "0.001f" in text
 
 

@@ -66,10 +66,12 @@ def test_every_kernel_normalizes_every_group_size_inside_the_tile(modules, name,
 
 
 def test_every_schedule_and_a_three_dimensional_input(modules):
+    """A (B, T, K) input is B*T rows of the GEMM; the norm's groups are along its last dim."""
     program, module = PROGRAMS_33["s04"], modules[("s04", torch.bfloat16)]
     x, w, b, params = draw(program, torch.bfloat16, 37, GROUPS * 16, 136, seed=3, batch=(3,))
-    eager = reference.op_forward(program, x, w, b, params, False)[0]
-    exact = truth(program, x, w, b, params)
+    rows = x.reshape(-1, 136)
+    eager = reference.op_forward(program, rows, w, b, params, False)[0].reshape(3, 37, -1)
+    exact = truth(program, rows, w, b, params).reshape(3, 37, -1)
     for config in range(len(module.config_names)):
         out = run_config(module, program, x, w, b, params, config)
         assert out.shape == (3, 37, GROUPS * 16)
