@@ -1,14 +1,15 @@
 """Where a fused op's time goes: the GEMM alone vs the fused op, per suite program, and the
 epilogue's achieved bandwidth against its byte floor.
 
-    python bench/epilogue_breakdown.py [--rows S01,S02] [--dtype bf16] [--once] [--items 0,1,2,4]
+    python bench/epilogue_breakdown.py [--rows S01,S02] [--dtype bf16] [--once]
 
 Each suite row is traced on the GPU; every fused program is then called directly
 (``torch.ops.fxfuse.linear_epilogue``) on fresh tensors of the traced shapes, so the numbers hold
 the kernels alone (no Dynamo, no Inductor). ``--once`` calls each op once and prints nothing else:
 the mode to run under a profiler (``ncu --kernel-name regex:apply_kernel|stats_kernel|combine_kernel``;
-it prints the order of the calls). ``--items`` repeats every call with each apply plan of
-row-local programs (16-byte chunks a thread; 0 = the default): the tuning sweep behind the plan.
+it prints the order of the calls). The sweep of apply plans behind Prog::kLocalItems (16-byte
+chunks a thread of row-local programs) was run with a tuning flag since removed from the ABI; its
+table is bench/results/plan_sweep_bf16.txt.
 """
 
 from __future__ import annotations
@@ -80,7 +81,6 @@ def main() -> int:
     parser.add_argument("--dtype", default="bf16", choices=DTYPES)
     parser.add_argument("--once", action="store_true")
     parser.add_argument("--bandwidth-gbs", type=float, default=4300.0, help="copy bandwidth for the floor")
-    parser.add_argument("--items", default="0", help="apply plans of row-local programs to time (0: default)")
     args = parser.parse_args()
     dtype = DTYPES[args.dtype]
     table = []
@@ -94,24 +94,21 @@ def main() -> int:
 
             m, n = x.numel() // x.shape[-1], w.shape[0]
             gemm_us = None if args.once else event_us(lambda x=x, w=w, b=b: torch.nn.functional.linear(x, w, b))
-            for items in [int(i) for i in args.items.split(",")]:
-                fxcuda.engine.set_plan_items(items)
-                if args.once:
-                    print(f"call: {row.id} items={items} {text}", flush=True)
-                    fused()
-                    continue
-                fused_us = event_us(fused)
-                nbytes = epilogue_bytes(program, m, n, x.element_size())
-                floor_us = nbytes / (args.bandwidth_gbs * 1e3)
-                epi = fused_us - gemm_us
-                table.append([row.id, items, f"{m}x{w.shape[1]}->{n}", f"{gemm_us:.1f}", f"{fused_us:.1f}",
-                              f"{epi:.1f}", f"{floor_us:.1f}", f"{nbytes / max(epi, 1e-3) / 1e3:.0f}",
-                              f"{fused_us / gemm_us:.3f}"])
-            fxcuda.engine.set_plan_items(0)
+            if args.once:
+                print(f"call: {row.id} {text}", flush=True)
+                fused()
+                continue
+            fused_us = event_us(fused)
+            nbytes = epilogue_bytes(program, m, n, x.element_size())
+            floor_us = nbytes / (args.bandwidth_gbs * 1e3)
+            epi = fused_us - gemm_us
+            table.append([row.id, f"{m}x{w.shape[1]}->{n}", f"{gemm_us:.1f}", f"{fused_us:.1f}",
+                          f"{epi:.1f}", f"{floor_us:.1f}", f"{nbytes / max(epi, 1e-3) / 1e3:.0f}",
+                          f"{fused_us / gemm_us:.3f}"])
     torch.cuda.synchronize()
     if table:
         print(f"{torch.cuda.get_device_name()}  torch {torch.__version__}  dtype {args.dtype}")
-        print(tabulate(table, headers=["row", "items", "shape", "GEMM us", "fused us", "epilogue us", "floor us",
+        print(tabulate(table, headers=["row", "shape", "GEMM us", "fused us", "epilogue us", "floor us",
                                        "epilogue GB/s", "fused/GEMM"]))
     return 0
 

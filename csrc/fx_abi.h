@@ -8,7 +8,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#define FX_ABI_VERSION 8
+#define FX_ABI_VERSION 9
 
 // Widest row the row kernel holds in registers (64 floats a thread, 512 threads a row).
 #define FX_MAX_N 32768
@@ -19,11 +19,7 @@ enum FxDtype : int32_t { FX_F32 = 0, FX_BF16 = 1, FX_F16 = 2 };
 enum FxFlags : int32_t {
   // group_norm of a bfloat16/float16 input normalises with its mean and 1/std rounded to that
   // dtype (torch's CUDA kernel up to 2.11) instead of keeping them in float32
-  FX_GROUP_NORM_ROUNDS_STATS = 1,
-  // Tuning only (bench/epilogue_breakdown.py --items): bits 8-11 hold the 16-byte chunks a thread
-  // of a row-local program's apply plan, 0 for the default
-  FX_PLAN_ITEMS_SHIFT = 8,
-  FX_PLAN_ITEMS_MASK = 0xf00
+  FX_GROUP_NORM_ROUNDS_STATS = 1
 };
 
 enum FxOutKind : int32_t {

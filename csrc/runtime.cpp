@@ -566,8 +566,6 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.attr("ABI_VERSION") = FX_ABI_VERSION;
   m.attr("MAX_N") = FX_MAX_N;
   m.attr("GROUP_NORM_ROUNDS_STATS") = static_cast<int>(FX_GROUP_NORM_ROUNDS_STATS);
-  m.attr("PLAN_ITEMS_SHIFT") = static_cast<int>(FX_PLAN_ITEMS_SHIFT);
-  m.attr("PLAN_ITEMS_MASK") = static_cast<int>(FX_PLAN_ITEMS_MASK);
   m.def(
       "register_program",
       [](const std::string& program, int32_t dtype, int32_t device, int64_t info) {

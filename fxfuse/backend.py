@@ -21,7 +21,7 @@ from torch.fx import Graph, GraphModule
 from . import op as _op  # noqa: F401  (registers torch.ops.fxfuse.*)
 from .canonicalize import canonicalize
 from .match import Chain, example_value, match_all
-from .policy import POLICIES, inductor_is_faster
+from .policy import POLICIES, inductor_is_faster, size_hint
 from .report import record
 from .rewrite import FUSED_OP, rewrite
 
@@ -132,7 +132,6 @@ def _with_path(chain: Chain) -> Chain:
     if chain.program is None or not isinstance(x, torch.Tensor) or x.device.type != "cuda":
         return chain
     from . import cuda
-    from .policy import size_hint
 
     try:
         k, n = size_hint(x.shape[-1]), size_hint(weight.shape[0])
@@ -154,7 +153,9 @@ def _unfused_if_slower(chain: Chain) -> Chain:
     gemm_out = example_value(chain.gemm)
     if not isinstance(gemm_out, torch.Tensor):
         return chain
-    reason = inductor_is_faster(chain.program, gemm_out, chain.reason if chain.stops_at_wider_dtype else None)
+    x = example_value(chain.x)
+    k = size_hint(x.shape[-1]) if isinstance(x, torch.Tensor) else None
+    reason = inductor_is_faster(chain.program, gemm_out, chain.reason if chain.stops_at_wider_dtype else None, k)
     if reason is None:
         return chain
     return replace(chain, status="not_fused", fused=[], program=None, nodes=[], reason=reason)

@@ -17,6 +17,12 @@ backward together measured 1.05-1.16x faster than Inductor's forward and backwar
 under bf16 autocast (H100; S02 and S08 1.05-1.08x on the H200), where larger groups (S06, 0.94x),
 layer norms (S20, 0.98-1.03x) and RMS norms (S21, 0.98x) did not gain (BENCHMARKS.md section 6).
 
+Where the GEMM's epilogue takes the group norm in-tile (Hopper, CUTLASS headers, groups of 8-64
+columns; fxfuse/cuda/gemm_codegen.py) and K is at most IN_GEMM_NORM_MAX_K, the chain stays fused
+outside training too: a separate pass over M x N costs a share of the GEMM that grows as 1/K, and
+S08 (K = 1024) measured 0.86x Inductor's GPU time through the in-GEMM group norm (H100, bf16;
+BENCHMARKS.md section 10), where S02 and S04 (K = 8192) measured 1.00-1.03x and go to Inductor.
+
 A chain cut short by an op that computes in a dtype it cannot take (float64; autocast's float32
 ops and float32 promotions widen the chain instead) also goes to Inductor: Inductor fuses that op
 and what follows with the chain's ops into kernels that read the GEMM output, while a fused prefix
@@ -36,6 +42,7 @@ from .ir import Norm, Program, Reduce
 
 POLICIES = ("fastest", "always")
 LARGE_ELEMENTS = 1 << 20  # M x N from which the chains below measured slower than Inductor
+IN_GEMM_NORM_MAX_K = 1024  # the largest K an in-GEMM group norm measured faster than Inductor at
 
 
 def size_hint(size) -> int:
@@ -47,10 +54,11 @@ def size_hint(size) -> int:
         return int(hint) if hint is not None else LARGE_ELEMENTS
 
 
-def inductor_is_faster(program: Program, gemm_out: torch.Tensor, stopped_at: str | None = None) -> str | None:
+def inductor_is_faster(program: Program, gemm_out: torch.Tensor, stopped_at: str | None = None,
+                       k: int | None = None) -> str | None:
     """The reason to leave this chain to Inductor, or None to fuse it (policy "fastest");
     ``gemm_out`` is the GEMM's output value (its example value); ``stopped_at`` is the matcher's
-    reason when the chain stops at an op computing in a wider dtype."""
+    reason when the chain stops at an op computing in a wider dtype; ``k`` the GEMM's K."""
     if gemm_out.device.type != "cuda":
         return None
     if stopped_at is not None:
@@ -59,6 +67,8 @@ def inductor_is_faster(program: Program, gemm_out: torch.Tensor, stopped_at: str
                 "BENCHMARKS.md); policy='always' fuses the prefix")
     slower = _measured_slower(program)
     if slower is None or (gemm_out.requires_grad and _trains_faster(program, gemm_out)):
+        return None
+    if not gemm_out.requires_grad and _in_gemm_norm_is_faster(program, gemm_out, k):
         return None
     elements = math.prod(size_hint(s) for s in gemm_out.shape)
     if elements < LARGE_ELEMENTS:
@@ -79,6 +89,23 @@ def _trains_faster(program: Program, gemm_out: torch.Tensor) -> bool:
         return False
     n = size_hint(gemm_out.shape[-1])
     return group_in_lanes(n, split.norm.groups, chunk_elements(program, gemm_out.dtype))
+
+
+def _in_gemm_norm_is_faster(program: Program, gemm_out: torch.Tensor, k: int | None) -> bool:
+    """A group norm program the in-GEMM path takes on this device, at a K where it measured faster
+    than Inductor (module docstring)."""
+    from .cuda import gemm_codegen
+    from .cuda.build import BuildError, cuda_target, gemm_target_reason
+
+    if k is None or k > IN_GEMM_NORM_MAX_K or gemm_codegen.unsupported_reason(program, gemm_out.dtype) is not None:
+        return False
+    norm = next((s for s in program.stages if isinstance(s, Norm)), None)
+    if norm is None or gemm_codegen.group_size(norm, size_hint(gemm_out.shape[-1])) is None:
+        return False
+    try:
+        return gemm_target_reason(cuda_target(gemm_out.device)) is None
+    except (BuildError, RuntimeError, AssertionError):  # no toolkit, no such device
+        return False
 
 
 def _measured_slower(program: Program) -> tuple[str, str] | None:

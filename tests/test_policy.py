@@ -64,6 +64,40 @@ def test_in_training_a_large_group_norm_chain_of_small_groups_stays_fused(dtype)
     assert inductor_is_faster(LAYER_NORM, gemm_output(1024, 8192, training=True, dtype=dtype)) is not None
 
 
+S08 = Program(Gemm(True), (Pointwise(E.add(E.mul(call("sigmoid", X), X), E.param(0))),
+                           Norm("group", 1e-5, groups=64, weight=1, bias=2)), ("col", "col", "col"))
+
+
+@pytest.fixture
+def hopper_with_cutlass(monkeypatch):
+    """A device the in-GEMM kernels are built for (the policy asks the build what it can target)."""
+    from fxfuse.cuda import build
+
+    monkeypatch.setattr(build, "cuda_target", lambda device=None: None)
+    monkeypatch.setattr(build, "gemm_target_reason", lambda target: None)
+
+
+def test_a_group_norm_inside_the_gemm_at_low_k_stays_fused_outside_training(hopper_with_cutlass):
+    """S08's regime: the in-GEMM epilogue saves Inductor's pass over M x N, a large share of a
+    K = 1024 GEMM; at K = 8192 that share is small and Inductor measured as fast."""
+    out = gemm_output(32768, 4096, dtype=torch.bfloat16)
+    assert inductor_is_faster(S08, out, k=1024) is None
+    assert inductor_is_faster(S08, out, k=8192) is not None
+    assert inductor_is_faster(S08, out) is not None  # K unknown
+    assert inductor_is_faster(S08, gemm_output(32768, 4096, dtype=torch.float32), k=1024) is not None  # no TF32 in-GEMM
+    wide_groups = Program(Gemm(True), (Norm("group", 1e-5, groups=16),))  # 256 columns: not in-tile
+    assert inductor_is_faster(wide_groups, out, k=1024) is not None
+    assert inductor_is_faster(LAYER_NORM, out, k=1024) is not None
+
+
+def test_without_the_in_gemm_kernels_a_low_k_group_norm_goes_to_inductor(monkeypatch):
+    from fxfuse.cuda import build
+
+    monkeypatch.setattr(build, "cuda_target", lambda device=None: None)
+    monkeypatch.setattr(build, "gemm_target_reason", lambda target: "not Hopper")
+    assert inductor_is_faster(S08, gemm_output(32768, 4096, dtype=torch.bfloat16), k=1024) is not None
+
+
 def test_in_training_without_the_generated_backward_group_norms_go_to_inductor(monkeypatch):
     monkeypatch.setenv("FXFUSE_GENERATED_BACKWARD", "0")
     assert inductor_is_faster(S04_GROUPS, gemm_output(1024, 8192, training=True)) is not None

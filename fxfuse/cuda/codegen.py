@@ -246,8 +246,8 @@ def _row_local(program: Program) -> str:
 
 
 def _local_items(program: Program) -> int:
-    """16-byte chunks a thread when the program runs row-local (bench/epilogue_breakdown.py --items
-    on an H200, bf16 suite rows): group norms' shuffle trees want warps, one chunk a thread (S02,
+    """16-byte chunks a thread when the program runs row-local (a sweep of apply plans on an H200,
+    bf16 suite rows, bench/results/plan_sweep_bf16.txt): group norms' shuffle trees want warps, one chunk a thread (S02,
     S04, S08, S17); pointwise and batch-norm chains want fewer, busier threads, four (S01, S03)."""
     return 1 if any(isinstance(s, Norm) and s.kind == "group" for s in program.stages) else 4
 

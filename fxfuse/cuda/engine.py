@@ -223,13 +223,6 @@ class Engine:
             self._runtime_module = runtime
         return self._runtime_module
 
-    def set_plan_items(self, items: int) -> None:
-        """Tuning only (bench/epilogue_breakdown.py): the 16-byte chunks a thread of row-local
-        programs' apply kernels; 0 restores the default plan."""
-        shift, mask = self._runtime_module.PLAN_ITEMS_SHIFT, self._runtime_module.PLAN_ITEMS_MASK
-        self._flags = (self._flags & ~mask) | ((items << shift) & mask)
-        self._runtime_module.set_fallback(self.call, self._flags)
-
     def _handle(self, program: str, t: torch.Tensor) -> int:
         """The module handle for ``program`` on ``t``'s dtype and device (0: no kernels)."""
         handle = self._handles.get((program, t.dtype, t.get_device()))

@@ -1,0 +1,59 @@
+// The row kernels' arguments (one struct for every kernel of a program, passed by value) and
+// the reduction operators of their statistics.
+#pragma once
+
+#include "row_memory.cuh"
+
+namespace fx {
+
+// ---------------------------------------------------------------------------------------------
+// Kernel arguments (one struct for every kernel of a program; passed by value)
+
+template <int P>
+struct Args {
+  const void* y;
+  void* out;
+  float* stats;
+  float* bn_mean;        // BatchNorm training: per-column mean and 1/sqrt(var + eps)
+  float* bn_rstd;
+  float* part_mean;      // BatchNorm training: per-chunk column moments, [chunks][n]
+  float* part_m2;
+  const void* pptr[P];
+  int32_t pdtype[P];
+  int64_t m;
+  int64_t chunks;
+  int32_t n;
+  int32_t rt;            // threads a row (a row segment)
+  int32_t rpc;           // rows (row segments) a block
+  int32_t segs;          // segments a row: 1, or more where a row-local program splits wide rows
+  uint32_t segs_magic;   // unit / segs as a multiply-high and a shift (units < 2^32): FastDiv
+  int32_t segs_shift;
+  int32_t scratch_stride;  // shared-memory floats a row (group norm)
+  int32_t flags;           // FxFlags
+  // the backward of a norm or reduction program (row_grad.cuh): the output's gradient (Out), the GEMM
+  // output's gradient (T, written) and the column sums' partials [1 + P][chunks][n]
+  const void* g;
+  void* dy;
+  float* partial;
+};
+
+// A launch's parameters into a kernel's arguments (Args or GradArgs)
+template <class Prog, class A>
+inline void set_params(A& a, const FxParam* params) {
+  for (int k = 0; k < Prog::kNumParams; ++k) {
+    a.pptr[k] = params[k].ptr;
+    a.pdtype[k] = params[k].dtype;
+  }
+}
+
+struct OpAdd {
+  FX_DEVICE float operator()(float a, float b) const { return a + b; }
+};
+struct OpMax {  // NaN-propagating, as torch.amax
+  FX_DEVICE float operator()(float a, float b) const { return (a > b || a != a) ? a : b; }
+};
+struct OpMin {
+  FX_DEVICE float operator()(float a, float b) const { return (a < b || a != a) ? a : b; }
+};
+
+}  // namespace fx

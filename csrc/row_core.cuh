@@ -1,0 +1,579 @@
+// One row in registers (fx::Row) and the stages a program applies to it: pointwise stages,
+// norms (group, layer, RMS, batch), row reductions and row maps, each reading and writing the
+// register-resident row; statistics in float32 by shuffles and a fixed-order shared-memory sum.
+#pragma once
+
+#include "row_args.cuh"
+
+namespace fx {
+
+// ---------------------------------------------------------------------------------------------
+// One row in registers, and the stages a program applies to it
+
+template <class Prog, typename T, int ITEMS, bool ALIGNED>
+struct Row {
+  static constexpr int VEC = chunk_elements<Prog, T>();
+  using A = Args<Prog::kParamSlots>;
+
+  const A& a;
+  const Thread& t;
+  float* red;      // FX_RED_FLOATS floats of shared memory for cross-warp reductions
+  float* scratch;  // this row's scratch_stride floats of dynamic shared memory
+  int lt;          // thread index within the row (segment)
+  int lr;          // row (segment) index within the block
+  int64_t row;
+  int first;       // the segment's first column
+  bool active;
+  float v[ITEMS][VEC];
+
+  // Unit `unit` of the grid's walk: row unit / segs, segment unit % segs (a segment is rt threads
+  // of ITEMS chunks: whole groups of a row-local program, see Launcher::apply_plan).
+  FX_DEVICE Row(const A& a_, const Thread& t_, float* red_, float* scratch_, int lt_, int lr_, int64_t unit)
+      : a(a_), t(t_), red(red_), scratch(scratch_), lt(lt_), lr(lr_) {
+    if (a.segs == 1) {
+      row = unit;
+      first = 0;
+    } else {  // segmented plans keep m * segs below 2^32
+      const uint32_t u = static_cast<uint32_t>(unit);
+      const uint32_t q = FastDiv::div(u, a.segs_magic, a.segs_shift);
+      row = q;
+      first = static_cast<int>(u - q * static_cast<uint32_t>(a.segs)) * a.rt * ITEMS * VEC;
+    }
+    active = row < a.m;
+  }
+
+  FX_DEVICE int col(int i, int e) const { return first + (i * a.rt + lt) * VEC + e; }
+
+  // Become `o` (a row of the same slot loaded ahead: for_each_row's prefetch)
+  FX_DEVICE void take(const Row& o) {
+    row = o.row;
+    first = o.first;
+    active = o.active;
+#pragma unroll
+    for (int i = 0; i < ITEMS; ++i)
+#pragma unroll
+      for (int e = 0; e < VEC; ++e) v[i][e] = o.v[i][e];
+  }
+
+  FX_DEVICE void load() {
+#pragma unroll
+    for (int i = 0; i < ITEMS; ++i) load_chunk(i, v[i]);
+  }
+
+  // chunk i of the row's GEMM output (zeros past the row's end and for inactive rows)
+  FX_DEVICE void load_chunk(int i, float (&out)[VEC]) const {
+    const int64_t base = row * a.n;
+    const int c0 = col(i, 0);
+    if constexpr (ALIGNED) {
+      if (active && c0 < a.n) {
+        if constexpr (VEC == DType<T>::kVec) {
+          Mem<T>::load_vec(a.y, base + c0, out);
+        } else {
+          Mem<T>::load_vec4(a.y, base + c0, out);
+        }
+      } else {
+#pragma unroll
+        for (int e = 0; e < VEC; ++e) out[e] = 0.0f;
+      }
+    } else {
+#pragma unroll
+      for (int e = 0; e < VEC; ++e) out[e] = (active && c0 + e < a.n) ? Mem<T>::load(a.y, base + c0 + e) : 0.0f;
+    }
+  }
+
+  // The output is of the program's type Out: T, or float for a chain that widened; a chunk of it
+  // is one 16-byte vector, or two (chunk_elements).
+  using Out = typename Prog::Out;
+  static constexpr int OUT_VEC = DType<Out>::kVec;
+  static_assert(VEC % OUT_VEC == 0, "the output type is T or float");
+
+  FX_DEVICE void store_rows() const {
+    if (!active) return;
+    const int64_t base = row * a.n;
+#pragma unroll
+    for (int i = 0; i < ITEMS; ++i) {
+      const int c0 = col(i, 0);
+      if constexpr (ALIGNED) {
+        if (c0 < a.n)
+#pragma unroll
+          for (int k = 0; k < VEC; k += OUT_VEC) Mem<Out>::store_vec(a.out, base + c0 + k, v[i] + k);
+      } else {
+#pragma unroll
+        for (int e = 0; e < VEC; ++e)
+          if (c0 + e < a.n) Mem<Out>::store(a.out, base + c0 + e, v[i][e]);
+      }
+    }
+  }
+
+  FX_DEVICE void store_scalar(float s) const {
+    if (active && lt == 0) Mem<Out>::store(a.out, row, s);
+  }
+
+  template <int K>
+  FX_DEVICE float scalar_param() const {
+    return load_param(a.pptr[K], a.pdtype[K], 0);
+  }
+
+  // Column parameter K at chunk i's VEC columns, clamped to the row like map()'s columns: one or
+  // two 16-byte loads when the row is aligned (the runtime aligns parameters to 16 bytes).
+  template <int K>
+  FX_DEVICE void col_chunk(int i, float (&p)[VEC]) const {
+    chunk_of(a.pptr[K], a.pdtype[K], i, p);
+  }
+
+  FX_DEVICE void chunk_of(const void* ptr, int32_t dtype, int i, float (&p)[VEC]) const {
+    const int c0 = col(i, 0);
+    if constexpr (ALIGNED) {
+      load_param_vec<VEC>(ptr, dtype, c0 < a.n ? c0 : a.n - VEC, p);
+    } else {
+#pragma unroll
+      for (int e = 0; e < VEC; ++e) {
+        const int c = c0 + e;
+        p[e] = load_param(ptr, dtype, c < a.n ? c : a.n - 1);
+      }
+    }
+  }
+
+  // f(chunk i's VEC values, i) for every chunk: the generated pointwise stages, which load each
+  // column parameter once a chunk
+  template <class F>
+  FX_DEVICE void map_chunks(F f) {
+#pragma unroll
+    for (int i = 0; i < ITEMS; ++i) f(v[i], i);
+  }
+
+  // v = f(v, column) on every element slot. Slots past the row's end (and rows past M) compute on
+  // don't-care values that are never stored or reduced; their column is clamped to n - 1 so that
+  // f only reads in bounds. No predicates: the common case is branch-free.
+  template <class F>
+  FX_DEVICE void map(F f) {
+#pragma unroll
+    for (int i = 0; i < ITEMS; ++i)
+#pragma unroll
+      for (int e = 0; e < VEC; ++e) {
+        const int c = col(i, e);
+        v[i][e] = f(v[i][e], c < a.n ? c : a.n - 1);
+      }
+  }
+
+  // op over the row, the same value in every thread of the row
+  template <class Op>
+  FX_DEVICE float allreduce(float x, Op op) const {
+    const int width = a.rt < 32 ? a.rt : 32;
+    for (int off = width >> 1; off > 0; off >>= 1) x = op(x, t.shfl_xor(x, off));
+    if (a.rt <= 32) return x;
+    const int wpr = a.rt >> 5;
+    if ((t.tid() & 31) == 0) red[t.tid() >> 5] = x;
+    t.sync();
+    const int first = lr * wpr;
+    float r = red[first];
+    for (int w = 1; w < wpr; ++w) r = op(r, red[first + w]);
+    t.sync();
+    return r;
+  }
+
+  // op over f(element) of the row, from `init`
+  template <class Op, class F>
+  FX_DEVICE float reduce(float init, Op op, F f) const {
+    float acc = init;
+#pragma unroll
+    for (int i = 0; i < ITEMS; ++i)
+#pragma unroll
+      for (int e = 0; e < VEC; ++e)
+        if (active && col(i, e) < a.n) acc = op(acc, f(v[i][e]));
+    return allreduce(acc, op);
+  }
+
+  FX_DEVICE float reduce_sum() const { return reduce(0.0f, OpAdd(), [](float x) { return x; }); }
+  FX_DEVICE float reduce_mean() const { return reduce_sum() / static_cast<float>(a.n); }
+  FX_DEVICE float reduce_max() const { return reduce(-INFINITY, OpMax(), [](float x) { return x; }); }
+  FX_DEVICE float reduce_min() const { return reduce(INFINITY, OpMin(), [](float x) { return x; }); }
+
+  // torch.logsumexp: the max is replaced by 0 where it is infinite
+  FX_DEVICE float reduce_logsumexp() const {
+    float m = reduce_max();
+    if (fabsf(m) == INFINITY) m = 0.0f;
+    const float s = reduce(0.0f, OpAdd(), [m](float x) { return expf(x - m); });
+    return logf(s) + m;
+  }
+
+  FX_DEVICE void softmax() {
+    const float m = reduce_max();
+    map([m](float x, int) { return expf(x - m); });
+    const float s = reduce_sum();
+    map([s](float x, int) { return x / s; });
+  }
+
+  FX_DEVICE void log_softmax() {
+    const float m = reduce_max();
+    const float s = reduce(0.0f, OpAdd(), [m](float x) { return expf(x - m); });
+    const float log_s = logf(s);
+    map([m, log_s](float x, int) { return (x - m) - log_s; });
+  }
+
+  // Every norm ends here: v = (v - shift) * scale * w + b (the last two as one fma, as eager's CUDA
+  // norms compile), rounded to U as eager's norm of a U input returns it. U, every norm's first
+  // template argument, is the dtype the norm computes for: T, or float once the chain widened
+  // (a float32 norm of autocast or type promotion). `shift_scale(i, shift, scale)` fills chunk
+  // i's VEC shifts and scales.
+  template <typename U, int W, int B, class F>
+  FX_DEVICE void normalise(F shift_scale) {
+#pragma unroll
+    for (int i = 0; i < ITEMS; ++i) {
+      float shift[VEC], scale[VEC], w[VEC], b[VEC];
+      shift_scale(i, shift, scale);
+      if constexpr (W >= 0) col_chunk<W>(i, w);
+      if constexpr (B >= 0) col_chunk<B>(i, b);
+#pragma unroll
+      for (int e = 0; e < VEC; ++e) {
+        float y = (v[i][e] - shift[e]) * scale[e];
+        if constexpr (W >= 0 && B >= 0) {
+          y = fx_fma(y, w[e], b[e]);  // eager: (x - mean) * rstd * w + b, contracted
+        } else if constexpr (W >= 0) {
+          y = y * w[e];
+        } else if constexpr (B >= 0) {
+          y = y + b[e];
+        }
+        v[i][e] = round_to<U>(y);
+      }
+    }
+  }
+
+  // shift and scale the same for a whole chunk
+  template <typename U, int W, int B, class F>
+  FX_DEVICE void normalise_by_chunk(F shift_scale_of_chunk) {
+    normalise<U, W, B>([&](int i, float* shift, float* scale) {
+      float sh, sc;
+      shift_scale_of_chunk(i, sh, sc);
+#pragma unroll
+      for (int e = 0; e < VEC; ++e) {
+        shift[e] = sh;
+        scale[e] = sc;
+      }
+    });
+  }
+
+  // A norm's input: the value rounded to T (eager's norm sees a T tensor). The code generator
+  // calls it before a norm whose input is not already a T value (fxfuse/cuda/codegen.py).
+  FX_DEVICE void round_input() {
+    if constexpr (DType<T>::kCode != FX_F32) map([](float x, int) { return round_to<T>(x); });
+  }
+
+  // The row's mean and 1/sqrt(biased variance + eps), two passes (layer_norm and its backward)
+  FX_DEVICE void layer_moments(float eps, float& mean, float& rstd) const {
+    const float n = static_cast<float>(a.n);
+    mean = reduce_sum() / n;
+    const float m = mean;
+    const float var = reduce(0.0f, OpAdd(), [m](float x) { return (x - m) * (x - m); }) / n;
+    rstd = fx_rsqrt(var + eps);
+  }
+
+  // 1/sqrt(mean(x^2) + eps) of the row (rms_norm and its backward)
+  FX_DEVICE float rms_scale(float eps) const {
+    const float ms = reduce(0.0f, OpAdd(), [](float x) { return x * x; }) / static_cast<float>(a.n);
+    return fx_rsqrt(ms + eps);
+  }
+
+  // F.layer_norm over the row: biased variance (two-pass), (x - mean) * rstd * w + b
+  template <typename U, int W, int B>
+  FX_DEVICE void layer_norm(float eps) {
+    float mean, rstd;
+    layer_moments(eps, mean, rstd);
+    normalise_by_chunk<U, W, B>([mean, rstd](int, float& sh, float& sc) {
+      sh = mean;
+      sc = rstd;
+    });
+  }
+
+  // F.rms_norm: x * rsqrt(mean(x^2) + eps) * w
+  template <typename U, int W>
+  FX_DEVICE void rms_norm(float eps) {
+    const float r = rms_scale(eps);
+    normalise_by_chunk<U, W, -1>([r](int, float& sh, float& sc) {
+      sh = 0.0f;
+      sc = r;
+    });
+  }
+
+  // Group norm over groups of n/G consecutive columns of the row, two passes (mean, then the mean
+  // of squared deviations) in fp32 like eager's CUDA kernel, whose eps is a T and which (up to
+  // torch 2.11) normalises with mean and 1/std rounded to T: FX_GROUP_NORM_ROUNDS_STATS.
+  //  - a group of `lanes` whole chunks held by consecutive threads (lanes a power of two dividing
+  //    the row's threads; every suite shape): shuffle sums, no shared memory;
+  //  - other whole-chunk groups: per-chunk partial sums in shared memory, one thread a group;
+  //  - a group size that is not a multiple of 16 bytes of T: the row staged in shared memory.
+  template <typename U, int G, int W, int B>
+  FX_DEVICE void group_norm(float eps) {
+    const float eps_t = round_to<U>(eps);
+    const int gs = a.n / G;
+    const int lanes = gs / VEC;
+    if (group_in_lanes(a.n, G, VEC) || (gs % VEC == 0 && (lanes & (lanes - 1)) == 0 && a.rt % lanes == 0)) {
+      group_norm_by_lanes<U, W, B>(eps_t, gs, lanes);
+    } else if (gs % VEC == 0) {
+      group_norm_by_chunk<U, G, W, B>(eps_t, gs);
+    } else {
+      group_norm_staged<U, G, W, B>(eps_t, gs);
+    }
+  }
+
+  template <typename U>
+  FX_DEVICE void group_stats(float& mean, float& rstd) const {
+    if (a.flags & FX_GROUP_NORM_ROUNDS_STATS) {
+      mean = round_to<U>(mean);
+      rstd = round_to<U>(rstd);
+    }
+  }
+
+  // s[i] = the sum of s[i] over the `lanes` consecutive threads holding chunk i's group (lanes a
+  // power of two; above 32, whole warps through shared memory), in a fixed order.
+  FX_DEVICE void group_sums(float (&s)[ITEMS], int lanes) const {
+    const int width = lanes < 32 ? lanes : 32;
+    for (int off = width >> 1; off > 0; off >>= 1)
+#pragma unroll
+      for (int i = 0; i < ITEMS; ++i) s[i] += t.shfl_xor(s[i], off);
+    if (lanes <= 32) return;
+    const int warps = t.bdim() >> 5;
+    const int warp = t.tid() >> 5;
+    if ((t.tid() & 31) == 0)
+#pragma unroll
+      for (int i = 0; i < ITEMS; ++i) red[i * warps + warp] = s[i];
+    t.sync();
+    const int per = lanes >> 5;
+    const int first = warp / per * per;
+#pragma unroll
+    for (int i = 0; i < ITEMS; ++i) {
+      float r = red[i * warps + first];
+      for (int w = 1; w < per; ++w) r += red[i * warps + first + w];
+      s[i] = r;
+    }
+    t.sync();
+  }
+
+  template <typename U, int W, int B>
+  FX_DEVICE void group_norm_by_lanes(float eps, int gs, int lanes) {
+    float mean[ITEMS], rstd[ITEMS];
+    group_moments_by_lanes<U>(eps, gs, lanes, mean, rstd);
+    normalise_by_chunk<U, W, B>([&](int i, float& sh, float& sc) {
+      sh = mean[i];
+      sc = rstd[i];
+    });
+  }
+
+  // mean[i] and rstd[i] of chunk i's group, the group's chunks held by `lanes` consecutive
+  // threads (group_norm and its backward): eager's Welford tree for groups of up to 32 values,
+  // else two shuffle-summed passes; rounded where eager rounds them (group_stats).
+  template <typename U>
+  FX_DEVICE void group_moments_by_lanes(float eps, int gs, int lanes, float (&mean)[ITEMS], float (&rstd)[ITEMS]) const {
+    if (gs <= 32) {
+      group_moments_as_eager_warp<U>(eps, gs, lanes, mean, rstd);
+      return;
+    }
+    const float count = static_cast<float>(gs);
+#pragma unroll
+    for (int i = 0; i < ITEMS; ++i) {
+      float s = 0.0f;
+#pragma unroll
+      for (int e = 0; e < VEC; ++e) s += v[i][e];
+      mean[i] = col(i, 0) < a.n ? s : 0.0f;  // whole groups lie past the end (n % gs == 0)
+    }
+    group_sums(mean, lanes);
+#pragma unroll
+    for (int i = 0; i < ITEMS; ++i) {
+      mean[i] /= count;
+      float s = 0.0f;
+#pragma unroll
+      for (int e = 0; e < VEC; ++e) s += (v[i][e] - mean[i]) * (v[i][e] - mean[i]);
+      rstd[i] = col(i, 0) < a.n ? s : 0.0f;
+    }
+    group_sums(rstd, lanes);
+#pragma unroll
+    for (int i = 0; i < ITEMS; ++i) {
+      rstd[i] = fx_rsqrt(rstd[i] / count + eps);
+      group_stats<U>(mean[i], rstd[i]);
+    }
+  }
+
+  // Eager's own statistics for a group of at most 32 values (torch's CUDA group norm, a group of
+  // fewer than 512 values: one warp, value j in lane j, lanes past the group empty): Welford
+  // states combined by a shuffle-down tree, offsets 16 ... 1, lane 0's result. Here value j of a
+  // group sits in thread j / VEC, slot j % VEC: the tree's levels of offset >= VEC are butterflies
+  // between threads, the rest run in registers, and every thread of the group ends with lane 0's
+  // state bit for bit (the lower side of each pair is combined first, as lane 0 combines). Levels
+  // at or above the group size only meet empty lanes (no-ops). A one-ulp difference in a statistic
+  // rounded to bf16 can grow past 1e-2 through a bf16 chain (S04), so the order is eager's.
+  template <typename U>
+  FX_DEVICE void group_moments_as_eager_warp(float eps, int gs, int lanes, float (&mean)[ITEMS],
+                                             float (&rstd)[ITEMS]) const {
+    const int r = lt % lanes;  // this thread's place in its group
+#pragma unroll
+    for (int i = 0; i < ITEMS; ++i) {
+      float m[VEC], s[VEC];
+#pragma unroll
+      for (int e = 0; e < VEC; ++e) welford_leaf(v[i][e], m[e], s[e]);
+      float count = 1.0f;  // values behind each side of the next combine (a power of two)
+      for (int lx = lanes >> 1; lx >= 1; lx >>= 1, count *= 2.0f) {
+        const bool lower = (r & lx) == 0;
+#pragma unroll
+        for (int e = 0; e < VEC; ++e) {  // selects, not branches: the pair's halves differ
+          const float om = t.shfl_xor(m[e], lx);
+          const float os = t.shfl_xor(s[e], lx);
+          float am = lower ? m[e] : om, as = lower ? s[e] : os;
+          welford_combine(am, as, lower ? om : m[e], lower ? os : s[e], count);
+          m[e] = am;
+          s[e] = as;
+        }
+      }
+#pragma unroll
+      for (int off = VEC >> 1; off >= 1; off >>= 1, count *= 2.0f)
+#pragma unroll
+        for (int e = 0; e < off; ++e) welford_combine(m[e], s[e], m[e + off], s[e + off], count);
+      mean[i] = m[0];
+      rstd[i] = fx_rsqrt(s[0] / static_cast<float>(gs) + eps);
+      group_stats<U>(mean[i], rstd[i]);
+    }
+  }
+
+  // WelfordOps::reduce of one value into the empty state, as torch compiles it
+  static FX_DEVICE void welford_leaf(float x, float& mean, float& m2) {
+    mean = 0.0f + x;
+    m2 = fx_fma(x, x - mean, 0.0f);
+  }
+
+  // WelfordOps::combine of (mean, m2) with (mb, m2b), both sides holding `count` values, as torch
+  // compiles it: nb / n is exactly 0.5 and a.nf a power of two, so the two contracted
+  // multiply-adds are  mean + delta * 0.5  and  (m2 + m2b) + (delta * delta * count) * 0.5.
+  static FX_DEVICE void welford_combine(float& mean, float& m2, float mb, float m2b, float count) {
+    const float delta = mb - mean;
+    m2 = fx_fma(delta * delta * count, 0.5f, m2 + m2b);
+    mean = fx_fma(delta, 0.5f, mean);
+  }
+
+  template <typename U, int G, int W, int B>
+  FX_DEVICE void group_norm_by_chunk(float eps, int gs) {
+    const int per_group = gs / VEC;
+    const float count = static_cast<float>(gs);
+    float mean[ITEMS], rstd[ITEMS];
+    chunk_partials([](float x, int) { return x; });
+    t.sync();
+    chunk_combine<G>(per_group, [count](float s) { return s / count; });
+    t.sync();
+    chunk_group_values(gs, per_group, mean);
+    t.sync();
+    chunk_partials([&mean](float x, int i) { return (x - mean[i]) * (x - mean[i]); });
+    t.sync();
+    chunk_combine<G>(per_group, [count, eps](float s) { return fx_rsqrt(s / count + eps); });
+    t.sync();
+    chunk_group_values(gs, per_group, rstd);
+    t.sync();
+#pragma unroll
+    for (int i = 0; i < ITEMS; ++i) group_stats<U>(mean[i], rstd[i]);
+    normalise_by_chunk<U, W, B>([&](int i, float& sh, float& sc) {
+      sh = mean[i];
+      sc = rstd[i];
+    });
+  }
+
+  template <class F>
+  FX_DEVICE void chunk_partials(F f) {
+    if (!active) return;
+#pragma unroll
+    for (int i = 0; i < ITEMS; ++i) {
+      const int c0 = col(i, 0);
+      if (c0 < a.n) {
+        float s = 0.0f;
+#pragma unroll
+        for (int e = 0; e < VEC; ++e) s += f(v[i][e], i);
+        scratch[c0 / VEC] = s;
+      }
+    }
+  }
+
+  template <int G, class F>
+  FX_DEVICE void chunk_combine(int per_group, F finish) {
+    if (!active) return;
+    for (int g = lt; g < G; g += a.rt) {
+      float s = 0.0f;
+      for (int k = 0; k < per_group; ++k) s += scratch[g * per_group + k];
+      scratch[g * per_group] = finish(s);
+    }
+  }
+
+  // out[i] = the value chunk_combine left for chunk i's group; chunks past the end use the last
+  // chunk's group (n % VEC == 0 here), as map() clamps columns
+  FX_DEVICE void chunk_group_values(int gs, int per_group, float (&out)[ITEMS]) const {
+#pragma unroll
+    for (int i = 0; i < ITEMS; ++i) {
+      const int c0 = col(i, 0) < a.n ? col(i, 0) : a.n - VEC;
+      out[i] = scratch[(c0 / gs) * per_group];
+    }
+  }
+
+  template <typename U, int G, int W, int B>
+  FX_DEVICE void group_norm_staged(float eps, int gs) {
+    if (active) {
+#pragma unroll
+      for (int i = 0; i < ITEMS; ++i)
+#pragma unroll
+        for (int e = 0; e < VEC; ++e)
+          if (col(i, e) < a.n) scratch[col(i, e)] = v[i][e];
+    }
+    t.sync();
+    if (active) {
+      const float count = static_cast<float>(gs);
+      for (int g = lt; g < G; g += a.rt) {
+        float* x = scratch + g * gs;
+        float s = 0.0f;
+        for (int k = 0; k < gs; ++k) s += x[k];
+        float mean = s / count;
+        float ss = 0.0f;
+        for (int k = 0; k < gs; ++k) ss += (x[k] - mean) * (x[k] - mean);
+        float rstd = fx_rsqrt(ss / count + eps);
+        group_stats<U>(mean, rstd);
+        for (int k = 0; k < gs; ++k) x[k] = (x[k] - mean) * rstd;
+      }
+    }
+    t.sync();
+    map([this](float, int c) { return scratch[c]; });
+    t.sync();
+    normalise_by_chunk<U, W, B>([](int, float& sh, float& sc) {
+      sh = 0.0f;
+      sc = 1.0f;
+    });
+  }
+
+  // BatchNorm with running statistics: (x - rm) / sqrt(rv + eps) * w + b
+  template <typename U, int W, int B, int RM, int RV>
+  FX_DEVICE void batch_norm_eval(float eps) {
+    normalise<U, W, B>([this, eps](int i, auto& shift, auto& scale) {
+      running_shift_scale<RM, RV>(i, eps, shift, scale);
+    });
+  }
+
+  // An eval BatchNorm's shift and scale at chunk i: the running mean and 1 / sqrt(rv + eps)
+  // (the forward's, and the backward's: row_grad.cuh's norm_dv)
+  template <int RM, int RV>
+  FX_DEVICE void running_shift_scale(int i, float eps, float (&shift)[VEC], float (&scale)[VEC]) const {
+    float rv[VEC];
+    col_chunk<RM>(i, shift);
+    col_chunk<RV>(i, rv);
+#pragma unroll
+    for (int e = 0; e < VEC; ++e) scale[e] = 1.0f / sqrtf(rv[e] + eps);
+  }
+
+  // BatchNorm with the batch statistics of the combine kernel
+  template <typename U, int W, int B>
+  FX_DEVICE void batch_norm_train() {
+    normalise<U, W, B>([this](int i, float* shift, float* scale) {
+      float m[VEC], r[VEC];
+      chunk_of(a.bn_mean, FX_F32, i, m);
+      chunk_of(a.bn_rstd, FX_F32, i, r);
+#pragma unroll
+      for (int e = 0; e < VEC; ++e) {
+        shift[e] = m[e];
+        scale[e] = r[e];
+      }
+    });
+  }
+};
+
+}  // namespace fx

@@ -1,0 +1,260 @@
+// Element types and 16-byte memory access for the row kernels: dtype traits, the loads and
+// stores of a chunk (VEC elements, 16 bytes of T), aligned or not, and a fast division by a
+// row count. Device facts every row kernel shares are defined here once.
+#pragma once
+
+#include <math.h>
+#include <stdint.h>
+
+#include <type_traits>
+
+#include "epilogue_ops.cuh"
+#include "fx_abi.h"
+#include "fx_port.cuh"
+
+#if !defined(FX_EMULATE)
+#include <cuda_runtime.h>
+#endif
+
+namespace fx {
+
+// ---------------------------------------------------------------------------------------------
+// Element types and memory access
+
+template <typename T>
+struct DType;
+template <>
+struct DType<float> {
+  static constexpr int kVec = 4;
+  static constexpr int32_t kCode = FX_F32;
+};
+template <>
+struct DType<__nv_bfloat16> {
+  static constexpr int kVec = 8;
+  static constexpr int32_t kCode = FX_BF16;
+};
+template <>
+struct DType<__half> {
+  static constexpr int kVec = 8;
+  static constexpr int32_t kCode = FX_F16;
+};
+
+// x rounded to T and back: what a norm of a T input sees and returns (eager's dtype arithmetic)
+template <typename T>
+FX_DEVICE float round_to(float x) {
+  if constexpr (DType<T>::kCode == FX_BF16) {
+    return fx_round_bf16(x);
+  } else if constexpr (DType<T>::kCode == FX_F16) {
+    return fx_round_fp16(x);
+  } else {
+    return x;
+  }
+}
+
+FX_DEVICE float bf16_bits_to_float(uint32_t h) { return bits_to_float(h << 16); }
+FX_DEVICE float f16_bits_to_float(uint32_t h) {
+  return __half2float(__ushort_as_half(static_cast<unsigned short>(h)));
+}
+FX_DEVICE uint32_t float_to_bf16_bits(float f) { return __bfloat16_as_ushort(__float2bfloat16_rn(f)); }
+FX_DEVICE uint32_t float_to_f16_bits(float f) { return __half_as_ushort(__float2half_rn(f)); }
+
+// encode_rounded(f): the bits of an f that is already a value of the type (round_to<T>'s
+// result). bfloat16 is the high half of the float -- no second conversion instruction, which
+// runs at a quarter of the arithmetic rate.
+struct Bf16Codec {
+  static FX_DEVICE float decode(uint32_t h) { return bf16_bits_to_float(h); }
+  static FX_DEVICE uint32_t encode(float f) { return float_to_bf16_bits(f); }
+  static FX_DEVICE uint32_t encode_rounded(float f) { return float_to_bits(f) >> 16; }
+};
+struct F16Codec {
+  static FX_DEVICE float decode(uint32_t h) { return f16_bits_to_float(h); }
+  static FX_DEVICE uint32_t encode(float f) { return float_to_f16_bits(f); }
+  static FX_DEVICE uint32_t encode_rounded(float f) { return float_to_f16_bits(f); }
+};
+
+// Loads and stores of one element or one 16-byte chunk; `i` counts elements.
+template <typename T>
+struct Mem;
+
+template <>
+struct Mem<float> {
+  static FX_DEVICE float load(const void* base, int64_t i) { return static_cast<const float*>(base)[i]; }
+  static FX_DEVICE void store(void* base, int64_t i, float v) { static_cast<float*>(base)[i] = v; }
+  static FX_DEVICE void load_vec(const void* base, int64_t i, float* v) {
+    const float4 q = *reinterpret_cast<const float4*>(static_cast<const float*>(base) + i);
+    v[0] = q.x;
+    v[1] = q.y;
+    v[2] = q.z;
+    v[3] = q.w;
+  }
+  static FX_DEVICE void store_vec(void* base, int64_t i, const float* v) {
+    float4 q;
+    q.x = v[0];
+    q.y = v[1];
+    q.z = v[2];
+    q.w = v[3];
+    *reinterpret_cast<float4*>(static_cast<float*>(base) + i) = q;
+  }
+  static FX_DEVICE void store_rounded(void* base, int64_t i, float v) { store(base, i, v); }
+  static FX_DEVICE void store_vec_rounded(void* base, int64_t i, const float* v) { store_vec(base, i, v); }
+  template <int VEC>
+  static FX_DEVICE void store_chunk_rounded(void* base, int64_t i, const float* v) {
+    static_assert(VEC == 4, "a chunk of float is 16 bytes");
+    store_vec(base, i, v);
+  }
+};
+
+template <class Codec>
+struct Mem16 {
+  static FX_DEVICE float load(const void* base, int64_t i) {
+    return Codec::decode(static_cast<const uint16_t*>(base)[i]);
+  }
+  static FX_DEVICE void store(void* base, int64_t i, float v) {
+    static_cast<uint16_t*>(base)[i] = static_cast<uint16_t>(Codec::encode(v));
+  }
+  static FX_DEVICE void load_vec(const void* base, int64_t i, float* v) {
+    const uint4 q = *reinterpret_cast<const uint4*>(static_cast<const uint16_t*>(base) + i);
+    const uint32_t w[4] = {q.x, q.y, q.z, q.w};
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      v[2 * k] = Codec::decode(w[k] & 0xffffu);
+      v[2 * k + 1] = Codec::decode(w[k] >> 16);
+    }
+  }
+  // 4 values (8 bytes): a chunk of a chain that widens to float32 (chunk_elements)
+  static FX_DEVICE void load_vec4(const void* base, int64_t i, float* v) {
+    const uint2 q = *reinterpret_cast<const uint2*>(static_cast<const uint16_t*>(base) + i);
+    const uint32_t w[2] = {q.x, q.y};
+#pragma unroll
+    for (int k = 0; k < 2; ++k) {
+      v[2 * k] = Codec::decode(w[k] & 0xffffu);
+      v[2 * k + 1] = Codec::decode(w[k] >> 16);
+    }
+  }
+  static FX_DEVICE void store_vec(void* base, int64_t i, const float* v) { store_bits<false>(base, i, v); }
+  // stores of values already rounded to the type (Codec::encode_rounded)
+  static FX_DEVICE void store_rounded(void* base, int64_t i, float v) {
+    static_cast<uint16_t*>(base)[i] = static_cast<uint16_t>(Codec::encode_rounded(v));
+  }
+  static FX_DEVICE void store_vec_rounded(void* base, int64_t i, const float* v) { store_bits<true>(base, i, v); }
+  // a chunk of VEC rounded values: 16 bytes, or 8 (a chain that widens: chunk_elements)
+  template <int VEC>
+  static FX_DEVICE void store_chunk_rounded(void* base, int64_t i, const float* v) {
+    static_assert(VEC == 8 || VEC == 4, "a chunk is 8 or 4 values");
+    if constexpr (VEC == 8) {
+      store_bits<true>(base, i, v);
+    } else {
+      uint2 q;
+      q.x = encode<true>(v[0]) | (encode<true>(v[1]) << 16);
+      q.y = encode<true>(v[2]) | (encode<true>(v[3]) << 16);
+      *reinterpret_cast<uint2*>(static_cast<uint16_t*>(base) + i) = q;
+    }
+  }
+
+  template <bool kRounded>
+  static FX_DEVICE uint32_t encode(float f) {
+    return kRounded ? Codec::encode_rounded(f) : Codec::encode(f);
+  }
+  template <bool kRounded>
+  static FX_DEVICE void store_bits(void* base, int64_t i, const float* v) {
+    uint32_t w[4];
+#pragma unroll
+    for (int k = 0; k < 4; ++k) w[k] = encode<kRounded>(v[2 * k]) | (encode<kRounded>(v[2 * k + 1]) << 16);
+    uint4 q;
+    q.x = w[0];
+    q.y = w[1];
+    q.z = w[2];
+    q.w = w[3];
+    *reinterpret_cast<uint4*>(static_cast<uint16_t*>(base) + i) = q;
+  }
+};
+
+template <>
+struct Mem<__nv_bfloat16> : Mem16<Bf16Codec> {};
+template <>
+struct Mem<__half> : Mem16<F16Codec> {};
+
+// Elements a chunk of a program's rows, the code generator's choice (Prog::kVec): 16 bytes of T,
+// or for a bf16/fp16 chain that widens to a float output, 16 bytes of float (8-byte loads, one
+// whole 16-byte store a chunk) or still 16 bytes of T (two stores a chunk).
+template <class Prog, typename T>
+constexpr int chunk_elements() {
+  static_assert(Prog::kVec == DType<T>::kVec || Prog::kVec == DType<typename Prog::Out>::kVec, "a chunk is 16 bytes");
+  return Prog::kVec;
+}
+
+// A program parameter: float32, bfloat16 or float16, converted exactly to float.
+FX_DEVICE float load_param(const void* p, int32_t dtype, int64_t i) {
+  if (dtype == FX_BF16) return bf16_bits_to_float(load_ro(static_cast<const unsigned short*>(p) + i));
+  if (dtype == FX_F16) return f16_bits_to_float(load_ro(static_cast<const unsigned short*>(p) + i));
+  return load_ro(static_cast<const float*>(p) + i);
+}
+
+// VEC values of a parameter from element c on (c a multiple of VEC; the pointer 16-byte aligned):
+// one or two 16-byte loads instead of VEC scalar ones.
+template <int VEC>
+FX_DEVICE void load_param_vec(const void* p, int32_t dtype, int64_t c, float* out) {
+  if (dtype == FX_F32) {
+    const float4* q = reinterpret_cast<const float4*>(static_cast<const float*>(p) + c);
+#pragma unroll
+    for (int j = 0; j < VEC / 4; ++j) {
+      const float4 f = load_ro(q + j);
+      out[4 * j] = f.x;
+      out[4 * j + 1] = f.y;
+      out[4 * j + 2] = f.z;
+      out[4 * j + 3] = f.w;
+    }
+    return;
+  }
+  const unsigned short* h = static_cast<const unsigned short*>(p) + c;
+  uint32_t w[VEC / 2];
+  if constexpr (VEC == 8) {
+    const uint4 q = load_ro(reinterpret_cast<const uint4*>(h));
+    w[0] = q.x;
+    w[1] = q.y;
+    w[2] = q.z;
+    w[3] = q.w;
+  } else {
+    const uint2 q = load_ro(reinterpret_cast<const uint2*>(h));
+    w[0] = q.x;
+    w[1] = q.y;
+  }
+  const bool bf16 = dtype == FX_BF16;
+#pragma unroll
+  for (int k = 0; k < VEC / 2; ++k) {
+    out[2 * k] = bf16 ? bf16_bits_to_float(w[k] & 0xffffu) : f16_bits_to_float(w[k] & 0xffffu);
+    out[2 * k + 1] = bf16 ? bf16_bits_to_float(w[k] >> 16) : f16_bits_to_float(w[k] >> 16);
+  }
+}
+
+// n / d for any 32-bit n by a divisor fixed for the launch: a multiply-high, an add and a shift
+// (Granlund-Montgomery) instead of a division routine in every thread.
+struct FastDiv {
+  uint32_t magic;
+  int32_t shift;
+  static FastDiv of(uint32_t d) {  // host side; d >= 1
+    int32_t l = 0;
+    while ((uint64_t{1} << l) < d) ++l;
+    const uint64_t m = ((uint64_t{1} << 32) * ((uint64_t{1} << l) - d)) / d + 1;
+    return FastDiv{static_cast<uint32_t>(m), l};
+  }
+  static FX_HOST_DEVICE uint32_t div(uint32_t n, uint32_t magic, int32_t shift) {
+#if defined(__CUDA_ARCH__)
+    const uint32_t hi = __umulhi(magic, n);
+#else
+    const uint32_t hi = static_cast<uint32_t>((static_cast<uint64_t>(magic) * n) >> 32);
+#endif
+    return static_cast<uint32_t>((static_cast<uint64_t>(hi) + n) >> shift);
+  }
+};
+
+// Whether each group of a group norm over n columns is whole 16-byte chunks held by a power of two
+// of at most 32 consecutive threads of a row (any plan's threads a row are a multiple of that
+// count): its statistics take warp shuffles only.
+FX_HOST_DEVICE bool group_in_lanes(int64_t n, int64_t groups, int vec) {
+  const int64_t gs = n / groups;
+  const int64_t lanes = gs / vec;
+  return gs % vec == 0 && lanes <= 32 && (lanes & (lanes - 1)) == 0;
+}
+
+}  // namespace fx
