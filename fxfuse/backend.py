@@ -21,6 +21,7 @@ from torch.fx import Graph, GraphModule
 from . import op as _op  # noqa: F401  (registers torch.ops.fxfuse.*)
 from .canonicalize import canonicalize
 from .match import Chain, example_value, match_all
+from .cuda.engine import IN_GEMM_PATH
 from .policy import POLICIES, inductor_is_faster, size_hint
 from .report import record
 from .rewrite import FUSED_OP, rewrite
@@ -72,6 +73,8 @@ def fuse(gm: GraphModule, allow_cpu: bool = False, policy: str = "fastest") -> G
         if policy == "fastest":
             chains = [_unfused_if_slower(chain) for chain in chains]
         chains = _build(chains)
+        if policy == "fastest":
+            chains = [_unfused_if_slower(chain, after_selection=True) for chain in chains]
         rewrite(graph, chains)
         graph.lint()
     except Exception as error:  # never fail the user's compile
@@ -147,7 +150,10 @@ def _with_path(chain: Chain) -> Chain:
     return replace(chain, path=selection.describe())
 
 
-def _unfused_if_slower(chain: Chain) -> Chain:
+def _unfused_if_slower(chain: Chain, after_selection: bool = False) -> Chain:
+    """``chain`` left to Inductor where the policy says Inductor is faster; ``after_selection``:
+    asked again once the chain's GPU path is measured (a chain kept for its in-GEMM kernel that
+    then runs elsewhere goes to Inductor)."""
     if chain.program is None:
         return chain
     gemm_out = example_value(chain.gemm)
@@ -155,9 +161,13 @@ def _unfused_if_slower(chain: Chain) -> Chain:
         return chain
     x = example_value(chain.x)
     k = size_hint(x.shape[-1]) if isinstance(x, torch.Tensor) else None
-    reason = inductor_is_faster(chain.program, gemm_out, chain.reason if chain.stops_at_wider_dtype else None, k)
+    in_gemm = not after_selection or (chain.path or "").startswith(IN_GEMM_PATH)
+    reason = inductor_is_faster(chain.program, gemm_out, chain.reason if chain.stops_at_wider_dtype else None, k,
+                                in_gemm)
     if reason is None:
         return chain
+    if after_selection and chain.path:
+        reason = f"{reason}; measured path: {chain.path}"
     return replace(chain, status="not_fused", fused=[], program=None, nodes=[], reason=reason)
 
 

@@ -55,10 +55,12 @@ def size_hint(size) -> int:
 
 
 def inductor_is_faster(program: Program, gemm_out: torch.Tensor, stopped_at: str | None = None,
-                       k: int | None = None) -> str | None:
+                       k: int | None = None, in_gemm: bool = True) -> str | None:
     """The reason to leave this chain to Inductor, or None to fuse it (policy "fastest");
     ``gemm_out`` is the GEMM's output value (its example value); ``stopped_at`` is the matcher's
-    reason when the chain stops at an op computing in a wider dtype; ``k`` the GEMM's K."""
+    reason when the chain stops at an op computing in a wider dtype; ``k`` the GEMM's K;
+    ``in_gemm`` False once the selection has run the chain elsewhere than inside the GEMM (its
+    module failed to build, or the row path measured faster)."""
     if gemm_out.device.type != "cuda":
         return None
     if stopped_at is not None:
@@ -68,7 +70,7 @@ def inductor_is_faster(program: Program, gemm_out: torch.Tensor, stopped_at: str
     slower = _measured_slower(program)
     if slower is None or (gemm_out.requires_grad and _trains_faster(program, gemm_out)):
         return None
-    if not gemm_out.requires_grad and _in_gemm_norm_is_faster(program, gemm_out, k):
+    if in_gemm and not gemm_out.requires_grad and _in_gemm_norm_is_faster(program, gemm_out, k):
         return None
     elements = math.prod(size_hint(s) for s in gemm_out.shape)
     if elements < LARGE_ELEMENTS:

@@ -90,6 +90,14 @@ def test_a_group_norm_inside_the_gemm_at_low_k_stays_fused_outside_training(hopp
     assert inductor_is_faster(LAYER_NORM, out, k=1024) is not None
 
 
+def test_a_low_k_group_norm_the_selection_ran_outside_the_gemm_goes_to_inductor(hopper_with_cutlass):
+    """Asked again after the selection: its module failed to build, or the row path measured
+    faster — either way slower than Inductor at this shape."""
+    out = gemm_output(32768, 4096, dtype=torch.bfloat16)
+    reason = inductor_is_faster(S08, out, k=1024, in_gemm=False)
+    assert reason is not None and "norm epilogues" in reason
+
+
 def test_without_the_in_gemm_kernels_a_low_k_group_norm_goes_to_inductor(monkeypatch):
     from fxfuse.cuda import build
 
