@@ -168,7 +168,7 @@ def _unfused_if_slower(chain: Chain, after_selection: bool = False) -> Chain:
         return chain
     if after_selection and chain.path:
         reason = f"{reason}; measured path: {chain.path}"
-    return replace(chain, status="not_fused", fused=[], program=None, nodes=[], reason=reason)
+    return replace(chain, status="not_fused", fused=[], program=None, nodes=[], reason=reason, path=None)
 
 
 def _unfused_if_failed(chain: Chain, failed: dict) -> Chain:
