@@ -107,6 +107,7 @@ def _build(chains: list[Chain]) -> list[Chain]:
     """Compile the CUDA kernels of a graph's chains now, in parallel (never at call time), then
     measure each chain's paths at its shape (fxfuse.cuda.select); a chain whose build fails is
     left to Inductor, with the reason in the report."""
+    chains = [_unfused_if_no_kernel(chain) for chain in chains]
     wanted, gemms = {}, []
     for chain in chains:
         value = example_value(chain.x)
@@ -169,6 +170,20 @@ def _unfused_if_slower(chain: Chain, after_selection: bool = False) -> Chain:
     if after_selection and chain.path:
         reason = f"{reason}; measured path: {chain.path}"
     return replace(chain, status="not_fused", fused=[], program=None, nodes=[], reason=reason, path=None)
+
+
+def _unfused_if_no_kernel(chain: Chain) -> Chain:
+    """A CUDA chain the row kernels cannot express goes to Inductor (the reference would run it
+    on the GPU, slower); on the CPU the reference is the kernel."""
+    value = example_value(chain.x)
+    if chain.program is None or not isinstance(value, torch.Tensor) or value.device.type != "cuda":
+        return chain
+    from .cuda.codegen import unsupported_reason
+
+    reason = unsupported_reason(chain.program)
+    if reason is None:
+        return chain
+    return replace(chain, status="not_fused", fused=[], program=None, nodes=[], reason=f"no CUDA kernel: {reason}")
 
 
 def _unfused_if_failed(chain: Chain, failed: dict) -> Chain:

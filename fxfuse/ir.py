@@ -27,7 +27,8 @@ import torch
 
 from . import expr as E
 
-ParamKind = Literal["col", "scalar"]  # a per-column vector of N values, or one value
+# a per-column vector of N values, one value, or a tensor of the output's shape (a residual, a gate)
+ParamKind = Literal["col", "scalar", "full"]
 NormKind = Literal["group", "layer", "rms", "batch"]
 ReduceKind = Literal["sum", "mean", "max", "min", "logsumexp", "softmax", "log_softmax"]
 

@@ -372,8 +372,9 @@ class _Matcher:
         return E.param(self._param(operand, self._value_kind(operand)))
 
     def _value_kind(self, node: Node) -> str:
-        """"col" or "scalar" for a tensor that broadcasts against the chain value without changing
-        its shape, dtype or device; Stop otherwise."""
+        """"col", "scalar" or "full" (the chain value's own shape: a residual, a gate) for a tensor
+        that broadcasts against the chain value without changing its shape, dtype or device; Stop
+        otherwise."""
         if self._is_downstream(node):
             raise Stop(f"operand {describe(node)} is computed from the chain's value")
         value = example_value(node)
@@ -388,7 +389,10 @@ class _Matcher:
             return "scalar"
         if not self.reduced and shape[-1] == self.n and all(d == 1 for d in shape[:-1]):
             return "col"
-        raise Stop(f"operand {describe(node)} of shape {shape} is not a per-column vector or scalar")
+        if not self.reduced and shape == tuple(example_value(self.gemm).shape):
+            return "full"
+        raise Stop(f"operand {describe(node)} of shape {shape} is not a per-column vector, a scalar or of the "
+                   "output's shape")
 
     def _param(self, node: Node, kind: str) -> int:
         if node in self.params:

@@ -53,10 +53,8 @@ def epilogue(program: Program, y: torch.Tensor, params: list[torch.Tensor]) -> t
     dtype = y.dtype
     n = y.shape[-1]
     opmath = torch.float64 if dtype == torch.float64 else torch.float32
-    values = [
-        p.to(opmath).reshape(n) if kind == "col" else p.to(opmath).reshape(())
-        for p, kind in zip(params, program.params)
-    ]
+    shapes = {"col": (n,), "scalar": (), "full": y.shape}
+    values = [p.to(opmath).reshape(shapes[kind]) for p, kind in zip(params, program.params)]
     stats = y.new_empty(EMPTY_STATS_SHAPE, dtype=torch.float32)
     with _no_autocast(y):
         v = y.to(opmath)

@@ -191,9 +191,20 @@ def _program_header(program: Program, dtype: torch.dtype, namespace: str) -> str
 # -- validation ---------------------------------------------------------------------------------
 
 
+def unsupported_reason(program: Program) -> str | None:
+    """Why the row kernels cannot run ``program`` (None: they can)."""
+    try:
+        _check(program)
+    except UnsupportedProgram as error:
+        return str(error)
+    return None
+
+
 def _check(program: Program) -> None:
     """Reject what the kernels cannot express, before any source is written."""
     for kind in program.params:
+        if kind == "full":
+            raise UnsupportedProgram("an operand of the output's shape (a residual, a gate) has no CUDA kernel yet")
         if kind not in ("col", "scalar"):
             raise UnsupportedProgram(f"parameter kind {kind!r}")
     trains = [s for s in program.stages if isinstance(s, Norm) and s.kind == "batch" and s.training]
@@ -328,7 +339,7 @@ def has_generated_backward(program: Program) -> bool:
     """Whether the program's modules carry a backward kernel: pointwise programs and row programs
     (``row_split``) whose derivatives print (the dtype only changes where they round); otherwise
     the op's backward stays plain torch ops for Inductor."""
-    return _derivatives(program, torch.float32)[0] != "fx::kNoGrad"
+    return unsupported_reason(program) is None and _derivatives(program, torch.float32)[0] != "fx::kNoGrad"
 
 
 def _derivatives(program: Program, dtype: torch.dtype) -> tuple[str, dict[str, list[str]], RowSplit | None]:

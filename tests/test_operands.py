@@ -1,0 +1,148 @@
+"""Operands of the output's shape: a residual added to the GEMM's output, a gate multiplying it.
+
+``x + proj(h)`` (then a norm), ``proj(h) * gate`` and the like fuse into one op that reads the
+operand as a parameter of kind "full" and returns its gradient; outputs, input and parameter
+gradients equal eager's. On CUDA the row kernels do not take such operands yet: the chain goes to
+Inductor and the report says so. Operands that would broadcast the output, or that are computed
+from the chain itself, still stop the chain.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+import fxfuse
+from fxfuse.cuda import codegen, gemm_codegen
+from fxfuse.ir import Program
+from support import check_against_eager, compile_fxfuse
+
+B, T, K, N = 2, 8, 24, 32
+
+
+class BertOutput(nn.Module):
+    """transformers' BertOutput: Linear, dropout, + the residual, LayerNorm."""
+
+    def __init__(self, p: float = 0.0):
+        super().__init__()
+        self.dense = nn.Linear(K, N)
+        self.dropout = nn.Dropout(p)
+        self.LayerNorm = nn.LayerNorm(N)
+
+    def forward(self, hidden, residual):
+        return self.LayerNorm(self.dropout(self.dense(hidden)) + residual)
+
+
+class Gated(nn.Module):
+    """A gate of the output's shape: silu(proj(x)) * gate, then a per-column scale."""
+
+    def __init__(self):
+        super().__init__()
+        self.proj = nn.Linear(K, N, bias=False)
+        self.scale = nn.Parameter(torch.randn(N))
+
+    def forward(self, x, gate):
+        return F.silu(self.proj(x)) * gate * self.scale
+
+
+class ResidualTwice(nn.Module):
+    """The residual read twice, on both sides of an activation."""
+
+    def __init__(self):
+        super().__init__()
+        self.proj = nn.Linear(K, N)
+
+    def forward(self, x, r):
+        return torch.tanh(r + self.proj(x)) - r
+
+
+def three_d():
+    return [torch.randn(B, T, K), torch.randn(B, T, N)]
+
+
+def two_d():
+    return [torch.randn(B * T, K), torch.randn(B * T, N)]
+
+
+@pytest.mark.parametrize("train", [False, True], ids=["eval", "train"])
+@pytest.mark.parametrize("inputs", [three_d, two_d], ids=["3d", "2d"])
+def test_a_residual_add_then_layer_norm_fuses_in_full(inputs, train):
+    report = check_against_eager(BertOutput, inputs, train=train, grads=train)
+    (row,) = report.rows
+    assert row.status == "fused", row.reason
+    assert row.program.endswith("|| full col col") and "layer_norm" in row.program
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_a_gate_of_the_outputs_shape_fuses_with_its_gradient(dtype):
+    report = check_against_eager(Gated, three_d, dtype=dtype, grads=True)
+    (row,) = report.rows
+    assert row.status == "fused" and "full" in row.program.split("||")[1]
+
+
+def test_a_residual_read_twice_is_one_operand():
+    report = check_against_eager(ResidualTwice, three_d, grads=True)
+    (row,) = report.rows
+    assert row.status == "fused" and row.program.split("||")[1].split() == ["full"]
+
+
+def test_an_operand_that_would_broadcast_the_output_stops_the_chain():
+    class Broadcasting(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.proj = nn.Linear(K, N)
+
+        def forward(self, x, r):
+            return torch.relu(self.proj(x) + r)  # r: (T, N) against (B, T, N)
+
+    report = check_against_eager(Broadcasting, lambda: [torch.randn(B, T, K), torch.randn(T, N)])
+    (row,) = report.rows
+    assert "of shape (8, 32)" in row.reason and "output's shape" in row.reason
+
+
+def test_an_operand_computed_from_the_chain_stops_it():
+    class FromChain(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.proj = nn.Linear(K, N)
+
+        def forward(self, x):
+            y = self.proj(x)
+            return torch.relu(y) + y.flip(-1)
+
+    report = check_against_eager(FromChain, lambda: [torch.randn(B, T, K)])
+    assert any("computed from the chain" in (r.reason or "") or r.status != "fused" for r in report.rows)
+
+
+def test_a_program_with_a_full_operand_round_trips_and_has_no_cuda_kernel_yet():
+    text = "linear(bias=True) | pointwise(x + p0) | layer_norm(eps=1e-05, weight=p1, bias=p2) || full col col"
+    program = Program.parse(text)
+    assert program.to_string() == text and program.params == ("full", "col", "col")
+    assert "no CUDA kernel yet" in codegen.unsupported_reason(program)
+    assert not codegen.has_generated_backward(program)
+    gated = Program.parse("linear(bias=False) | pointwise(silu(x) * p0) || full")
+    assert "parameter kinds" in gemm_codegen.unsupported_reason(gated, torch.bfloat16)
+
+
+def test_compiled_residual_block_in_a_loop_of_layers():
+    """Two blocks in a row: each GEMM's chain takes its own residual (the previous block's output)."""
+
+    class Two(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a, self.b = nn.Linear(N, N), nn.Linear(N, N)
+            self.na, self.nb = nn.LayerNorm(N), nn.LayerNorm(N)
+
+        def forward(self, x):
+            x = self.na(self.a(x) + x)
+            return self.nb(self.b(x) + x)
+
+    torch.manual_seed(0)
+    model = Two()
+    x = torch.randn(B, T, N)
+    fxfuse.reset_report()
+    out = compile_fxfuse(model)(x)
+    torch.testing.assert_close(out, model(x), atol=1e-4, rtol=1e-4)
+    assert [r.status for r in fxfuse.last_report().rows] == ["fused", "fused"]
