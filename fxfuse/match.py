@@ -105,12 +105,17 @@ def _autocast_casts_to(gemm: Node, device_type: str, dtype: torch.dtype) -> bool
 
 
 def match_all(graph, canon: dict[Node, CanonicalOp], allow_cpu: bool) -> list[Chain]:
+    """The chain of every GEMM, in graph order. A node goes to one chain only: where two GEMMs'
+    values meet in one op (``silu(gate(x)) * up(x)``, each the other's operand of the output's
+    shape), the earlier GEMM's chain takes it and the later one stops there."""
     order = {node: i for i, node in enumerate(graph.nodes)}
-    return [
-        _Matcher(node, op, canon, order, allow_cpu).run()
-        for node, op in canon.items()
-        if isinstance(op, GemmOp)
-    ]
+    claimed: set[Node] = set()
+    chains = []
+    for node in sorted((n for n, op in canon.items() if isinstance(op, GemmOp)), key=order.__getitem__):
+        chain = _Matcher(node, canon[node], canon, order, allow_cpu, claimed).run()
+        claimed.update(chain.nodes)
+        chains.append(chain)
+    return chains
 
 
 @dataclass
@@ -127,8 +132,9 @@ class _Snapshot:
 
 
 class _Matcher:
-    def __init__(self, gemm: Node, op: GemmOp, canon, order, allow_cpu: bool):
+    def __init__(self, gemm: Node, op: GemmOp, canon, order, allow_cpu: bool, claimed: frozenset | set = frozenset()):
         self.gemm, self.op, self.canon, self.order, self.allow_cpu = gemm, op, canon, order, allow_cpu
+        self.claimed = claimed  # nodes an earlier GEMM's chain fuses
         self.region: list[Node] = [gemm]
         self.segment: dict[Node, sympy.Expr] = {gemm: E.X}
         self.stages: list[Stage] = []
@@ -259,6 +265,8 @@ class _Matcher:
             raise Stop(None)
         if op is None:
             raise Stop(f"{describe(node)} is not an epilogue op")
+        if node in self.claimed:
+            raise Stop(f"{describe(node)} is fused into another GEMM's chain")
         if isinstance(op, Rejected):
             raise Stop(op.reason)
         value = example_value(node)

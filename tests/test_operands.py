@@ -146,3 +146,25 @@ def test_compiled_residual_block_in_a_loop_of_layers():
     out = compile_fxfuse(model)(x)
     torch.testing.assert_close(out, model(x), atol=1e-4, rtol=1e-4)
     assert [r.status for r in fxfuse.last_report().rows] == ["fused", "fused"]
+
+
+class SwiGLU(nn.Module):
+    """Llama's MLP: down(silu(gate(x)) * up(x)): two GEMMs whose values meet in one multiply."""
+
+    def __init__(self):
+        super().__init__()
+        self.gate_proj, self.up_proj = nn.Linear(K, N, bias=False), nn.Linear(K, N, bias=False)
+        self.down_proj = nn.Linear(N, K, bias=False)
+
+    def forward(self, x):
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+def test_two_gemms_meeting_in_one_op_give_it_to_the_earlier_chain():
+    """The multiply goes to the gate's chain (the up projection's output is its operand); the up
+    projection's chain stops there, so no node is fused twice."""
+    report = check_against_eager(SwiGLU, lambda: [torch.randn(B, T, K)], grads=True)
+    gate, up, down = report.rows
+    assert gate.status == "fused" and gate.program == "linear(bias=False) | pointwise(silu(x) * p0) || full"
+    assert up.status == "not_fused" and "fused into another GEMM's chain" in up.reason
+    assert down.status == "not_fused"
