@@ -79,4 +79,10 @@ class Rejected:
     reason: str
 
 
+@dataclass(frozen=True)
+class RejectedGemm(Rejected):
+    """A GEMM spelling fxfuse cannot take in this form (``x @ W`` with W stored (K, N), a matmul
+    of two activations): it still gets a report row of its own, with ``reason``."""
+
+
 CanonicalOp = Union[GemmOp, PointwiseOp, NormOp, ReduceOp, AliasOp, Rejected]

@@ -32,6 +32,7 @@ from .canonical import (
     PointwiseOp,
     ReduceOp,
     Rejected,
+    RejectedGemm,
 )
 from .describe import describe
 from .ir import Gemm, Norm, Pointwise, Program, Reduce, Stage, Widen
@@ -111,8 +112,13 @@ def match_all(graph, canon: dict[Node, CanonicalOp], allow_cpu: bool) -> list[Ch
     order = {node: i for i, node in enumerate(graph.nodes)}
     claimed: set[Node] = set()
     chains = []
-    for node in sorted((n for n, op in canon.items() if isinstance(op, GemmOp)), key=order.__getitem__):
-        chain = _Matcher(node, canon[node], canon, order, allow_cpu, claimed).run()
+    gemm_like = (n for n, op in canon.items() if isinstance(op, (GemmOp, RejectedGemm)))
+    for node in sorted(gemm_like, key=order.__getitem__):
+        op = canon[node]
+        if isinstance(op, RejectedGemm):  # a row of its own: the report covers every GEMM
+            chains.append(Chain(node, "not_fused", [describe(node)], [], op.reason))
+            continue
+        chain = _Matcher(node, op, canon, order, allow_cpu, claimed).run()
         claimed.update(chain.nodes)
         chains.append(chain)
     return chains

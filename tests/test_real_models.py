@@ -75,8 +75,8 @@ FUSED = {
     # attention output and FFN output (Linear + residual + LayerNorm), the intermediate's GELU;
     # the pooler reads the first token (an indexing): partial
     "bert": {"eval": (5, 13), "train": (5, 13)},
-    # Conv1D (addmm with a (K, N) weight) is not recognised: no rows
-    "gpt2": {"eval": (0, 0), "train": (0, 0)},
+    # Conv1D (addmm with a (K, N) weight) is not taken yet: a row each, saying so
+    "gpt2": {"eval": (0, 8), "train": (0, 8)},
     # SwiGLU: silu(gate(x)) * up(x) fuses into the gate's chain; residual sums are read twice
     "llama": {"eval": (2, 14), "train": (2, 14)},
     "qwen2": {"eval": (2, 14), "train": (2, 14)},

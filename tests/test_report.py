@@ -69,6 +69,26 @@ def test_partial_chain_names_the_op_it_stopped_at():
     assert row.chain[-1] == "cumsum(1)" and "cumsum(1) is not an epilogue op" in row.reason
 
 
+def test_a_gemm_fxfuse_cannot_take_still_gets_a_row_with_the_reason():
+    """GPT-2's Conv1D spelling (addmm with the weight stored (K, N)) and a matmul of two
+    activations: every GEMM-like node is in the report."""
+
+    class Model(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.weight = nn.Parameter(torch.randn(8, 16))  # (K, N)
+            self.bias = nn.Parameter(torch.randn(16))
+
+        def forward(self, x):
+            y = torch.relu(torch.addmm(self.bias, x, self.weight))
+            return y @ y.t().relu()
+
+    rows = fxfuse.report(Model(), torch.randn(4, 8), allow_cpu=True).rows
+    assert [r.status for r in rows] == ["not_fused", "not_fused"]
+    assert "W stored (N, K)" in rows[0].reason and rows[0].chain == ["addmm"]
+    assert "not a transposed (N, K) weight" in rows[1].reason
+
+
 def test_last_report_holds_the_graphs_of_the_last_compiles():
     model, inputs = _s19()
     fxfuse.reset_report()

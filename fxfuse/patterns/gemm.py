@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 from torch.fx import Node
 
-from ..canonical import GemmOp, Rejected
+from ..canonical import GemmOp, RejectedGemm
 from . import spell
 
 
@@ -37,14 +37,14 @@ def linear(input, weight, bias=None):
 def matmul(input, other):
     weight = transposed_weight(other)
     if weight is None:
-        return Rejected("matmul whose right operand is not a transposed (N, K) weight")
+        return RejectedGemm("matmul whose right operand is not a transposed (N, K) weight")
     return GemmOp(input, weight, None)
 
 
 def addmm(input, mat1, mat2, *, beta=1, alpha=1):
     weight = transposed_weight(mat2)
     if weight is None or beta != 1 or alpha != 1:
-        return Rejected("addmm that is not bias + x @ W.t()")
+        return RejectedGemm("addmm that is not bias + x @ W.t() (beta = alpha = 1, W stored (N, K))")
     return GemmOp(mat1, weight, input)
 
 
