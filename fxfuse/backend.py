@@ -138,7 +138,7 @@ def _with_path(chain: Chain) -> Chain:
     from . import cuda
 
     try:
-        k, n = size_hint(x.shape[-1]), size_hint(weight.shape[0])
+        k, n = size_hint(x.shape[-1]), size_hint(weight.shape[1] if chain.weight_is_kn else weight.shape[0])
         m = math.prod(size_hint(s) for s in x.shape[:-1])
         shapes = tuple(tuple(size_hint(s) for s in example_value(p).shape) for p in chain.params)
         selection = cuda.select(chain.program, chain.dtype, _param_dtypes(chain), (m, n, k),

@@ -17,11 +17,14 @@ Operand = Union[Node, float, int, bool, None]
 
 @dataclass(frozen=True)
 class GemmOp:
-    """``input @ weight.T + bias`` with ``weight`` of shape (N, K)."""
+    """``input @ weight.T + bias`` with ``weight`` of shape (N, K) — or, with ``weight_is_kn``,
+    ``input @ weight + bias`` with ``weight`` stored (K, N) (GPT-2's Conv1D): the fused op then
+    reads ``weight.t()``."""
 
     input: Node
     weight: Node
     bias: Node | None = None
+    weight_is_kn: bool = False
 
 
 @dataclass(frozen=True)

@@ -70,6 +70,7 @@ class Chain:
     dtype: torch.dtype | None = None  # the GEMM's output dtype, the chain's element type
     casts_operands: bool = False  # autocast casts the GEMM's operands to ``dtype``
     stops_at_wider_dtype: bool = False  # growth ended at an op computing in a dtype it cannot widen to
+    weight_is_kn: bool = False  # ``weight`` is stored (K, N): the fused op reads weight.t()
     path: str | None = None  # the GPU path its shape measured fastest on, and the times (fxfuse.cuda.select)
 
 
@@ -216,6 +217,7 @@ class _Matcher:
             self.dtype,
             self.casts_operands,
             self.stopped_at_wider_dtype and shrink_reason is None,
+            weight_is_kn=self.op.weight_is_kn,
         )
 
     def _longest_closed_prefix(self) -> tuple[_Snapshot | None, str | None]:
@@ -260,7 +262,7 @@ class _Matcher:
             raise Stop(f"device {x.device.type}")
         if w.dim() != 2 or x.dim() not in (2, 3) or (b is not None and b.dim() != 1):
             raise Stop("GEMM shapes other than (M, K) or (B, T, K) by an (N, K) weight")
-        self.n = w.shape[0]
+        self.n = w.shape[1] if self.op.weight_is_kn else w.shape[0]
         self.ndim = x.dim()
 
     # -- absorbing one node -------------------------------------------------------------------

@@ -31,6 +31,8 @@ def _replace(graph: Graph, chain: Chain, replaced: dict[Node, Node]) -> Node:
     last = chain.nodes[-1]
     x, weight, bias, *params = (replaced.get(a, a) for a in (chain.x, chain.weight, chain.bias, *chain.params))
     with graph.inserting_before(last.next):  # new nodes keep their creation order
+        if chain.weight_is_kn:  # stored (K, N): the op takes the (N, K) view
+            weight = graph.call_function(torch.t, (weight,))
         if chain.casts_operands:  # autocast's casts of the GEMM operands, made explicit
             x, weight, bias = (None if a is None else graph.call_method("to", (a, chain.dtype))
                                for a in (x, weight, bias))

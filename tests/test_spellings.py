@@ -19,6 +19,7 @@ class Chain(nn.Module):
         super().__init__()
         self.linear = nn.Linear(K, N, bias=bias)
         self.weight = nn.Parameter(torch.randn(N, K) / K**0.5)
+        self.weight_kn = nn.Parameter(torch.randn(K, N) / K**0.5)  # stored (K, N), as GPT-2's Conv1D
         self.vector = nn.Parameter(torch.randn(N))
         self.row = nn.Parameter(torch.randn(1, N))
         self.one = nn.Parameter(torch.randn(1))
@@ -148,6 +149,7 @@ GEMMS = [
     ("F.linear", lambda m, x: F.linear(x, m.weight, m.vector), "linear(bias=True)"),
     ("F.linear-no-bias", lambda m, x: F.linear(x, m.weight), "linear(bias=False)"),
     ("addmm", lambda m, x: torch.addmm(m.vector, x, m.weight.t()), "linear(bias=True)"),
+    ("addmm-conv1d", lambda m, x: torch.addmm(m.vector, x, m.weight_kn), "linear(bias=True)"),
     ("matmul-T", lambda m, x: torch.matmul(x, m.weight.T), "linear(bias=False)"),
     ("matmul-T-plus-b", lambda m, x: torch.matmul(x, m.weight.T) + m.vector, "linear(bias=True)"),
     ("at-t", lambda m, x: x @ m.weight.t() + m.vector, "linear(bias=True)"),
@@ -212,6 +214,12 @@ def test_max_and_min_give_tied_elements_eager_gradients(name, epilogue, fragment
 @pytest.mark.parametrize("name,gemm,fragment", GEMMS, ids=[c[0] for c in GEMMS])
 def test_gemm_spelling_fuses_with_its_epilogue(name, gemm, fragment):
     _check(lambda m, y: torch.relu(y), fragment, gemm=gemm)
+
+
+def test_a_weight_stored_k_by_n_gets_its_gradient():
+    """GPT-2's Conv1D: the fused op reads W.t(); W's gradient flows back through the view."""
+    report = check_against_eager(lambda: Chain(lambda m, y: F.gelu(y), gemm=GEMMS[3][1]), _inputs(), grads=True)
+    assert report.rows[0].status == "fused"
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])

@@ -1,5 +1,5 @@
-"""GEMM spellings: F.linear / nn.Linear, addmm(b, x, W.t()), matmul / @ / mm with a transposed
-weight. A bias-free GEMM followed by ``+ vector`` is folded into the bias by the matcher."""
+"""GEMM spellings: F.linear / nn.Linear, addmm(b, x, W.t()) and addmm(b, x, W) with W stored
+(K, N) (GPT-2's Conv1D), matmul / @ / mm with a transposed weight. A bias-free GEMM followed by ``+ vector`` is folded into the bias by the matcher."""
 
 from __future__ import annotations
 
@@ -42,10 +42,11 @@ def matmul(input, other):
 
 
 def addmm(input, mat1, mat2, *, beta=1, alpha=1):
+    """``addmm(b, x, W.t())``, and GPT-2's Conv1D ``addmm(b, x, W)`` with W stored (K, N)."""
+    if beta != 1 or alpha != 1:
+        return RejectedGemm("addmm with beta or alpha other than 1")
     weight = transposed_weight(mat2)
-    if weight is None or beta != 1 or alpha != 1:
-        return RejectedGemm("addmm that is not bias + x @ W.t() (beta = alpha = 1, W stored (N, K))")
-    return GemmOp(mat1, weight, input)
+    return GemmOp(mat1, mat2, input, weight_is_kn=True) if weight is None else GemmOp(mat1, weight, input)
 
 
 SPELLINGS = (
