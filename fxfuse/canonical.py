@@ -76,6 +76,14 @@ class AliasOp:
 
 
 @dataclass(frozen=True)
+class ReshapeOp:
+    """``input.view(...)`` / ``reshape``: the same values regrouped; the matcher takes it where
+    it keeps the feature (last) dim and regroups only the rows."""
+
+    input: Node
+
+
+@dataclass(frozen=True)
 class Rejected:
     """A spelling fxfuse knows but cannot fuse in this form; ``reason`` goes into the report."""
 
@@ -88,4 +96,4 @@ class RejectedGemm(Rejected):
     of two activations): it still gets a report row of its own, with ``reason``."""
 
 
-CanonicalOp = Union[GemmOp, PointwiseOp, NormOp, ReduceOp, AliasOp, Rejected]
+CanonicalOp = Union[GemmOp, PointwiseOp, NormOp, ReduceOp, AliasOp, ReshapeOp, Rejected]

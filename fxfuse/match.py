@@ -33,6 +33,7 @@ from .canonical import (
     ReduceOp,
     Rejected,
     RejectedGemm,
+    ReshapeOp,
 )
 from .describe import describe
 from .ir import Gemm, Norm, Pointwise, Program, Reduce, Stage, Widen
@@ -71,6 +72,7 @@ class Chain:
     casts_operands: bool = False  # autocast casts the GEMM's operands to ``dtype``
     stops_at_wider_dtype: bool = False  # growth ended at an op computing in a dtype it cannot widen to
     weight_is_kn: bool = False  # ``weight`` is stored (K, N): the fused op reads weight.t()
+    view: Node | None = None  # the chain's last view (rows regrouped): the op's output is viewed so
     path: str | None = None  # the GPU path its shape measured fastest on, and the times (fxfuse.cuda.select)
 
 
@@ -218,6 +220,7 @@ class _Matcher:
             self.casts_operands,
             self.stopped_at_wider_dtype and shrink_reason is None,
             weight_is_kn=self.op.weight_is_kn,
+            view=next((n for n in reversed(nodes) if isinstance(self.canon.get(n), ReshapeOp)), None),
         )
 
     def _longest_closed_prefix(self) -> tuple[_Snapshot | None, str | None]:
@@ -264,6 +267,7 @@ class _Matcher:
             raise Stop("GEMM shapes other than (M, K) or (B, T, K) by an (N, K) weight")
         self.n = w.shape[1] if self.op.weight_is_kn else w.shape[0]
         self.ndim = x.dim()
+        self.shape = (*x.shape[:-1], self.n)  # the chain value's shape (a view regroups its rows)
 
     # -- absorbing one node -------------------------------------------------------------------
 
@@ -282,6 +286,9 @@ class _Matcher:
         expr, is_tuple = self._rounded(E.X), False
         if isinstance(op, AliasOp):
             expr = self._segment_value(op.input)
+        elif isinstance(op, ReshapeOp):
+            self._regroup_rows(node, value)
+            expr = self._segment_value(op.input)
         elif isinstance(op, PointwiseOp):
             expr = self._rounded(self._pointwise(node, op))
         elif isinstance(op, NormOp):
@@ -297,6 +304,14 @@ class _Matcher:
             _Snapshot(node, self._stages_with(expr), expr, len(self.params), self.bias,
                       self.batch_norm_update, is_tuple)
         )
+
+    def _regroup_rows(self, node: Node, value) -> None:
+        """A view of the chain's value that keeps the feature dim: the kernels see the same rows."""
+        if self.reduced:
+            raise Stop(f"{describe(node)} after a row reduction")
+        if not isinstance(value, torch.Tensor) or value.dim() not in (2, 3) or value.shape[-1] != self.n:
+            raise Stop(f"{describe(node)} changes the feature dim")
+        self.ndim, self.shape = value.dim(), tuple(value.shape)
 
     def _dtype_of(self, node: Node, op: CanonicalOp, dtype: torch.dtype) -> torch.dtype:
         """The dtype ``node`` computes in: the GEMM's, or float32 in a bfloat16/float16 chain
@@ -405,7 +420,7 @@ class _Matcher:
             return "scalar"
         if not self.reduced and shape[-1] == self.n and all(d == 1 for d in shape[:-1]):
             return "col"
-        if not self.reduced and shape == tuple(example_value(self.gemm).shape):
+        if not self.reduced and shape == self.shape:
             return "full"
         raise Stop(f"operand {describe(node)} of shape {shape} is not a per-column vector, a scalar or of the "
                    "output's shape")

@@ -40,6 +40,9 @@ def _replace(graph: Graph, chain: Chain, replaced: dict[Node, Node]) -> Node:
         fused = graph.call_function(FUSED_OP, (chain.program.to_string(), x, weight, bias, params),
                                     {"save_gemm": save_gemm})
         out = graph.call_function(operator.getitem, (fused, 0))
+        if chain.view is not None:  # the rows regrouped as the chain's last view did
+            out = graph.create_node(chain.view.op, chain.view.target, (out, *chain.view.args[1:]),
+                                    dict(chain.view.kwargs))
         if chain.batch_norm_update is not None:
             _update_running_stats(graph, fused, chain.batch_norm_update)
     last.replace_all_uses_with(out)

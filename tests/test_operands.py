@@ -168,3 +168,38 @@ def test_two_gemms_meeting_in_one_op_give_it_to_the_earlier_chain():
     assert gate.status == "fused" and gate.program == "linear(bias=False) | pointwise(silu(x) * p0) || full"
     assert up.status == "not_fused" and "fused into another GEMM's chain" in up.reason
     assert down.status == "not_fused"
+
+
+class Conv1DBlock(nn.Module):
+    """GPT-2's MLP spelling: x.view(-1, K), addmm with a (K, N) weight, .view(B, T, N), gelu_new
+    written out, and a residual of the viewed shape."""
+
+    def __init__(self):
+        super().__init__()
+        self.weight = nn.Parameter(torch.randn(K, N) / K**0.5)
+        self.bias = nn.Parameter(torch.randn(N))
+
+    def forward(self, x, residual):
+        h = torch.addmm(self.bias, x.view(-1, K), self.weight).view(B, T, N)
+        h = 0.5 * h * (1.0 + torch.tanh(0.7978845608028654 * (h + 0.044715 * torch.pow(h, 3.0))))
+        return h + residual
+
+
+def test_views_that_regroup_rows_stay_in_the_chain():
+    report = check_against_eager(Conv1DBlock, three_d, grads=True)
+    (row,) = report.rows
+    assert row.status == "fused" and row.fused[:2] == ["addmm", f"view({B}, {T}, {N})"] and row.fused[-1] == "add"
+    assert row.program.endswith("|| full")  # the residual, of the viewed shape
+
+
+def test_a_view_that_changes_the_feature_dim_stops_the_chain():
+    class Heads(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.proj = nn.Linear(K, N)
+
+        def forward(self, x):
+            return torch.relu(self.proj(x)).view(B, T, 4, N // 4).transpose(1, 2)
+
+    (row,) = check_against_eager(Heads, lambda: [torch.randn(B, T, K)]).rows
+    assert row.status == "partial" and "changes the feature dim" in row.reason

@@ -4,8 +4,8 @@ Per model, compiled with fxfuse on the CPU (``policy="always"``): the output (an
 dropout off, every parameter's gradient) equals eager's, and the coverage report fuses exactly the
 GEMM chains listed in ``FUSED`` — the table states what fxfuse takes from each model today, so a
 change that fuses more (or less) shows here. What still stops the others is in the README's known
-limits (attention projections feed a view, pre-norm residual sums are read twice, GPT-2's Conv1D is
-not recognised as a GEMM).
+limits (attention projections feed a split or a view that splits the heads, pre-norm residual sums
+are read twice, hand-written RMSNorms are not recognised).
 """
 
 from __future__ import annotations
@@ -75,8 +75,9 @@ FUSED = {
     # attention output and FFN output (Linear + residual + LayerNorm), the intermediate's GELU;
     # the pooler reads the first token (an indexing): partial
     "bert": {"eval": (5, 13), "train": (5, 13)},
-    # Conv1D (addmm with a (K, N) weight) is not taken yet: a row each, saying so
-    "gpt2": {"eval": (0, 8), "train": (0, 8)},
+    # Conv1D (addmm with a (K, N) weight, views around it): c_fc + gelu_new (written out) in each
+    # block, and the last block's c_proj + residual; the others' residual sums are read twice
+    "gpt2": {"eval": (3, 8), "train": (3, 8)},
     # SwiGLU: silu(gate(x)) * up(x) fuses into the gate's chain; residual sums are read twice
     "llama": {"eval": (2, 14), "train": (2, 14)},
     "qwen2": {"eval": (2, 14), "train": (2, 14)},

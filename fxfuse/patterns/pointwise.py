@@ -7,7 +7,7 @@ import operator
 import torch
 import torch.nn.functional as F
 
-from ..canonical import AliasOp, PointwiseOp, Rejected
+from ..canonical import AliasOp, PointwiseOp, Rejected, ReshapeOp
 from . import spell
 
 
@@ -123,6 +123,14 @@ def identity(input, *args, **kwargs):
     return AliasOp(input)
 
 
+def reshape(input, *shape):
+    """``x.view(B, T, N)``, ``x.view(-1, N)``, ``x.reshape(...)``, ``torch.reshape(x, shape)``;
+    not ``x.view(dtype)``, which reinterprets the bits."""
+    if any(isinstance(s, torch.dtype) for s in shape):
+        return Rejected("view as another dtype")
+    return ReshapeOp(input)
+
+
 def to(input, *args, dtype=None, non_blocking=False, copy=False, memory_format=None):
     """``x.to(torch.float32)`` / ``x.to(dtype=torch.float32)``: the value in float32 (the matcher
     widens a bfloat16/float16 chain there, as where autocast or type promotion make an op compute
@@ -173,6 +181,7 @@ SPELLINGS = (
     spell(_act("exp"), torch.exp, "exp", inplace=(torch.exp_, "exp_")),
     spell(dropout, F.dropout),
     spell(identity, "contiguous", "clone", torch.clone),
+    spell(reshape, "view", "reshape", torch.reshape),
     spell(lambda input: to(input, torch.float32), "float"),  # x.float()
     spell(to, "to"),
 )
