@@ -254,3 +254,19 @@ def test_nan_and_inf_propagate_as_in_eager():
 
     _check(lambda m, y: torch.clamp(F.relu(y) - y, -1, 1) * torch.sigmoid(y), "clamp", inputs=inputs)
     _check(lambda m, y: F.softmax(y, 1), "softmax", inputs=inputs)
+
+
+def test_detach_is_the_value_itself_where_autograd_records_nothing():
+    """KernelBench's ``x.clone().detach()`` fuses in inference; with a backward recorded it would
+    cut the gradient, so it stops the chain there."""
+    def epilogue(m, y):
+        return torch.relu(y.clone().detach()) * 2.0
+
+    report = check_against_eager(lambda: Chain(epilogue), _inputs(), train=False)
+    assert report.rows[0].status == "fused" and report.rows[0].fused[-2:] == ["relu", "mul(2.0)"]
+    def training(m, y):  # the gradient reaches the GEMM through the add only
+        return torch.relu(y.clone().detach()) * 2.0 + y
+
+    report = check_against_eager(lambda: Chain(training), _inputs(), grads=True)
+    (row,) = report.rows
+    assert row.status != "fused" and row.chain[-1] == "detach"  # growth stopped at the detach

@@ -123,6 +123,16 @@ def identity(input, *args, **kwargs):
     return AliasOp(input)
 
 
+def detach(input):
+    """``x.detach()`` (KernelBench's ``x.clone().detach()``): the value itself where autograd
+    records nothing; in a graph that records a backward it cuts the gradient, which a fused chain
+    would not."""
+    value = input.meta.get("example_value", input.meta.get("val")) if hasattr(input, "meta") else None
+    if getattr(value, "requires_grad", True):
+        return Rejected("detach of a value autograd records (it cuts the gradient)")
+    return AliasOp(input)
+
+
 def reshape(input, *shape):
     """``x.view(B, T, N)``, ``x.view(-1, N)``, ``x.reshape(...)``, ``torch.reshape(x, shape)``;
     not ``x.view(dtype)``, which reinterprets the bits."""
@@ -182,6 +192,7 @@ SPELLINGS = (
     spell(dropout, F.dropout),
     spell(identity, "contiguous", "clone", torch.clone),
     spell(reshape, "view", "reshape", torch.reshape),
+    spell(detach, "detach", torch.detach),
     spell(lambda input: to(input, torch.float32), "float"),  # x.float()
     spell(to, "to"),
 )
