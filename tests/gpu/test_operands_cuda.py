@@ -1,0 +1,49 @@
+"""Real-model spellings on CUDA: GPT-2's Conv1D (a weight stored (K, N)) and views that regroup
+rows run in the fused kernels; chains with an operand of the output's shape (a residual, a gate),
+which the CUDA kernels do not read yet, are left to Inductor with the reason, and the model still
+equals eager."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn as nn
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/: support, test_operands
+
+from support import check_against_eager  # noqa: E402
+from test_operands import B, K, N, T, BertOutput, Conv1DBlock, three_d  # noqa: E402
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+
+
+class Conv1DMlp(nn.Module):
+    """GPT-2's c_fc: x.view(-1, K), addmm with a (K, N) weight, .view(B, T, N), gelu_new."""
+
+    def __init__(self):
+        super().__init__()
+        self.weight = nn.Parameter(torch.randn(K, N) / K**0.5)
+        self.bias = nn.Parameter(torch.randn(N))
+
+    def forward(self, x):
+        h = torch.addmm(self.bias, x.view(-1, K), self.weight).view(B, T, N)
+        return 0.5 * h * (1.0 + torch.tanh(0.7978845608028654 * (h + 0.044715 * torch.pow(h, 3.0))))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("train", [False, True], ids=["eval", "train"])
+def test_a_conv1d_block_fuses_on_cuda(dtype, train):
+    report = check_against_eager(Conv1DMlp, lambda: [torch.randn(B, T, K)], dtype=dtype, device="cuda",
+                                 train=train, grads=train, draws=3)
+    (row,) = report.rows
+    assert row.status == "fused" and row.fused[:2] == ["addmm", f"view({B}, {T}, {N})"]
+
+
+@pytest.mark.parametrize("model", [BertOutput, Conv1DBlock], ids=["bert_output", "conv1d_residual"])
+def test_a_chain_with_a_residual_goes_to_inductor_on_cuda(model):
+    report = check_against_eager(model, three_d, device="cuda", grads=True, draws=2)
+    (row,) = report.rows
+    assert row.status == "not_fused" and "no CUDA kernel" in row.reason
