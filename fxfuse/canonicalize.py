@@ -12,7 +12,7 @@ from __future__ import annotations
 from torch.fx import Graph, Node
 
 from . import patterns
-from .canonical import AliasOp, CanonicalOp, GemmOp, NormOp, PointwiseOp, ReduceOp, Rejected
+from .canonical import AliasOp, CanonicalOp, GemmOp, NormOp, PointwiseOp, ReduceOp, Rejected, ReshapeOp
 
 FRESH_VALUE_OPS = (GemmOp, PointwiseOp, NormOp, ReduceOp)  # they produce new tensors, not views
 
@@ -54,4 +54,4 @@ def _functionalize(node: Node, op: PointwiseOp, order: dict[Node, int]) -> str |
 def _reads_value_only(user: Node) -> bool:
     """True when ``user`` cannot hold an alias of its input (so mutation is not observed there)."""
     op = _lookup(user)
-    return user.op == "output" or (op is not None and not isinstance(op, (AliasOp, Rejected)))
+    return user.op == "output" or (op is not None and not isinstance(op, (AliasOp, ReshapeOp, Rejected)))

@@ -203,3 +203,21 @@ def test_a_view_that_changes_the_feature_dim_stops_the_chain():
 
     (row,) = check_against_eager(Heads, lambda: [torch.randn(B, T, K)]).rows
     assert row.status == "partial" and "changes the feature dim" in row.reason
+
+
+def test_an_in_place_op_after_a_view_of_the_value_still_shows_through_the_view():
+    """``v = y.view(...)`` then ``y.relu_()``: v aliases y, so the in-place op may not be moved
+    into a fused chain that v does not see."""
+
+    class ViewThenInPlace(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.proj = nn.Linear(K, N)
+
+        def forward(self, x):
+            y = self.proj(x)
+            v = y.view(-1, N)
+            y.relu_()
+            return v * 2.0
+
+    check_against_eager(ViewThenInPlace, lambda: [torch.randn(B, T, K)], train=False)
