@@ -19,9 +19,9 @@ import torch
 from torch.fx import Graph, GraphModule
 
 from . import op as _op  # noqa: F401  (registers torch.ops.fxfuse.*)
+from .canonical import example_value
 from .canonicalize import canonicalize
-from .match import Chain, example_value, match_all
-from .cuda.engine import IN_GEMM_PATH
+from .match import Chain, match_all
 from .policy import POLICIES, inductor_is_faster, size_hint
 from .report import record
 from .rewrite import FUSED_OP, rewrite
@@ -148,7 +148,7 @@ def _with_path(chain: Chain) -> Chain:
     if selection is None:
         why = cuda.engine.gemm_error(chain.program, chain.dtype, _param_dtypes(chain), x.device)
         return replace(chain, path="cuBLAS + row pass" + (f" ({why.splitlines()[0]})" if why else ""))
-    return replace(chain, path=selection.describe())
+    return replace(chain, path=selection.describe(), in_gemm=selection.config >= 0)
 
 
 def _unfused_if_slower(chain: Chain, after_selection: bool = False) -> Chain:
@@ -162,14 +162,15 @@ def _unfused_if_slower(chain: Chain, after_selection: bool = False) -> Chain:
         return chain
     x = example_value(chain.x)
     k = size_hint(x.shape[-1]) if isinstance(x, torch.Tensor) else None
-    in_gemm = not after_selection or (chain.path or "").startswith(IN_GEMM_PATH)
+    in_gemm = not after_selection or chain.in_gemm
     reason = inductor_is_faster(chain.program, gemm_out, chain.reason if chain.stops_at_wider_dtype else None, k,
                                 in_gemm)
     if reason is None:
         return chain
     if after_selection and chain.path:
         reason = f"{reason}; measured path: {chain.path}"
-    return replace(chain, status="not_fused", fused=[], program=None, nodes=[], reason=reason, path=None)
+    return replace(chain, status="not_fused", fused=[], program=None, nodes=[], reason=reason, path=None,
+                   in_gemm=False)
 
 
 def _unfused_if_no_kernel(chain: Chain) -> Chain:

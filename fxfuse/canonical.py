@@ -15,6 +15,13 @@ from torch.fx import Node
 Operand = Union[Node, float, int, bool, None]
 
 
+def example_value(node) -> object:
+    """The value Dynamo traced ``node`` with (a fake tensor), or ``node`` itself if not a node."""
+    if not isinstance(node, Node):
+        return node
+    return node.meta.get("example_value", node.meta.get("val"))
+
+
 @dataclass(frozen=True)
 class GemmOp:
     """``input @ weight.T + bias`` with ``weight`` of shape (N, K) — or, with ``weight_is_kn``,

@@ -34,6 +34,7 @@ from .canonical import (
     Rejected,
     RejectedGemm,
     ReshapeOp,
+    example_value,
 )
 from .describe import describe
 from .ir import Gemm, Norm, Pointwise, Program, Reduce, Stage, Widen
@@ -74,6 +75,7 @@ class Chain:
     weight_is_kn: bool = False  # ``weight`` is stored (K, N): the fused op reads weight.t()
     view: Node | None = None  # the chain's last view (rows regrouped): the op's output is viewed so
     path: str | None = None  # the GPU path its shape measured fastest on, and the times (fxfuse.cuda.select)
+    in_gemm: bool = False  # that path is a GEMM configuration (the in-GEMM epilogue)
 
 
 class Stop(Exception):
@@ -84,12 +86,6 @@ class Stop(Exception):
     def __init__(self, reason: str | None, wider_dtype: bool = False):
         super().__init__(reason)
         self.reason, self.wider_dtype = reason, wider_dtype
-
-
-def example_value(node) -> object:
-    if not isinstance(node, Node):
-        return node
-    return node.meta.get("example_value", node.meta.get("val"))
 
 
 def _autocast_casts_to(gemm: Node, device_type: str, dtype: torch.dtype) -> bool:

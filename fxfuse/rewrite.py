@@ -12,7 +12,8 @@ import operator
 import torch
 from torch.fx import Graph, Node
 
-from .match import BatchNormUpdate, Chain, example_value
+from .canonical import example_value
+from .match import BatchNormUpdate, Chain
 from .patterns.gemm import transposed_weight
 
 FUSED_OP = torch.ops.fxfuse.linear_epilogue.default

@@ -43,7 +43,6 @@ if TYPE_CHECKING:
 Key = tuple  # (program string, dtype, device index)
 DTYPE_CODES = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}  # FxDtype, csrc/fx_abi.h
 ROW_PATH = "row"  # the name of the cuBLAS + row-pass path in selections
-IN_GEMM_PATH = "in-GEMM epilogue"  # how the report names a selection of a GEMM configuration
 
 
 @dataclass(frozen=True)
@@ -58,7 +57,7 @@ class Selection:
 
     def describe(self) -> str:
         times = ", ".join(f"{name} {t:.1f} us" for name, t in sorted(self.times_us.items(), key=lambda kv: kv[1]))
-        where = IN_GEMM_PATH if self.config >= 0 else "cuBLAS + row pass"
+        where = "in-GEMM epilogue" if self.config >= 0 else "cuBLAS + row pass"
         return f"{where} ({self.path}); measured: {times}"
 
 

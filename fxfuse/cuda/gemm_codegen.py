@@ -121,12 +121,6 @@ def canonical(program: Program) -> Program:
     return Program(program.gemm, stages + ((Widen(),) if program.widens else ()), program.params)
 
 
-def epilogue_expression(program: Program) -> sympy.Expr:
-    """A pointwise program's stages as one float32 expression in the accumulator ``x`` (bias
-    included), without the low-precision rounding points."""
-    return Epilogue.of(program).pre
-
-
 def generate(program: Program, dtype: torch.dtype, param_dtypes: tuple[torch.dtype, ...], namespace: str,
              entry: str) -> dict[str, str]:
     """The sources of one GEMM module: file name -> text (``gemm_program.cuh``, ``main.cu`` with

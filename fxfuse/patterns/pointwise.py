@@ -7,7 +7,7 @@ import operator
 import torch
 import torch.nn.functional as F
 
-from ..canonical import AliasOp, PointwiseOp, Rejected, ReshapeOp
+from ..canonical import AliasOp, PointwiseOp, Rejected, ReshapeOp, example_value
 from . import spell
 
 
@@ -127,8 +127,7 @@ def detach(input):
     """``x.detach()`` (KernelBench's ``x.clone().detach()``): the value itself where autograd
     records nothing; in a graph that records a backward it cuts the gradient, which a fused chain
     would not."""
-    value = input.meta.get("example_value", input.meta.get("val")) if hasattr(input, "meta") else None
-    if getattr(value, "requires_grad", True):
+    if getattr(example_value(input), "requires_grad", True):
         return Rejected("detach of a value autograd records (it cuts the gradient)")
     return AliasOp(input)
 
