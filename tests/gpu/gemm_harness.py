@@ -73,6 +73,17 @@ def assert_under_rule(out: torch.Tensor, eager: torch.Tensor, exact: torch.Tenso
     assert not bad.any(), f"{int(bad.sum())} elements off, e.g. out {o[bad][:4].tolist()} eager {e[bad][:4].tolist()}"
 
 
+def assert_every_kernel_computes(module, program: Program, dtype: torch.dtype, m: int, n: int, k: int,
+                                 seeds: int) -> None:
+    """One configuration of each kernel, on ``seeds`` draws of an (m, n, k) problem, obeys the rule."""
+    for seed in range(seeds):
+        x, w, b, params = draw(program, dtype, m, n, k, seed)
+        eager = reference.op_forward(program, x, w, b, params, False)[0]
+        exact = truth(program, x, w, b, params)
+        for config in kernels(module):
+            assert_under_rule(run_config(module, program, x, w, b, params, config), eager, exact)
+
+
 def kernels(module) -> range:
     """One configuration of each kernel (the first schedule of each): schedules only reorder tiles."""
     return range(0, len(module.config_names), SCHEDULES)

@@ -21,7 +21,8 @@ from fxfuse import reference
 from fxfuse.cuda.gemm_codegen import unsupported_reason
 from fxfuse.ir import Gemm, Pointwise, Program
 from fxfuse.vocabulary import call
-from gemm_harness import DEVICE, SCHEDULES, TOL, assert_under_rule, build_modules, draw, kernels, run_config, truth
+from gemm_harness import (DEVICE, SCHEDULES, TOL, assert_every_kernel_computes, assert_under_rule, build_modules, draw,
+                          kernels, run_config, truth)
 from programs import PROGRAMS, vocabulary_program
 
 X = E.X
@@ -53,13 +54,8 @@ def modules():
 @pytest.mark.parametrize("m,n,k", SHAPES)
 @pytest.mark.parametrize("name,dtype", CASES)
 def test_every_configuration_computes_the_program(modules, name, dtype, m, n, k):
-    program, module = program_of(name), modules[(name, dtype)]
-    for seed in range(5 if m * n < 1 << 20 else 1):
-        x, w, b, params = draw(program, dtype, m, n, k, seed)
-        eager = reference.op_forward(program, x, w, b, params, False)[0]
-        exact = truth(program, x, w, b, params)
-        for config in kernels(module):
-            assert_under_rule(run_config(module, program, x, w, b, params, config), eager, exact)
+    assert_every_kernel_computes(modules[(name, dtype)], program_of(name), dtype, m, n, k,
+                                 seeds=5 if m * n < 1 << 20 else 1)
 
 
 def test_every_schedule_of_every_kernel(modules):

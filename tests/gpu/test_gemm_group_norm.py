@@ -18,7 +18,7 @@ import torch
 import fxfuse.cuda as fxcuda
 from fxfuse import reference
 from fxfuse.ir import Gemm, Norm, Pointwise, Program
-from gemm_harness import assert_under_rule, build_modules, draw, kernels, run_config, truth
+from gemm_harness import assert_every_kernel_computes, assert_under_rule, build_modules, draw, kernels, run_config, truth
 from programs import PROGRAMS
 from fxfuse import expr as E
 from fxfuse.vocabulary import call
@@ -54,15 +54,9 @@ def modules():
 @pytest.mark.parametrize("group", GROUP_SIZES)
 @pytest.mark.parametrize("name,dtype", list(CASES))
 def test_every_kernel_normalizes_every_group_size_inside_the_tile(modules, name, dtype, group):
-    program, module = PROGRAMS_33[name], modules[(name, dtype)]
-    n = GROUPS * group
     for m, k in SHAPES:
-        for seed in range(3 if m < 1024 else 1):
-            x, w, b, params = draw(program, dtype, m, n, k, seed)
-            eager = reference.op_forward(program, x, w, b, params, False)[0]
-            exact = truth(program, x, w, b, params)
-            for config in kernels(module):
-                assert_under_rule(run_config(module, program, x, w, b, params, config), eager, exact)
+        assert_every_kernel_computes(modules[(name, dtype)], PROGRAMS_33[name], dtype, m, GROUPS * group, k,
+                                     seeds=3 if m < 1024 else 1)
 
 
 def test_every_schedule_and_a_three_dimensional_input(modules):
