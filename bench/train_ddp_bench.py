@@ -6,10 +6,11 @@
 Each rank trains on its own batch of the model's suite size (the MLP example at 4096 features,
 8192 rows; S08 at 32768 x 1024 -> 4096; S20 at 8 x 512 x 4096), so the global batch grows with the
 ranks. One step is forward, backward (with the wrapper's gradient all-reduce or reduce-scatter)
-and AdamW (DDP's default 25 MiB gradient buckets). Per variant: the model is compiled and run ``--warmup`` steps, then ``--steps`` steps
-back to back between CUDA events; the slowest rank's mean step time and the largest peak of
-memory allocated on any rank (parameters, gradients and optimizer state included) are reported.
-fxfuse runs its default policy.
+and AdamW (DDP's default 25 MiB gradient buckets). Every variant is compiled and run ``--warmup`` steps, then the variants take turns
+for ``--rounds`` rounds of ``--steps`` steps back to back between CUDA events; the median of the
+slowest rank's mean step time and the largest peak of memory allocated on any rank (parameters,
+gradients and optimizer state included) are reported. fxfuse runs its default policy; its
+coverage report per model goes to stderr.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import datetime
 import gc
 import json
 import os
+import statistics
 import sys
 from dataclasses import replace
 from pathlib import Path
@@ -36,41 +38,67 @@ from examples.train_ddp import COMPILERS, Job, build_model, compile_model, input
 ROW_BATCH = {"mlp": 8192, "S08": 32768, "S20": 8}  # one rank's batch: the suite size
 
 
-def measure(job: Job, device: torch.device, warmup: int, steps: int) -> dict[str, float]:
-    """The slowest rank's ms per step and the largest peak MiB of one variant."""
-    torch._dynamo.reset()
-    world, rank = dist.get_world_size(), dist.get_rank()
-    model = wrap(build_model(job, device), job, device)
-    compiled = compile_model(model, job, device)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-6)
-    g = torch.Generator(device).manual_seed(rank)
-    per_rank = job.batch // world
-    x = torch.randn(per_rank, *input_shape(job), device=device, generator=g)
-    y = torch.randn(per_rank, *output_shape(replace(job, batch=per_rank))[1:], device=device, generator=g)
+class Variant:
+    """One compiler's copy of the model on this rank, compiled and warmed up, with its own inputs."""
 
-    def step() -> None:
-        loss = loss_of(compiled, x, y, job)
-        optimizer.zero_grad(set_to_none=True)
+    def __init__(self, job: Job, device: torch.device, warmup: int):
+        import fxfuse
+
+        world, rank = dist.get_world_size(), dist.get_rank()
+        self.job, self.model = job, wrap(build_model(job, device), job, device)
+        fxfuse.reset_report()
+        self.compiled = compile_model(self.model, job, device)
+        self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=1e-6)
+        g = torch.Generator(device).manual_seed(rank)
+        per_rank = job.batch // world
+        self.x = torch.randn(per_rank, *input_shape(job), device=device, generator=g)
+        self.y = torch.randn(per_rank, *output_shape(replace(job, batch=per_rank))[1:], device=device, generator=g)
+        for _ in range(warmup):
+            self.step()
+        self.report = fxfuse.last_report() if job.compiler == "fxfuse" else None
+        self.samples: list[float] = []
+        self.peak_mib = 0.0
+
+    def step(self) -> None:
+        loss = loss_of(self.compiled, self.x, self.y, self.job)
+        self.optimizer.zero_grad(set_to_none=True)
         loss.backward()
-        optimizer.step()
+        self.optimizer.step()
 
-    for _ in range(warmup):
-        step()
-    torch.cuda.synchronize()
-    dist.barrier()
-    torch.cuda.reset_peak_memory_stats()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(steps):
-        step()
-    end.record()
-    end.synchronize()
-    stats = torch.tensor([start.elapsed_time(end) / steps, torch.cuda.max_memory_allocated() / 2**20], device=device)
-    dist.all_reduce(stats, op=dist.ReduceOp.MAX)
-    del model, compiled, optimizer
+    def time(self, steps: int) -> None:
+        """``steps`` steps back to back; the slowest rank's ms per step and the largest peak."""
+        torch.cuda.synchronize()
+        dist.barrier()
+        torch.cuda.reset_peak_memory_stats()
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(steps):
+            self.step()
+        end.record()
+        end.synchronize()
+        stats = torch.tensor([start.elapsed_time(end) / steps, torch.cuda.max_memory_allocated() / 2**20],
+                             device=self.x.device)
+        dist.all_reduce(stats, op=dist.ReduceOp.MAX)
+        self.samples.append(stats[0].item())
+        self.peak_mib = max(self.peak_mib, stats[1].item())
+
+
+def measure(jobs: dict[str, Job], device: torch.device, warmup: int, steps: int, rounds: int) -> dict[str, Any]:
+    """Every compiler's variant of one model, timed in ``rounds`` rounds taken in turn (the
+    variants live side by side, so that no variant gets the quieter minutes): median ms, peak."""
+    torch._dynamo.reset()
+    variants = {name: Variant(job, device, warmup) for name, job in jobs.items()}
+    for _ in range(rounds):
+        for variant in variants.values():
+            variant.time(steps)
+    out = {name: {"ms": statistics.median(v.samples), "peak_mib": v.peak_mib} for name, v in variants.items()}
+    for name, v in variants.items():
+        if v.report is not None:
+            out[name]["report"] = str(v.report)
+    del variants
     gc.collect()
     torch.cuda.empty_cache()
-    return {"ms": stats[0].item(), "peak_mib": stats[1].item()}
+    return out
 
 
 def format_table(report: dict[str, Any]) -> str:
@@ -98,7 +126,8 @@ def main() -> int:
     parser.add_argument("--compilers", default="eager,inductor,fxfuse")
     parser.add_argument("--dtype", default="autocast", choices=("autocast", "fp32"))
     parser.add_argument("--warmup", type=int, default=5)
-    parser.add_argument("--steps", type=int, default=30)
+    parser.add_argument("--steps", type=int, default=50)
+    parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--json", default=None)
     args = parser.parse_args()
     device = torch.device("cuda", int(os.environ["LOCAL_RANK"]))
@@ -110,18 +139,16 @@ def main() -> int:
         "world": world, "torch": torch.__version__, "dtype": args.dtype, "policy": "fastest"}, "rows": []}
     for model in args.models.split(","):
         for wrapper in args.wrappers.split(","):
-            row = {"model": model, "wrapper": wrapper, "variants": {}}
-            for compiler in args.compilers.split(","):
-                job = Job(model=model, size="full", wrapper=wrapper, compiler=compiler, batch=ROW_BATCH[model] * world,
-                          autocast=args.dtype == "autocast", policy="fastest", bucket_mb=25)
-                if rank == 0:
-                    print(f"[train_ddp_bench] {model} {wrapper} {compiler}", file=sys.stderr, flush=True)
-                try:
-                    row["variants"][compiler] = measure(job, device, args.warmup, args.steps)
-                except Exception as e:  # noqa: BLE001 - a failed variant is a table cell, not the end of the run
-                    print(f"[train_ddp_bench] rank {rank}: {model} {wrapper} {compiler}: {type(e).__name__}: {e}",
-                          file=sys.stderr, flush=True)
+            jobs = {compiler: Job(model=model, size="full", wrapper=wrapper, compiler=compiler,
+                                  batch=ROW_BATCH[model] * world, autocast=args.dtype == "autocast",
+                                  policy="fastest", bucket_mb=25)
+                    for compiler in args.compilers.split(",")}
+            if rank == 0:
+                print(f"[train_ddp_bench] {model} {wrapper}", file=sys.stderr, flush=True)
+            row = {"model": model, "wrapper": wrapper, "variants": measure(jobs, device, args.warmup, args.steps, args.rounds)}
             report["rows"].append(row)
+            if rank == 0 and "fxfuse" in row["variants"]:
+                print(f"fxfuse's report, {model} {wrapper}:\n{row['variants']['fxfuse']['report']}", file=sys.stderr)
     if rank == 0:
         print(format_table(report))
         if args.json:
