@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One call on a two-GPU machine: install fxfuse (and the CUTLASS headers from .whl/ if carried),
 # the two-GPU tests (tests/gpu/test_distributed.py), then bench/train_ddp_bench.py; logs in $OUT.
-#   DIST_TESTS=0 to skip the tests, DIST_TEST_ARGS narrow them (pytest flags); BENCH_RUNS: ';'-separated train_ddp_bench.py flag sets ('' for none)
+#   DIST_TESTS=0 to skip the tests, DIST_TEST_K narrows them (pytest -k); BENCH_RUNS: ';'-separated train_ddp_bench.py flag sets ('' for none)
 set -uo pipefail
 OUT=${OUT:-$PWD/out}; mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 FXFUSE_CACHE_DIR=${FXFUSE_CACHE_DIR:-/tmp/fxfuse-cache} FXFUSE_SKIP_EMULATOR=1
@@ -15,7 +15,7 @@ python3 -m pip install -q --no-deps --no-build-isolation -e . >"$OUT/install.log
   | tee "$OUT/env.txt"
 status=0
 if [ "${DIST_TESTS:-1}" = 1 ]; then
-  timeout ${TEST_TIMEOUT:-300} python3 -m pytest tests/gpu/test_distributed.py -q -rs -x -p no:cacheprovider ${DIST_TEST_ARGS:-} \
+  timeout ${TEST_TIMEOUT:-300} python3 -m pytest tests/gpu/test_distributed.py -q -rs -x -p no:cacheprovider ${DIST_TEST_K:+-k "$DIST_TEST_K"} \
     2>&1 | tee "$OUT/distributed_tests.log" | tail -n 40 || status=1
 fi
 IFS=';' read -ra runs <<<"${BENCH_RUNS-}"

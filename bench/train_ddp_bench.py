@@ -8,8 +8,9 @@ Each rank trains on its own batch of the model's suite size (the MLP example at 
 ranks. One step is forward, backward (with the wrapper's gradient all-reduce or reduce-scatter)
 and AdamW (DDP's default 25 MiB gradient buckets). Every variant is compiled and run ``--warmup`` steps, then the variants take turns
 for ``--rounds`` rounds of ``--steps`` steps back to back between CUDA events; the median of the
-slowest rank's mean step time and the largest peak of memory allocated on any rank (parameters,
-gradients and optimizer state included) are reported. fxfuse runs its default policy; its
+slowest rank's mean step time and the largest peak of memory a step allocates beyond what is held before it
+(gradients, activations, the optimizer's temporaries; not the parameters and optimizer state,
+the same for every variant) on any rank are reported. fxfuse runs its default policy; its
 coverage report per model goes to stderr.
 """
 
@@ -70,13 +71,14 @@ class Variant:
         torch.cuda.synchronize()
         dist.barrier()
         torch.cuda.reset_peak_memory_stats()
+        held = torch.cuda.memory_allocated()
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()
         for _ in range(steps):
             self.step()
         end.record()
         end.synchronize()
-        stats = torch.tensor([start.elapsed_time(end) / steps, torch.cuda.max_memory_allocated() / 2**20],
+        stats = torch.tensor([start.elapsed_time(end) / steps, (torch.cuda.max_memory_allocated() - held) / 2**20],
                              device=self.x.device)
         dist.all_reduce(stats, op=dist.ReduceOp.MAX)
         self.samples.append(stats[0].item())
@@ -104,7 +106,7 @@ def measure(jobs: dict[str, Job], device: torch.device, warmup: int, steps: int,
 def format_table(report: dict[str, Any]) -> str:
     env = report["env"]
     lines = [f"{env['date']}  {env['world']} x {env['device']}  torch {env['torch']}  {env['dtype']}  "
-             f"fxfuse policy {env['policy']}  (ms per training step, slowest rank; peak MiB, largest rank)", ""]
+             f"fxfuse policy {env['policy']}  (ms per training step, slowest rank; step peak MiB above held memory, largest rank)", ""]
     table = []
     for r in report["rows"]:
         v = r["variants"]
