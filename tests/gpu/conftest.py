@@ -13,6 +13,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # `import programs`
+sys.path.insert(1, str(Path(__file__).resolve().parents[1]))  # tests/: `import support`
 
 
 def pytest_ignore_collect(collection_path, config):
