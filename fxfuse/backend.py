@@ -24,7 +24,7 @@ from .canonicalize import canonicalize
 from .match import Chain, match_all
 from .policy import POLICIES, inductor_is_faster, size_hint
 from .report import record
-from .rewrite import FUSED_OP, rewrite
+from .rewrite import FUSED_OP, records_backward, rewrite
 
 FXFUSE_OPTIONS = {
     "allow_cpu": "fuse CPU tensors too (the reference kernel; for tests and CPU-only machines)",
@@ -103,6 +103,9 @@ def _with_dynamos_metadata(fused: GraphModule, gm: GraphModule) -> GraphModule:
     return fused
 
 
+KEEPS_GEMM_OUTPUT = "the forward keeps the GEMM output for the backward, which the in-GEMM epilogue does not store"
+
+
 def _build(chains: list[Chain]) -> list[Chain]:
     """Compile the CUDA kernels of a graph's chains now, in parallel (never at call time), then
     measure each chain's paths at its shape (fxfuse.cuda.select); a chain whose build fails is
@@ -113,7 +116,8 @@ def _build(chains: list[Chain]) -> list[Chain]:
         value = example_value(chain.x)
         if chain.program is not None and isinstance(value, torch.Tensor) and value.device.type == "cuda":
             wanted[(chain.program.to_string(), chain.dtype)] = chain.program
-            gemms.append((chain.program, chain.dtype, _param_dtypes(chain)))
+            if not records_backward(chain.gemm):  # a training forward runs the row path (_with_path)
+                gemms.append((chain.program, chain.dtype, _param_dtypes(chain)))
     if not wanted:
         return chains
     try:
@@ -135,6 +139,8 @@ def _with_path(chain: Chain) -> Chain:
     x, weight = example_value(chain.x), example_value(chain.weight)
     if chain.program is None or not isinstance(x, torch.Tensor) or x.device.type != "cuda":
         return chain
+    if records_backward(chain.gemm):
+        return replace(chain, path=f"cuBLAS + row pass ({KEEPS_GEMM_OUTPUT})")
     from . import cuda
 
     try:

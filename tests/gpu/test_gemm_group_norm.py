@@ -107,3 +107,17 @@ def test_the_selection_measures_the_in_gemm_group_norm(modules):
     x, w, b, params = draw(program, torch.bfloat16, 1000, GROUPS * 32, 512, seed=2)
     out = torch.ops.fxfuse.linear_epilogue(program.to_string(), x, w, b, params, False)[0]
     assert_under_rule(out, reference.op_forward(program, x, w, b, params, False)[0], truth(program, x, w, b, params))
+
+
+def test_a_training_forward_takes_the_row_path_and_says_why():
+    """A forward autograd records keeps the GEMM output for the backward; the in-GEMM epilogue
+    does not store it, so the chain runs cuBLAS + the row pass, the report says so, and no in-GEMM
+    configuration is measured for it."""
+    import fxfuse
+    from examples import suite
+
+    model, inputs = suite.build("S08", size="small", device="cuda", dtype=torch.bfloat16)
+    compiled = torch.compile(model.train(), backend="fxfuse", options={"policy": "always"})
+    compiled(*inputs).sum().backward()
+    (row,) = fxfuse.last_report().rows
+    assert row.status == "fused" and row.path.startswith("cuBLAS + row pass (the forward keeps the GEMM output")
