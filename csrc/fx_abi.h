@@ -8,12 +8,16 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#define FX_ABI_VERSION 9
+#define FX_ABI_VERSION 10
 
 // Widest row the row kernel holds in registers (64 floats a thread, 512 threads a row).
 #define FX_MAX_N 32768
 
 enum FxDtype : int32_t { FX_F32 = 0, FX_BF16 = 1, FX_F16 = 2 };
+
+// What a program parameter is: one value, a per-column vector of N values, or a tensor of the
+// output's shape (M x N row-major: a residual, a gate), read at each element's own position.
+enum FxParamKind : int32_t { FX_PARAM_SCALAR = 0, FX_PARAM_COL = 1, FX_PARAM_FULL = 2 };
 
 // FxLaunch.flags: how the eager implementation of this torch build rounds, where builds differ.
 enum FxFlags : int32_t {
@@ -29,7 +33,7 @@ enum FxOutKind : int32_t {
 };
 
 struct FxParam {
-  const void* ptr;  // N values for a column parameter, 1 for a scalar; contiguous, 16-byte aligned
+  const void* ptr;  // 1 value, N values or M x N values (FxParamKind); contiguous, 16-byte aligned
   int32_t dtype;    // FxDtype
   int32_t pad;
 };
@@ -77,7 +81,7 @@ struct FxProgramInfo {
   int32_t channels_dim1;   // 1 with a batch or group norm: torch takes dim 1 as channels, so the
                            // kernels (channels = last dim) only cover 2-D x
   int32_t num_params;
-  const int32_t* param_is_col;  // num_params flags: 1 column vector, 0 scalar
+  const int32_t* param_kinds;  // num_params FxParamKind codes
   // 0 when this (m, n) is outside what the kernels handle (the caller falls back to the reference)
   int32_t (*supports)(int64_t m, int64_t n, int32_t smem_optin);
   int64_t (*workspace_floats)(int64_t m, int64_t n, int32_t sm_count);
@@ -114,7 +118,7 @@ struct FxGemmInfo {
   int32_t dtype;                // FxDtype of x and weight (and the bias)
   int32_t out_dtype;            // FxDtype of the output
   int32_t num_params;
-  const int32_t* param_is_col;  // num_params flags: 1 column vector, 0 scalar
+  const int32_t* param_kinds;   // num_params FxParamKind codes (no FX_PARAM_FULL yet)
   const int32_t* param_dtypes;  // num_params FxDtype codes the module reads its parameters as
   int32_t num_configs;
   const char* const* config_names;

@@ -473,6 +473,6 @@ struct GemmFor {
     }                                                                                                   \
   }                                                                                                     \
   const FxGemmInfo kInfo = {FX_ABI_VERSION,    PROG::kDtype,       PROG::kOutDtype,  PROG::kNumParams,     \
-                            PROG::kParamIsCol, PROG::kParamDtypes, fxg::kNumConfigs, fxg::config_names(), \
+                            PROG::kParamKinds, PROG::kParamDtypes, fxg::kNumConfigs, fxg::config_names(), \
                             &supports,         &workspace,         &launch};                                \
   extern "C" const FxGemmInfo* ENTRY() { return &kInfo; }

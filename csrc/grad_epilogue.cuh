@@ -26,7 +26,7 @@ struct GradArgs {
   float* partial;  // [1 + num_params][chunks][n]
   const void* pptr[P];
   int32_t pdtype[P];
-  int32_t pcol[P];   // 1: a column parameter (N values), 0: a scalar
+  int32_t pkind[P];  // FxParamKind: FX_PARAM_COL (N values) or FX_PARAM_SCALAR
   int64_t m;
   int64_t chunks;    // chunks of rows
   int64_t rows;      // rows a chunk (a multiple of kGradLanes)
@@ -56,7 +56,7 @@ FX_DEVICE void grad_body(const GradArgs<Prog::kParamSlots>& a, const Thread& t, 
     for (int k = 0; k < P; ++k)
 #pragma unroll
       for (int e = 0; e < VEC; ++e)
-        pv[k][e] = load_param(a.pptr[k], a.pdtype[k], a.pcol[k] ? c0 + e : 0);
+        pv[k][e] = load_param(a.pptr[k], a.pdtype[k], a.pkind[k] == FX_PARAM_COL ? c0 + e : 0);
   }
   float sums[S][VEC];
 #pragma unroll
@@ -279,7 +279,7 @@ struct GradLauncher {
       a.g = L->g;
       a.dy = L->dy;
       set_params<Prog>(a, L->params);
-      for (int k = 0; k < Prog::kNumParams; ++k) a.pcol[k] = Prog::kParamIsCol[k];
+      for (int k = 0; k < Prog::kNumParams; ++k) a.pkind[k] = Prog::kParamKinds[k];
       a.m = L->m;
       a.n = static_cast<int32_t>(L->n);
       a.rows = rows_per_chunk(L->m, L->n, L->sm_count);

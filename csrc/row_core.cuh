@@ -121,6 +121,28 @@ struct Row {
     chunk_of(a.pptr[K], a.pdtype[K], i, p);
   }
 
+  // Full parameter K (M x N, the output's shape: a residual, a gate) at chunk i of this row: read
+  // like the GEMM output (16 bytes at a time when the row is aligned; the runtime aligns the
+  // tensor's start, and ALIGNED rows of T are aligned rows of every parameter dtype), zeros past
+  // the row's end and for inactive rows.
+  template <int K>
+  FX_DEVICE void full_chunk(int i, float (&p)[VEC]) const {
+    const int64_t base = row * a.n;
+    const int c0 = col(i, 0);
+    if constexpr (ALIGNED) {
+      if (active && c0 < a.n) {
+        load_param_vec<VEC>(a.pptr[K], a.pdtype[K], base + c0, p);
+      } else {
+#pragma unroll
+        for (int e = 0; e < VEC; ++e) p[e] = 0.0f;
+      }
+    } else {
+#pragma unroll
+      for (int e = 0; e < VEC; ++e)
+        p[e] = (active && c0 + e < a.n) ? load_param(a.pptr[K], a.pdtype[K], base + c0 + e) : 0.0f;
+    }
+  }
+
   FX_DEVICE void chunk_of(const void* ptr, int32_t dtype, int i, float (&p)[VEC]) const {
     const int c0 = col(i, 0);
     if constexpr (ALIGNED) {

@@ -388,7 +388,7 @@ struct Launcher {
                                        PROG::kBatchTrain ? 1 : 0,                                    \
                                        PROG::kChannelsDim1 ? 1 : 0,                                  \
                                        PROG::kNumParams,                                             \
-                                       PROG::kParamIsCol,                                            \
+                                       PROG::kParamKinds,                                            \
                                        &fx::Launcher<PROG, T>::supports,                             \
                                        &fx::Launcher<PROG, T>::workspace_floats,                     \
                                        &fx::Launcher<PROG, T>::launch,                               \

@@ -99,10 +99,12 @@ bool on_kernel_device(const Tensor& t) {
 #endif
 }
 
-// A parameter as the kernels read it: N (column) or 1 (scalar) contiguous values of a float type,
-// on x's device. nullopt where the reference would raise (wrong size or device).
-std::optional<Tensor> kernel_param(const Tensor& p, bool is_col, int64_t n, const Tensor& x) {
-  if (p.numel() != (is_col ? n : 1)) return std::nullopt;
+// A parameter as the kernels read it: 1 (scalar), N (column) or M x N (full: the output's shape,
+// N its last dim) contiguous values of a float type, on x's device. nullopt where the reference
+// would raise (wrong size or device).
+std::optional<Tensor> kernel_param(const Tensor& p, int32_t kind, int64_t m, int64_t n, const Tensor& x) {
+  const int64_t numel = kind == FX_PARAM_FULL ? m * n : kind == FX_PARAM_COL ? n : 1;
+  if (p.numel() != numel || (kind == FX_PARAM_FULL && (p.dim() < 1 || p.size(-1) != n))) return std::nullopt;
   Tensor q = p;
   if (q.device() != x.device()) {
     if (!(q.is_cpu() && q.numel() == 1)) return std::nullopt;  // a CPU scalar, as eager allows
@@ -117,12 +119,12 @@ std::optional<Tensor> kernel_param(const Tensor& p, bool is_col, int64_t n, cons
 // The program's parameters as its kernels read them (kept alive in `kept`); false where one does
 // not fit (the caller then leaves the call to the reference or the row path). `dtypes`, where
 // given, are the FxDtype codes a module compiled its parameter loads for (a GEMM module's).
-bool kernel_params(at::TensorList params, const int32_t* is_col, const int32_t* dtypes, int64_t n,
+bool kernel_params(at::TensorList params, const int32_t* kinds, const int32_t* dtypes, int64_t m, int64_t n,
                    const Tensor& like, std::vector<Tensor>& kept, std::vector<FxParam>& fx_params) {
   kept.reserve(params.size());
   fx_params.reserve(params.size());
   for (size_t i = 0; i < params.size(); ++i) {
-    std::optional<Tensor> q = kernel_param(params[i], is_col[i] != 0, n, like);
+    std::optional<Tensor> q = kernel_param(params[i], kinds[i], m, n, like);
     if (!q || (dtypes != nullptr && *code_of(q->scalar_type()) != dtypes[i])) return false;
     kept.push_back(*q);
     fx_params.push_back(FxParam{q->data_ptr(), *code_of(q->scalar_type()), 0});
@@ -163,7 +165,7 @@ Result run_gemm(const FxGemmInfo* gemm, int32_t config, const Tensor& x, const T
 #endif
   std::vector<Tensor> kept;
   std::vector<FxParam> fx_params;
-  if (!kernel_params(params, gemm->param_is_col, gemm->param_dtypes, n, x, kept, fx_params)) return std::nullopt;
+  if (!kernel_params(params, gemm->param_kinds, gemm->param_dtypes, m, n, x, kept, fx_params)) return std::nullopt;
   const int device = x.device().is_cpu() ? 0 : x.get_device();
   const DeviceFacts facts = device_facts(device);
   std::vector<int64_t> shape(x.sizes().begin(), x.sizes().end() - 1);
@@ -236,7 +238,7 @@ Result run(int64_t info_address, const Tensor& x, const Tensor& weight, const st
 
   std::vector<Tensor> kept;
   std::vector<FxParam> fx_params;
-  if (!kernel_params(params, info->param_is_col, nullptr, n, x, kept, fx_params)) return std::nullopt;
+  if (!kernel_params(params, info->param_kinds, nullptr, m, n, x, kept, fx_params)) return std::nullopt;
 
   Tensor y;
   {
@@ -325,7 +327,7 @@ std::optional<GradOutputs> run_grad(int64_t info_address, const Tensor& grad, co
   const DeviceFacts facts = device_facts(y.device().is_cpu() ? 0 : y.get_device());
   std::vector<Tensor> kept;
   std::vector<FxParam> fx_params;
-  if (!kernel_params(params, info->param_is_col, nullptr, n, y, kept, fx_params)) return std::nullopt;
+  if (!kernel_params(params, info->param_kinds, nullptr, m, n, y, kept, fx_params)) return std::nullopt;
   const Tensor y_c = y.contiguous();
   const Tensor g_c = grad.contiguous();  // an expanded gradient (of a sum, say) is materialised
   Tensor dy = at::empty(y.sizes(), y.options().memory_format(at::MemoryFormat::Contiguous));

@@ -22,7 +22,7 @@ from ..vocabulary import ROUNDING, call, is_rounding
 from .gradient import print_gradient
 from .printer import UnsupportedExpression, float_literal, print_expr
 
-CODEGEN_VERSION = "8"
+CODEGEN_VERSION = "9"
 
 ELEMENT_TYPES = {
     torch.float32: "float",
@@ -30,6 +30,7 @@ ELEMENT_TYPES = {
     torch.float16: "__half",
 }
 
+PARAM_KINDS = {"scalar": "FX_PARAM_SCALAR", "col": "FX_PARAM_COL", "full": "FX_PARAM_FULL"}  # fx_abi.h
 _OUT_KIND = {None: "FX_OUT_ROWS", False: "FX_OUT_REDUCED", True: "FX_OUT_REDUCED_KEEP"}
 _REDUCTIONS = {
     "sum": "reduce_sum",
@@ -121,7 +122,7 @@ def _program_header(program: Program, dtype: torch.dtype, namespace: str) -> str
         raise UnsupportedProgram(str(error)) from None
     backward = _backward_lines(program, dtype)
     reduction = program.reduction
-    kinds = [("1" if kind == "col" else "0") for kind in program.params] or ["0"]
+    kinds = [PARAM_KINDS[kind] for kind in program.params] or ["FX_PARAM_SCALAR"]
     groups = [s.groups for s in program.stages if isinstance(s, Norm) and s.kind == "group"]
     bn = program.batch_norm_training
     # torch's batch and group norms take dim 1 as channels: the kernels cover them for 2-D x only
@@ -139,7 +140,7 @@ def _program_header(program: Program, dtype: torch.dtype, namespace: str) -> str
             "struct Prog {",
             f"  static constexpr int kNumParams = {len(program.params)};",
             f"  static constexpr int kParamSlots = {max(1, len(program.params))};",
-            f"  static constexpr int32_t kParamIsCol[kParamSlots] = {{{', '.join(kinds)}}};",
+            f"  static constexpr int32_t kParamKinds[kParamSlots] = {{{', '.join(kinds)}}};",
             f"  static constexpr int32_t kOutKind = {_OUT_KIND[None if reduction is None else reduction.keepdim]};",
             f"  static constexpr bool kBatchTrain = {'true' if bn else 'false'};",
             f"  static constexpr bool kChannelsDim1 = {'true' if channels_dim1 else 'false'};",
@@ -203,9 +204,7 @@ def unsupported_reason(program: Program) -> str | None:
 def _check(program: Program) -> None:
     """Reject what the kernels cannot express, before any source is written."""
     for kind in program.params:
-        if kind == "full":
-            raise UnsupportedProgram("an operand of the output's shape (a residual, a gate) has no CUDA kernel yet")
-        if kind not in ("col", "scalar"):
+        if kind not in PARAM_KINDS:
             raise UnsupportedProgram(f"parameter kind {kind!r}")
     trains = [s for s in program.stages if isinstance(s, Norm) and s.kind == "batch" and s.training]
     if len(trains) > 1:
@@ -337,8 +336,9 @@ def _pointwise_expression(program: Program) -> sympy.Expr:
 
 def has_generated_backward(program: Program) -> bool:
     """Whether the program's modules carry a backward kernel: pointwise programs and row programs
-    (``row_split``) whose derivatives print (the dtype only changes where they round); otherwise
-    the op's backward stays plain torch ops for Inductor."""
+    (``row_split``) whose derivatives print (the dtype only changes where they round) and whose
+    parameters are columns and scalars (the kernel's parameter gradients are column sums);
+    otherwise the op's backward stays plain torch ops for Inductor."""
     return unsupported_reason(program) is None and _derivatives(program, torch.float32)[0] != "fx::kNoGrad"
 
 
@@ -348,6 +348,8 @@ def _derivatives(program: Program, dtype: torch.dtype) -> tuple[str, dict[str, l
     program's split; kNoGrad (none) where the program is of neither form or a derivative does not
     print."""
     functions: dict[str, list[str]] = {}
+    if "full" in program.params:  # its gradient is a tensor of the output's shape, not column sums
+        return "fx::kNoGrad", functions, None
     try:
         if all(isinstance(stage, Pointwise) for stage in program.stages):
             functions["grad"] = _gradient_function("grad", _pointwise_expression(program), program, dtype)
@@ -534,16 +536,18 @@ def _emit_map(program: Program, stage: Pointwise) -> list[str]:
     time), then the expression runs on each of the chunk's elements."""
     printed = print_expr(stage.expr)
     cols = _param_indices(program, printed.params, "col")
+    fulls = _param_indices(program, printed.params, "full")
     return [
         "{",
         *_indent(_scalar_decls(program, printed.params), 2),
         "  r.map_chunks([&](auto& v, int i) {",
         "    (void)i;",
         *[line for k in cols for line in (f"    float p{k}v[R::VEC];", f"    r.template col_chunk<{k}>(i, p{k}v);")],
+        *[line for k in fulls for line in (f"    float p{k}v[R::VEC];", f"    r.template full_chunk<{k}>(i, p{k}v);")],
         "#pragma unroll",
         "    for (int e = 0; e < R::VEC; ++e) {",
         "      const float x = v[e];",
-        *[f"      const float p{k} = p{k}v[e];" for k in cols],
+        *[f"      const float p{k} = p{k}v[e];" for k in cols + fulls],
         *_indent(printed.lines, 6),
         f"      v[e] = {printed.result};",
         "    }",
@@ -554,9 +558,8 @@ def _emit_map(program: Program, stage: Pointwise) -> list[str]:
 
 def _emit_scalar_pointwise(program: Program, stage: Pointwise) -> list[str]:
     printed = print_expr(stage.expr)
-    cols = [i for i in printed.params if i < len(program.params) and program.params[i] == "col"]
-    if cols:
-        raise UnsupportedProgram("a column parameter after a reduction")
+    if any(i < len(program.params) and program.params[i] != "scalar" for i in printed.params):
+        raise UnsupportedProgram("a column or full parameter after a reduction")
     return [
         "{",
         "  const float x = s;",

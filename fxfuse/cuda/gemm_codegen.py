@@ -24,10 +24,10 @@ import torch
 from .. import expr as E
 from ..ir import Norm, Pointwise, Program, Widen
 from ..vocabulary import ROUNDING
-from .codegen import UnsupportedProgram
+from .codegen import PARAM_KINDS, UnsupportedProgram
 from .printer import UnsupportedExpression, print_expr
 
-GEMM_CODEGEN_VERSION = "2"
+GEMM_CODEGEN_VERSION = "3"
 NUM_KERNELS = 3  # fxg::kNumKernels, csrc/gemm_epilogue.cuh: one unit each
 
 # element types the in-GEMM path takes for x and weight (float32 would be TF32: not built yet)
@@ -94,7 +94,7 @@ def unsupported_reason(program: Program, dtype: torch.dtype) -> str | None:
     if len(norms) > 1:
         return "more than one norm in a chain is not in the in-GEMM epilogue yet"
     if any(kind not in ("col", "scalar") for kind in program.params):
-        return "parameter kinds other than column vectors and scalars"
+        return "operands of the output's shape (residuals, gates) are not in the in-GEMM epilogue yet"
     epilogue = Epilogue.of(program)
     try:
         print_expr(epilogue.pre)
@@ -152,7 +152,7 @@ def _program_header(program: Program, dtype: torch.dtype, param_dtypes: tuple[to
     element = _ELEMENTS[GEMM_DTYPES[dtype]]
     out_code = PARAM_DTYPES[program.output_dtype(dtype)]
     codes = [PARAM_DTYPES[kernel_param_dtype(d)] for d in param_dtypes]
-    is_col = ["1" if kind == "col" else "0" for kind in program.params]
+    kinds = [PARAM_KINDS[kind] for kind in program.params]
 
     # the tree's inputs after the accumulator: the bias, then each parameter the expression reads
     leaves, leaf_args, names = [], [], []
@@ -217,7 +217,7 @@ def _program_header(program: Program, dtype: torch.dtype, param_dtypes: tuple[to
         f"  static constexpr int32_t kDtype = {GEMM_DTYPES[dtype]};",
         f"  static constexpr int32_t kOutDtype = {out_code};",
         f"  static constexpr int32_t kNumParams = {len(program.params)};",
-        f"  static constexpr int32_t kParamIsCol[{max(1, len(codes))}] = {{{', '.join(is_col) or '0'}}};",
+        f"  static constexpr int32_t kParamKinds[{max(1, len(codes))}] = {{{', '.join(kinds) or 'FX_PARAM_SCALAR'}}};",
         f"  static constexpr int32_t kParamDtypes[{max(1, len(codes))}] = {{{', '.join(codes) or 'FX_F32'}}};",
         f"  static constexpr int kEpilogueN = {subtile};",
         *([f"  static constexpr int64_t kGroups = {epilogue.norm.groups};"] if epilogue.norm is not None else []),

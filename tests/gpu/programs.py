@@ -161,6 +161,17 @@ PROGRAMS: dict[str, Program] = {
         Gemm(True),
         (pw(E.add(E.add(E.power(call("abs", X), c(0.5)), E.power(X, c(3.0))), E.power(E.add(call("abs", X), c(1.0)), c(-1.5)))),),
     ),
+    # operands of the output's shape: a residual add (BERT, GPT-2), a residual then LayerNorm (BERT's
+    # output block), a gate (SwiGLU's silu(gate) * up), a residual before a training BatchNorm (the
+    # statistics kernel reads it too)
+    "full_residual": Program(Gemm(True), (pw(E.add(X, p(0))),), ("full",)),
+    "full_residual_layer": Program(
+        Gemm(True), (pw(E.add(X, p(0))), Norm("layer", 1e-12, weight=1, bias=2)), ("full", "col", "col")
+    ),
+    "full_gate_silu": Program(Gemm(False), (pw(E.mul(call("silu", X), p(0))),), ("full",)),
+    "full_residual_batch_train": Program(
+        Gemm(True), (pw(E.add(X, p(0))), Norm("batch", 1e-5, weight=1, bias=2, training=True)), ("full", "col", "col")
+    ),
     "minus_and_negation": Program(Gemm(True), (pw(E.sub(E.neg(X), E.sub(c(2.0), E.mul(c(3.0), X)))),)),
     # chains that widen to float32 as autocast's do (the output is float32; a no-op in float32)
     "widen_s08_silu_vec_group": Program(
@@ -219,7 +230,8 @@ PROGRAMS["vocabulary_2"] = vocabulary_program(_names[len(_names) // 2 :])
 # programs each test dtype runs in full (the others run in float32 only)
 LOW_PRECISION = ["s01_scale_leaky", "s04_group_silu_vec_silu", "s03_batch_train_gelu_relu", "s11_gelu_softmax",
                  "s22_batch_eval_relu",
-                 "s16_sigmoid_sum", "s21_rms_silu", "group_odd", "s05_traced_bf16", "s11_traced_bf16"] + [
+                 "s16_sigmoid_sum", "s21_rms_silu", "group_odd", "s05_traced_bf16", "s11_traced_bf16",
+                 "full_residual_layer", "full_gate_silu"] + [
                      name for name in PROGRAMS if name.startswith("widen_")]
 TRACED_IN_BF16 = ["s05_traced_bf16", "s11_traced_bf16"]  # their rounding points are a bf16 chain's
 
@@ -232,15 +244,19 @@ def dtypes_of(name: str) -> list[torch.dtype]:
     return low if name in TRACED_IN_BF16 else [torch.float32] + low
 
 
-def make_params(program: Program, n: int, dtype=torch.float32, device="cpu", generator=None) -> list[torch.Tensor]:
-    """Parameters for ``program``: column vectors of N values, scalars as 0-d tensors. Variance-like
-    parameters (BatchNorm running_var) are positive. A program that widens gets float32 ones, as
-    autocast's float32 model has (a float32 norm of bf16 parameters is an error in eager)."""
+def make_params(program: Program, n: int, dtype=torch.float32, device="cpu", generator=None,
+                lead: tuple[int, ...] | None = None) -> list[torch.Tensor]:
+    """Parameters for ``program``: column vectors of N values, scalars as 0-d tensors, full ones
+    of the output's shape ``(*lead, N)`` (``lead``: x's leading dims). Variance-like parameters
+    (BatchNorm running_var) are positive. A program that widens gets float32 ones, as autocast's
+    float32 model has (a float32 norm of bf16 parameters is an error in eager)."""
+    if "full" in program.params and lead is None:
+        raise ValueError("a program with a full parameter needs the output's leading dims (lead=)")
     positive = {s.running_var for s in program.stages if isinstance(s, Norm) and s.running_var is not None}
     dtype = torch.float32 if program.widens else dtype
     out = []
     for i, kind in enumerate(program.params):
-        shape = (n,) if kind == "col" else ()
+        shape = {"col": (n,), "scalar": (), "full": (*(lead or ()), n)}[kind]
         t = torch.randn(shape, generator=generator, dtype=torch.float32)
         if i in positive:
             t = t.abs() + 0.5

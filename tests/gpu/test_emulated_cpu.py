@@ -30,7 +30,7 @@ from programs import LOW_PRECISION, PROGRAMS, assert_backward_close, dtypes_of, 
 
 SHAPES = [(7, 1000, 300), (1, 64, 16), (5, 256, 16), (3, 4096, 8), (4, 3, 8), (6, 24, 5)]
 EXTRA = ["s16_sigmoid_sum", "s04_group_silu_vec_silu", "group_odd", "s03_batch_train_gelu_relu",
-         "widen_s08_silu_vec_group"]  # widest rows
+         "widen_s08_silu_vec_group", "full_residual_layer"]  # widest rows
 TOL = {torch.float32: 1e-4, torch.bfloat16: 1e-2, torch.float16: 1e-2}
 
 
@@ -69,7 +69,7 @@ def inputs(program, dtype, m, n, k, seed, layout="contiguous"):
         x = torch.randn(m, k, generator=g)
     w = torch.randn(n, k, generator=g) / math.sqrt(k)
     b = torch.randn(n, generator=g) if program.gemm.bias else None
-    params = make_params(program, n, dtype=dtype, generator=g)
+    params = make_params(program, n, dtype=dtype, generator=g, lead=tuple(x.shape[:-1]))
     cast = (lambda t: None if t is None else t.to(dtype))
     return cast(x), cast(w), cast(b), params
 
@@ -130,7 +130,8 @@ def test_program_matches_reference(engine, name, dtype, m, n, k):
         run_and_compare(engine, program, dtype, *inputs(program, dtype, m, n, k, seed))
 
 
-@pytest.mark.parametrize("name", ["s04_group_silu_vec_silu", "s21_rms_silu", "s11_gelu_softmax", "s03_batch_train_gelu_relu"])
+@pytest.mark.parametrize("name", ["s04_group_silu_vec_silu", "s21_rms_silu", "s11_gelu_softmax", "s03_batch_train_gelu_relu",
+                                  "full_residual_layer"])
 def test_unaligned_path_on_aligned_shapes(engine, name):
     """An output that is not 16-byte aligned takes the scalar (unaligned) kernels."""
     program = PROGRAMS[name]
@@ -160,7 +161,8 @@ def test_widest_rows(engine, name, dtype):
 
 
 @pytest.mark.parametrize("layout", ["transposed", "3d"])
-@pytest.mark.parametrize("name", ["s02_group_leaky_double", "s20_layer_silu", "reduce_logsumexp_drop", "reduce_sum_keep"])
+@pytest.mark.parametrize("name", ["s02_group_leaky_double", "s20_layer_silu", "reduce_logsumexp_drop", "reduce_sum_keep",
+                                  "full_residual", "full_residual_layer"])
 def test_input_layouts(engine, name, layout):
     program = PROGRAMS[name]
     if layout == "3d" and name == "s02_group_leaky_double":
@@ -175,7 +177,7 @@ def test_input_layouts(engine, name, layout):
     "name",
     ["s02_group_leaky_double", "s20_layer_silu", "s21_rms_silu", "s11_gelu_softmax", "log_softmax_then_pointwise",
      "reduce_max_drop", "reduce_min_keep", "reduce_logsumexp_keep", "s03_batch_train_gelu_relu", "s22_batch_eval_relu",
-     "group_odd", "vocabulary_2"],  # vocabulary_1 has gelu, whose CPU kernel differs at inf
+     "group_odd", "vocabulary_2", "full_residual_layer", "full_gate_silu"],  # vocabulary_1: gelu's CPU kernel differs at inf
 )
 def test_nan_inf_propagate(engine, name):
     """NaN in an input row, NaN/Inf in weight rows and bias: every stage propagates as torch does."""
@@ -183,6 +185,23 @@ def test_nan_inf_propagate(engine, name):
     x, w, b, params = inputs(program, torch.float32, 6, 1000, 8, 2)
     poison(x, w, b)
     run_and_compare(engine, program, torch.float32, x, w, b, params)
+
+
+@pytest.mark.parametrize("layout", ["transposed", "misaligned", "float32", "3d"])
+def test_an_operand_of_the_outputs_shape_in_any_layout_is_read_at_each_elements_position(engine, layout):
+    """A residual that is a transposed view, starts off a 16-byte boundary, is float32 beside a
+    bfloat16 GEMM, or is (B, T, N) against a 3-D x: the runtime hands the kernels a contiguous,
+    aligned (M, N) copy where it must, and each element reads its own value."""
+    program = PROGRAMS["full_residual_layer"]
+    dtype = torch.bfloat16
+    x, w, b, (residual, *cols) = inputs(program, dtype, 5, 256, 16, 3, "3d" if layout == "3d" else "contiguous")
+    if layout == "transposed":
+        residual = residual.t().contiguous().t()
+    elif layout == "misaligned":
+        residual = torch.cat([residual.new_zeros(1), residual.flatten()])[1:].view(residual.shape)
+    elif layout == "float32":
+        residual = residual.float()
+    run_and_compare(engine, program, dtype, x, w, b, [residual, *cols])
 
 
 def test_all_minus_inf_rows(engine):

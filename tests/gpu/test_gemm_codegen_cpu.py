@@ -54,7 +54,7 @@ def test_the_tree_reads_the_bias_and_each_parameter_the_expression_uses_in_its_o
                             "fxg::Scalar<float>, fxg::Col<Tile, float>>;")  # p1 is unused: no leaf
     assert "fxg::scalar_args<float>(a.params[0].ptr)" in text
     assert "fxg::col_args<fxg::Col<Tile, float>>(a.params[2].ptr)" in text
-    assert "kParamIsCol[3] = {0, 1, 1}" in text and "kParamDtypes[3] = {FX_F32, FX_BF16, FX_F32}" in text
+    assert "kParamKinds[3] = {FX_PARAM_SCALAR, FX_PARAM_COL, FX_PARAM_COL}" in text and "kParamDtypes[3] = {FX_F32, FX_BF16, FX_F32}" in text
 
 
 def test_a_gemm_without_bias_reads_the_accumulator_alone():
