@@ -132,7 +132,7 @@ bool kernel_params(at::TensorList params, const int32_t* kinds, const int32_t* d
   return true;
 }
 
-using Outputs = std::tuple<Tensor, Tensor, Tensor>;  // (out, batch_stats, gemm), as the op's schema
+using Outputs = std::tuple<Tensor, Tensor, Tensor, Tensor>;  // (out, batch_stats, gemm, kept), as the op's schema
 using Result = std::optional<Outputs>;
 
 bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
@@ -196,7 +196,7 @@ Result run_gemm(const FxGemmInfo* gemm, int32_t config, const Tensor& x, const T
   const char* error = gemm->launch(&launch, current_stream(x));
   TORCH_CHECK(error == nullptr, "fxfuse: GEMM kernel launch failed: ", error);
   const auto floats = x.options().dtype(at::kFloat);
-  return std::make_tuple(out, at::empty({0}, floats), at::empty({0}, x.options()));
+  return std::make_tuple(out, at::empty({0}, floats), at::empty({0}, x.options()), at::empty({0}, x.options()));
 }
 
 // Buckets of M (ceil(log2 m)) the selection measures and the table routes by, with N and K
@@ -287,7 +287,7 @@ Result run(int64_t info_address, const Tensor& x, const Tensor& weight, const st
   launch.flags = static_cast<int32_t>(flags);
   const char* error = info->launch(&launch, current_stream(x));
   TORCH_CHECK(error == nullptr, "fxfuse: epilogue kernel launch failed: ", error);
-  return std::make_tuple(out, stats, save_gemm ? y : at::empty({0}, y.options()));
+  return std::make_tuple(out, stats, save_gemm ? y : at::empty({0}, y.options()), at::empty({0}, y.options()));
 }
 
 using GradOutputs = std::tuple<Tensor, Tensor>;  // (dgemm, sums), as fxfuse::epilogue_backward

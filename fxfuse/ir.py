@@ -12,7 +12,8 @@ String form, stages separated by `` | `` and parameter kinds after `` || ``::
 
 A program is dtype-agnostic: it runs on the GEMM's dtype (the module is built per program and
 dtype), a bfloat16/float16 chain carries its rounding points in its expressions, and a ``float32()``
-stage marks where the chain widens to float32, as autocast and type promotion widen eager's.
+stage marks where the chain widens to float32, as autocast and type promotion widen eager's, and a
+``keep()`` stage marks a value the op returns too (a value the graph also reads elsewhere).
 """
 
 from __future__ import annotations
@@ -99,7 +100,15 @@ class Widen:
     pointwise segment (before the norm or reduction that follows, or at the chain's end)."""
 
 
-Stage = Union[Pointwise, Norm, Reduce, Widen]
+@dataclass(frozen=True)
+class Keep:
+    """The value here is an output of the op too (its fourth): a chain value the graph also reads
+    outside the chain, such as a pre-norm block's residual sum (read by the norm and by the next
+    block's residual add). Kept in the chain's dtype at this point (float32 after a Widen); at
+    most one a program, before any reduction that changes the shape."""
+
+
+Stage = Union[Pointwise, Norm, Reduce, Widen, Keep]
 
 
 @dataclass(frozen=True)
@@ -128,6 +137,17 @@ class Program:
             i for s in self.stages if isinstance(s, Norm)
             for i in (s.running_mean, s.running_var) if i is not None
         )
+
+    @property
+    def keeps(self) -> bool:
+        """Whether the op returns a kept value (a ``keep()`` stage)."""
+        return any(isinstance(s, Keep) for s in self.stages)
+
+    def kept_dtype(self, dtype: torch.dtype) -> torch.dtype:
+        """The kept value's dtype for a GEMM in ``dtype``: float32 once a Widen came before it."""
+        at = next(i for i, s in enumerate(self.stages) if isinstance(s, Keep))
+        widened = any(isinstance(s, Widen) for s in self.stages[:at])
+        return torch.promote_types(dtype, torch.float32) if widened else dtype
 
     @property
     def widens(self) -> bool:
@@ -170,6 +190,7 @@ _NORM_NAMES = {"group": "group_norm", "layer": "layer_norm", "rms": "rms_norm", 
 _NORM_KINDS = {v: k for k, v in _NORM_NAMES.items()}
 _PARAM_FIELDS = ("weight", "bias", "running_mean", "running_var")
 _WIDEN_NAME = "float32"
+_KEEP_NAME = "keep"
 
 
 def _stage_string(stage: Stage) -> str:
@@ -182,6 +203,8 @@ def _stage_string(stage: Stage) -> str:
         return f"{stage.kind}(keepdim={stage.keepdim}{ties})"
     if isinstance(stage, Widen):
         return f"{_WIDEN_NAME}()"
+    if isinstance(stage, Keep):
+        return f"{_KEEP_NAME}()"
     defaults = Norm(kind=stage.kind, eps=0.0)
     items = [f"eps={stage.eps!r}"]
     for f in fields(Norm)[2:]:
@@ -220,4 +243,6 @@ def _parse_stage(text: str) -> Stage:
         return Reduce(kind=name, **_keywords(node))
     if name == _WIDEN_NAME and not node.args and not node.keywords:
         return Widen()
+    if name == _KEEP_NAME and not node.args and not node.keywords:
+        return Keep()
     raise ValueError(f"unknown stage {text!r}")

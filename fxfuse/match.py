@@ -37,7 +37,7 @@ from .canonical import (
     example_value,
 )
 from .describe import describe
-from .ir import Gemm, Norm, Pointwise, Program, Reduce, Stage, Widen
+from .ir import Gemm, Keep, Norm, Pointwise, Program, Reduce, Stage, Widen
 from .vocabulary import ROUNDING, call, is_rounding
 
 FUSABLE_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
@@ -74,6 +74,8 @@ class Chain:
     stops_at_wider_dtype: bool = False  # growth ended at an op computing in a dtype it cannot widen to
     weight_is_kn: bool = False  # ``weight`` is stored (K, N): the fused op reads weight.t()
     view: Node | None = None  # the chain's last view (rows regrouped): the op's output is viewed so
+    kept: Node | None = None  # a chain value also read outside the chain: the op returns it too
+    kept_view: Node | None = None  # the last view before ``kept`` (its rows regrouped as the op's are not)
     path: str | None = None  # the GPU path its shape measured fastest on, and the times (fxfuse.cuda.select)
     in_gemm: bool = False  # that path is a GEMM configuration (the in-GEMM epilogue)
 
@@ -137,9 +139,12 @@ class _Snapshot:
 
 
 class _Matcher:
-    def __init__(self, gemm: Node, op: GemmOp, canon, order, allow_cpu: bool, claimed: frozenset | set = frozenset()):
+    def __init__(self, gemm: Node, op: GemmOp, canon, order, allow_cpu: bool, claimed: frozenset | set = frozenset(),
+                 keep: Node | None = None):
         self.gemm, self.op, self.canon, self.order, self.allow_cpu = gemm, op, canon, order, allow_cpu
         self.claimed = claimed  # nodes an earlier GEMM's chain fuses
+        self.keep = keep  # a chain value also read outside the chain: a keep() stage, a second output
+        self.escaped: Node | None = None  # the value that stopped the longest chain by being read outside
         self.region: list[Node] = [gemm]
         self.segment: dict[Node, sympy.Expr] = {gemm: E.X}
         self.stages: list[Stage] = []
@@ -171,7 +176,13 @@ class _Matcher:
             except Stop as stop:
                 stop_node, stop_reason, self.stopped_at_wider_dtype = candidate, stop.reason, stop.wider_dtype
                 break
-        return self._result(stop_node, stop_reason)
+        chain = self._result(stop_node, stop_reason)
+        if self.keep is None and self.escaped is not None:  # go on past it, returning it too
+            kept = _Matcher(self.gemm, self.op, self.canon, self.order, self.allow_cpu, self.claimed,
+                            keep=self.escaped).run()
+            if kept.kept is not None and len(kept.nodes) > len(chain.nodes):
+                return kept
+        return chain
 
     def _next_candidate(self) -> Node | None:
         region = set(self.region)
@@ -194,9 +205,11 @@ class _Matcher:
             return Chain(self.gemm, "not_fused", chain, [], reason, dtype=self.dtype)
         nodes = self.region[: self.region.index(best.node) + 1]
         complete = len(nodes) == len(self.region) and stop_reason is None
+        kept = self.keep if self.keep in nodes[1:] and self.keep is not best.node else None
+        stages = best.stages if kept is not None else tuple(s for s in best.stages if not isinstance(s, Keep))
         program = Program(
             Gemm(bias=best.bias is not None),
-            best.stages,
+            stages,
             tuple(self.param_kinds[: best.n_params]),
         )
         return Chain(
@@ -217,24 +230,54 @@ class _Matcher:
             self.stopped_at_wider_dtype and shrink_reason is None,
             weight_is_kn=self.op.weight_is_kn,
             view=next((n for n in reversed(nodes) if isinstance(self.canon.get(n), ReshapeOp)), None),
+            kept=kept,
+            kept_view=None if kept is None else next(
+                (n for n in reversed(nodes[: nodes.index(kept) + 1]) if isinstance(self.canon.get(n), ReshapeOp)), None),
         )
 
     def _longest_closed_prefix(self) -> tuple[_Snapshot | None, str | None]:
-        """The longest prefix read from outside only through its last node, and (if it is not
-        the whole region) why the longer ones were not."""
+        """The longest prefix read from outside only through its last node (and the kept value,
+        once one is), and (if it is not the whole region) why the longer ones were not; the first
+        inner value read from outside goes to ``escaped``."""
         reason = None
         for k in range(len(self.snapshots), 0, -1):
             snapshot = self.snapshots[k - 1]
             prefix = set(self.region[: k + 1])
             escaping = [n for n in self.region[: k + 1] if any(u not in prefix for u in n.users)]
-            if escaping == [snapshot.node] and not snapshot.is_tuple:
+            inner = [n for n in escaping if n is not snapshot.node and n is not self.keep]
+            if (not inner and snapshot.node in escaping and not snapshot.is_tuple
+                    and self._kept_read_after(snapshot.node) and self._kept_then_computed(snapshot)):
                 return snapshot, reason
-            if reason is None:
-                inner = next((n for n in escaping if n is not snapshot.node), None)
-                if inner is not None:
-                    user = next(u for u in inner.users if u not in prefix)
-                    reason = f"the value of {describe(inner)} is also read by {describe(user)}"
+            if reason is None and inner:
+                user = next(u for u in inner[0].users if u not in prefix)
+                reason = f"the value of {describe(inner[0])} is also read by {describe(user)}"
+                if self.keep is None and self._keepable(inner[0]):
+                    self.escaped = inner[0]
         return None, reason
+
+    def _kept_read_after(self, last: Node) -> bool:
+        """Whether every reader of the kept value outside the chain ending at ``last`` comes after
+        ``last`` in the graph (the fused op, which returns it, takes ``last``'s place)."""
+        if self.keep is None or self.keep not in self.region[: self.region.index(last)]:
+            return True
+        chain = set(self.region[: self.region.index(last) + 1])
+        return all(self.order[u] > self.order[last] for u in self.keep.users if u not in chain)
+
+    def _kept_then_computed(self, snapshot: _Snapshot) -> bool:
+        """Whether a stage that computes follows the keep() stage in ``snapshot``'s program (after
+        only views and casts the kept value would be the output itself), or the prefix ends at or
+        before the kept value."""
+        if self.keep is None or self.keep not in self.region[: self.region.index(snapshot.node)]:
+            return True
+        at = next(i for i, s in enumerate(snapshot.stages) if isinstance(s, Keep))
+        return any(isinstance(s, (Pointwise, Norm, Reduce)) for s in snapshot.stages[at + 1 :])
+
+    def _keepable(self, node: Node) -> bool:
+        """Whether ``node``'s value can be the op's second output: one tensor of the chain's shape
+        (before any reduction), in the dtype the chain computes in there."""
+        value = example_value(node)
+        return (node is not self.gemm and isinstance(value, torch.Tensor) and value.dim() in (2, 3)
+                and value.shape[-1] == self.n and not isinstance(self.canon.get(node), ReduceOp))
 
     # -- checks on the GEMM -------------------------------------------------------------------
 
@@ -295,11 +338,25 @@ class _Matcher:
         if isinstance(op, (NormOp, ReduceOp)):
             self.segment = {}
         self.segment[node] = expr
+        if node is self.keep:
+            self._keep_here(node, expr, value)
+            expr = E.X
         self.region.append(node)
         self.snapshots.append(
             _Snapshot(node, self._stages_with(expr), expr, len(self.params), self.bias,
                       self.batch_norm_update, is_tuple)
         )
+
+    def _keep_here(self, node: Node, expr: sympy.Expr, value) -> None:
+        """A keep() stage after ``node``: its value (``expr`` in the segment) is an output too; the
+        ops after it read it as the next segment's input."""
+        if self.reduced or not isinstance(value, torch.Tensor) or tuple(value.shape) != tuple(self.shape):
+            raise Stop(f"{describe(node)} is read outside the chain after a row reduction")
+        if self.widened and self.node_dtype != torch.float32:
+            raise Stop(f"{describe(node)} is read outside the chain in {self.node_dtype} after the chain widened")
+        self.stages[:] = self._stages_with(expr)
+        self.stages.append(Keep())
+        self.segment = {node: E.X}
 
     def _regroup_rows(self, node: Node, value) -> None:
         """A view of the chain's value that keeps the feature dim: the kernels see the same rows."""

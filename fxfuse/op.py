@@ -4,10 +4,11 @@ One schema serves every program: the program's string form is the first argument
 graph (or a cached one, in another process) needs nothing registered beyond this module. The CPU
 kernel is the reference; CUDA calls go to fxfuse.cuda (its runtime module registers a C++ kernel
 for the CUDA key once loaded); the fake kernel derives shapes from the Program, so batch dims may be
-symbolic. The op returns ``(out, batch_stats, gemm)``: batch_stats is the (2, N) float32 mean and
+symbolic. The op returns ``(out, batch_stats, gemm, kept)``: batch_stats is the (2, N) float32 mean and
 unbiased variance of a training-mode BatchNorm stage, which the rewritten graph folds into the
 running statistics with ordinary ops (empty when the program has no such stage); gemm is the GEMM
-output when ``save_gemm`` asks for it (a graph that will run backward), else empty.
+output when ``save_gemm`` asks for it (a graph that will run backward), else empty; kept is the
+value of a ``keep()`` stage (a chain value the graph also reads elsewhere), else empty.
 
 The backward starts from the saved GEMM output. Pointwise, norm and reduction programs have a
 generated backward, ``torch.ops.fxfuse.epilogue_backward``: one kernel that recomputes the forward
@@ -36,9 +37,10 @@ Tensor = torch.Tensor
 @torch.library.custom_op("fxfuse::linear_epilogue", mutates_args=())
 def linear_epilogue(
     program: str, x: Tensor, weight: Tensor, bias: Tensor | None, params: list[Tensor], save_gemm: bool
-) -> tuple[Tensor, Tensor, Tensor]:
+) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """``program``'s chain applied to ``x @ weight.T + bias``; with ``save_gemm`` the GEMM output
-    itself is returned too (third output, else empty), for the backward to start from."""
+    itself is returned too (third output, else empty), for the backward to start from; the value
+    of a ``keep()`` stage is the fourth (else empty)."""
     if x.is_cuda:  # until the CUDA runtime registers its C++ kernel for this op
         from . import cuda
 
@@ -53,7 +55,9 @@ def _linear_epilogue_fake(program, x, weight, bias, params, save_gemm):
     out = x.new_empty(prog.output_shape(tuple(x.shape[:-1]), n), dtype=prog.output_dtype(x.dtype))
     stats_shape = (2, n) if prog.batch_norm_training else reference.EMPTY_STATS_SHAPE
     gemm = x.new_empty((*x.shape[:-1], n) if save_gemm else (0,))
-    return out, x.new_empty(stats_shape, dtype=torch.float32), gemm
+    kept = (x.new_empty((*x.shape[:-1], n), dtype=prog.kept_dtype(x.dtype)) if prog.keeps
+            else x.new_empty((0,)))
+    return out, x.new_empty(stats_shape, dtype=torch.float32), gemm, kept
 
 
 def _setup_context(ctx, inputs, output):
@@ -68,7 +72,7 @@ def _setup_context(ctx, inputs, output):
     ctx.save_for_backward(x, weight, gemm, *params)
 
 
-def _backward(ctx, grad_out, grad_stats, grad_gemm):
+def _backward(ctx, grad_out, grad_stats, grad_gemm, grad_kept):
     x, weight, saved, *params = ctx.saved_tensors
     if ctx.gemm_saved:
         y = saved
@@ -76,7 +80,8 @@ def _backward(ctx, grad_out, grad_stats, grad_gemm):
         y = reference.gemm(x, weight, saved if ctx.has_bias else None)
     program = Program.parse(ctx.program)
     if not uses_generated_backward(program, y.is_cuda):
-        dx, dweight, dbias, dparams = reference.backward(program, grad_out, x, weight, y, ctx.has_bias, params)
+        dx, dweight, dbias, dparams = reference.backward(program, grad_out, x, weight, y, ctx.has_bias, params,
+                                                         grad_kept)
         return None, dx, dweight, dbias, dparams, None
     dy, sums = epilogue_backward(ctx.program, grad_out, y, params)
     dx, dweight = reference.linear_grads(dy, x, weight)

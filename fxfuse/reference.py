@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 
 from . import expr as E
-from .ir import Norm, Pointwise, Program, Reduce, Widen
+from .ir import Keep, Norm, Pointwise, Program, Reduce, Widen
 
 EMPTY_STATS_SHAPE = (0,)
 
@@ -31,13 +31,14 @@ def forward(
 
 
 def op_forward(program: Program, x, weight, bias, params, save_gemm: bool):
-    """The fused op's outputs ``(out, batch_stats, gemm)``: gemm is the GEMM output when
-    ``save_gemm`` (never the same tensor as out), else empty."""
+    """The fused op's outputs ``(out, batch_stats, gemm, kept)``: gemm is the GEMM output when
+    ``save_gemm`` (never the same tensor as out), else empty; kept the value of the program's
+    ``keep()`` stage, else empty."""
     y = gemm(x, weight, bias)
-    out, stats = epilogue(program, y, params)
+    out, stats, kept = epilogue_and_kept(program, y, params)
     if not save_gemm:
-        return out, stats, y.new_empty((0,))
-    return (out.clone() if out.data_ptr() == y.data_ptr() else out), stats, y
+        return out, stats, y.new_empty((0,)), kept
+    return (out.clone() if out.data_ptr() == y.data_ptr() else out), stats, y, kept
 
 
 def gemm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
@@ -48,9 +49,18 @@ def gemm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> to
 
 
 def epilogue(program: Program, y: torch.Tensor, params: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
-    """``program``'s stages applied to the GEMM output ``y``: ``(out, batch_stats)``. ``dtype`` is
-    the dtype eager's op of each stage sees: the GEMM's, float32 from a Widen stage on."""
+    """``program``'s stages applied to the GEMM output ``y``: ``(out, batch_stats)``."""
+    out, stats, _ = epilogue_and_kept(program, y, params)
+    return out, stats
+
+
+def epilogue_and_kept(program: Program, y: torch.Tensor,
+                      params: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``(out, batch_stats, kept)``: kept is the value at the ``keep()`` stage in its dtype (empty
+    without one). ``dtype`` is the dtype eager's op of each stage sees: the GEMM's, float32 from a
+    Widen stage on."""
     dtype = y.dtype
+    kept = y.new_empty((0,))
     n = y.shape[-1]
     opmath = torch.float64 if dtype == torch.float64 else torch.float32
     shapes = {"col": (n,), "scalar": (), "full": y.shape}
@@ -67,9 +77,11 @@ def epilogue(program: Program, y: torch.Tensor, params: list[torch.Tensor]) -> t
                     stats = batch_stats
             elif isinstance(stage, Widen):
                 dtype = program.output_dtype(dtype)
+            elif isinstance(stage, Keep):
+                kept = v.to(dtype, copy=True)  # never the output itself (an op's outputs may not alias)
             else:
                 v = _reduce(stage, v)
-        return v.to(program.output_dtype(y.dtype)), stats
+        return v.to(program.output_dtype(y.dtype)), stats, kept
 
 
 def _no_autocast(t: torch.Tensor):
@@ -140,19 +152,22 @@ def backward(
     y: torch.Tensor,
     has_bias: bool,
     params: list[torch.Tensor],
+    grad_kept: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, list[torch.Tensor | None]]:
     """``(dx, dweight, dbias, dparams)`` of ``out = epilogue(linear(x, weight, bias))`` given the
     GEMM output ``y``: dY by autograd through the epilogue (``epilogue_grads``), then the linear's
     gradients as eager's addmm/matmul backward computes them. Plain torch ops throughout, so
-    AOTAutograd traces them into the backward graph. None for a running statistic."""
-    dy, dparams = epilogue_grads(program, grad_out, y, params)
+    AOTAutograd traces them into the backward graph. None for a running statistic. ``grad_kept``:
+    the gradient of the kept value (a ``keep()`` stage), which joins the chain's there."""
+    dy, dparams = epilogue_grads(program, grad_out, y, params, grad_kept)
     dx, dweight = linear_grads(dy, x, weight)
     dbias = dy.reshape(-1, dy.shape[-1]).sum(0) if has_bias else None
     return dx, dweight, dbias, dparams
 
 
 def epilogue_grads(
-    program: Program, grad_out: torch.Tensor, y: torch.Tensor, params: list[torch.Tensor]
+    program: Program, grad_out: torch.Tensor, y: torch.Tensor, params: list[torch.Tensor],
+    grad_kept: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, list[torch.Tensor | None]]:
     """The gradients of the GEMM output ``y`` and of each parameter, by autograd through the
     epilogue recomputed from ``y``: each stage's derivative is eager's own (the vocabulary's and
@@ -162,9 +177,13 @@ def epilogue_grads(
         y_leaf = y.detach().requires_grad_()
         leaves = [p.detach().requires_grad_(p.is_floating_point() and i not in constant)
                   for i, p in enumerate(params)]
-        out, _ = epilogue(program, y_leaf, leaves)
+        out, _, kept = epilogue_and_kept(program, y_leaf, leaves)
         wanted = [y_leaf] + [p for p in leaves if p.requires_grad]
-        grads = torch.autograd.grad(out, wanted, grad_out, allow_unused=True)
+        outputs, grads_in = [out], [grad_out]
+        if program.keeps and grad_kept is not None:
+            outputs.append(kept)
+            grads_in.append(grad_kept)
+        grads = torch.autograd.grad(outputs, wanted, grads_in, allow_unused=True)
     dy, rest = grads[0], iter(grads[1:])
     dparams = []
     for p in leaves:

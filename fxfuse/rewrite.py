@@ -46,6 +46,13 @@ def _replace(graph: Graph, chain: Chain, replaced: dict[Node, Node]) -> Node:
                                     dict(chain.view.kwargs))
         if chain.batch_norm_update is not None:
             _update_running_stats(graph, fused, chain.batch_norm_update)
+        if chain.kept is not None:  # the value the graph also reads outside the chain
+            kept = graph.call_function(operator.getitem, (fused, 3))
+            if chain.kept_view is not None:
+                kept = graph.create_node(chain.kept_view.op, chain.kept_view.target, (kept, *chain.kept_view.args[1:]),
+                                         dict(chain.kept_view.kwargs))
+            chain.kept.replace_all_uses_with(kept)
+            replaced[chain.kept] = kept
     last.replace_all_uses_with(out)
     maybe_dead = {a for n in chain.nodes for a in n.all_input_nodes} - set(chain.nodes)
     for node in reversed(chain.nodes):

@@ -24,7 +24,7 @@ BASE_ROWS = [r for r in suite.ROWS if not r.id.startswith("S23")]
 def _recorded_calls(row, dtype=torch.float32):
     """(program, x, weight, bias, params) of every fused-op call of a compiled suite model."""
     calls, gemm_args = [], []
-    gemm, epilogue = reference.gemm, reference.epilogue
+    gemm, epilogue = reference.gemm, reference.epilogue_and_kept
 
     def recording_gemm(x, weight, bias):
         gemm_args.append((x.clone(), weight.clone(), None if bias is None else bias.clone()))
@@ -36,12 +36,12 @@ def _recorded_calls(row, dtype=torch.float32):
 
     mod = suite.load(row)
     model = mod.Model(*mod.get_init_inputs("small")).to(dtype).train(not row.eval_mode)
-    reference.gemm, reference.epilogue = recording_gemm, recording_epilogue
+    reference.gemm, reference.epilogue_and_kept = recording_gemm, recording_epilogue
     try:
         with torch.no_grad():
             compile_fxfuse(model)(*[t.to(dtype) for t in mod.get_inputs("small")])
     finally:
-        reference.gemm, reference.epilogue = gemm, epilogue
+        reference.gemm, reference.epilogue_and_kept = gemm, epilogue
     return calls
 
 
@@ -80,7 +80,7 @@ def test_fake_impl_gives_shapes_for_symbolic_batch():
     program = Program(Gemm(True), (Pointwise(call("relu", E.X)), Reduce("sum", keepdim=True)))
     with FakeTensorMode(shape_env=ShapeEnv()) as mode:
         x = mode.from_tensor(torch.randn(8, 3, 16), symbolic_context=None)
-        out, stats, _ = torch.ops.fxfuse.linear_epilogue(program.to_string(), x, torch.randn(32, 16),
+        out, stats, _, _ = torch.ops.fxfuse.linear_epilogue(program.to_string(), x, torch.randn(32, 16),
                                                          torch.randn(32), [], False)
     assert tuple(out.shape) == (8, 3, 1) and stats.shape == (0,)
 
@@ -88,7 +88,7 @@ def test_fake_impl_gives_shapes_for_symbolic_batch():
 def test_batch_norm_training_returns_mean_and_unbiased_variance():
     program = Program(Gemm(False), (Norm("batch", 1e-5, training=True),))
     x, w = torch.randn(16, 8), torch.randn(4, 8)
-    _, stats, _ = torch.ops.fxfuse.linear_epilogue(program.to_string(), x, w, None, [], False)
+    _, stats, *_ = torch.ops.fxfuse.linear_epilogue(program.to_string(), x, w, None, [], False)
     var, mean = torch.var_mean(x @ w.T, dim=0, correction=1)
     torch.testing.assert_close(stats, torch.stack([mean, var]))
 
@@ -120,7 +120,7 @@ def test_backward_matches_autograd_through_the_reference(save_gemm):
     program = Program(Gemm(True), (Pointwise(E.mul(call("gelu", E.X), E.param(0))),
                                    Norm("layer", 1e-5), Reduce("softmax")), ("col",))
     x, w, b, p = (torch.randn(s, requires_grad=True) for s in [(6, 8), (5, 8), (5,), (5,)])
-    out, _, gemm = torch.ops.fxfuse.linear_epilogue(program.to_string(), x, w, b, [p], save_gemm)
+    out, _, gemm, _ = torch.ops.fxfuse.linear_epilogue(program.to_string(), x, w, b, [p], save_gemm)
     assert gemm.shape == ((6, 5) if save_gemm else (0,))
     expected, _ = reference.forward(program, x, w, b, [p])
     g = torch.randn_like(out)

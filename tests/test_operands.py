@@ -2,9 +2,10 @@
 
 ``x + proj(h)`` (then a norm), ``proj(h) * gate`` and the like fuse into one op that reads the
 operand as a parameter of kind "full" and returns its gradient; outputs, input and parameter
-gradients equal eager's. On CUDA the row kernels do not take such operands yet: the chain goes to
-Inductor and the report says so. Operands that would broadcast the output, or that are computed
-from the chain itself, still stop the chain.
+gradients equal eager's (on CUDA the row kernels read them; tests/gpu/test_operands_cuda.py).
+Operands that would broadcast the output, or that are computed from the chain itself, still stop
+the chain. A chain value the graph also reads elsewhere — a pre-norm block's residual sum, read by
+the norm and by the next block — is returned by the op too (a ``keep()`` stage).
 """
 
 from __future__ import annotations
@@ -224,3 +225,56 @@ def test_an_in_place_op_after_a_view_of_the_value_still_shows_through_the_view()
             return v * 2.0
 
     check_against_eager(ViewThenInPlace, lambda: [torch.randn(B, T, K)], train=False)
+
+
+class PreNormBlock(nn.Module):
+    """GPT-2's and ViT's spelling: h = x + proj(a) is read by the next LayerNorm and by the next
+    residual add."""
+
+    def __init__(self):
+        super().__init__()
+        self.proj = nn.Linear(K, N)
+        self.ln = nn.LayerNorm(N)
+        self.fc = nn.Linear(N, N)
+
+    def forward(self, a, x):
+        h = x + self.proj(a)
+        return h + F.gelu(self.fc(self.ln(h)))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("train", [False, True], ids=["eval", "train"])
+@pytest.mark.parametrize("inputs", [three_d, two_d], ids=["3d", "2d"])
+def test_a_residual_sum_read_twice_is_returned_too_and_the_norm_fuses(inputs, train, dtype):
+    report = check_against_eager(PreNormBlock, inputs, dtype=dtype, train=train, grads=train)
+    first, second = report.rows
+    assert first.status == "fused" and first.fused == ["linear", "add", "layer_norm(1e-05)"]
+    assert " | keep() | layer_norm(" in first.program
+    assert second.status == "fused" and second.fused == ["linear", "gelu", "add"]  # the kept sum, an operand
+
+
+def test_the_op_returns_the_kept_value_and_differentiates_through_both_outputs():
+    program = Program.parse("linear(bias=True) | pointwise(x + p0) | keep() | pointwise(tanh(x) * p1) || full col")
+    g = torch.Generator().manual_seed(0)
+    x, w, b = (torch.randn(s, generator=g, dtype=torch.float64, requires_grad=True) for s in [(5, 4), (6, 4), (6,)])
+    residual = torch.randn(5, 6, generator=g, dtype=torch.float64, requires_grad=True)
+    scale = torch.randn(6, generator=g, dtype=torch.float64, requires_grad=True)
+    out, _, _, kept = torch.ops.fxfuse.linear_epilogue(program.to_string(), x, w, b, [residual, scale], True)
+    h = F.linear(x, w, b) + residual
+    torch.testing.assert_close(kept, h)
+    torch.testing.assert_close(out, torch.tanh(h) * scale)
+
+    def both(x, w, b, residual, scale):
+        out, _, _, kept = torch.ops.fxfuse.linear_epilogue(program.to_string(), x, w, b, [residual, scale], True)
+        return out, kept
+
+    assert torch.autograd.gradcheck(both, (x, w, b, residual, scale))
+    torch.library.opcheck(torch.ops.fxfuse.linear_epilogue.default,
+                          (program.to_string(), x, w, b, [residual, scale], False))
+
+
+def test_a_program_that_keeps_a_value_has_no_cuda_kernel_yet():
+    program = Program.parse("linear(bias=True) | pointwise(x + p0) | keep() | layer_norm(eps=1e-05) || full")
+    assert program.keeps and program.kept_dtype(torch.bfloat16) == torch.bfloat16
+    assert "second output" in codegen.unsupported_reason(program)
+    assert not codegen.has_generated_backward(program)

@@ -4,8 +4,8 @@ Per model, compiled with fxfuse on the CPU (``policy="always"``): the output (an
 dropout off, every parameter's gradient) equals eager's, and the coverage report fuses exactly the
 GEMM chains listed in ``FUSED`` — the table states what fxfuse takes from each model today, so a
 change that fuses more (or less) shows here. What still stops the others is in the README's known
-limits (attention projections feed a split or a view that splits the heads, pre-norm residual sums
-are read twice, hand-written RMSNorms are not recognised).
+limits (attention projections feed a split or a view that splits the heads, hand-written RMSNorms
+are not recognised).
 """
 
 from __future__ import annotations
@@ -76,16 +76,18 @@ FUSED = {
     # the pooler reads the first token (an indexing): partial
     "bert": {"eval": (5, 13), "train": (5, 13)},
     # Conv1D (addmm with a (K, N) weight, views around it): c_fc + gelu_new (written out) in each
-    # block, and the last block's c_proj + residual; the others' residual sums are read twice
-    "gpt2": {"eval": (3, 8), "train": (3, 8)},
+    # block; c_proj + residual, the sum returned too (keep()) for the next block and normalised by
+    # the next LayerNorm in the same op; the attention's c_attn feeds a split
+    "gpt2": {"eval": (6, 8), "train": (6, 8)},
     # SwiGLU: silu(gate(x)) * up(x) fuses into the gate's chain; residual sums are read twice
     "llama": {"eval": (2, 14), "train": (2, 14)},
     "qwen2": {"eval": (2, 14), "train": (2, 14)},
     # the FFN's wi + ReLU; T5's hand-written RMSNorm is not recognised yet
     "t5": {"eval": (2, 12), "train": (2, 12)},
     "t5_gated_gelu": {"eval": (2, 14), "train": (2, 14)},
-    # the intermediate's GELU and the pooler; pre-norm residual sums are read twice
-    "vit": {"eval": (2, 13), "train": (2, 13)},
+    # the intermediate's GELU and the pooler; the attention output + residual, kept and normalised
+    # by layernorm_after in the same op, and the FFN output + residual + the next LayerNorm
+    "vit": {"eval": (5, 13), "train": (5, 13)},
 }
 
 

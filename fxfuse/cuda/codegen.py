@@ -17,7 +17,7 @@ import sympy
 import torch
 
 from .. import expr as E
-from ..ir import Norm, Pointwise, Program, Reduce, Stage, Widen
+from ..ir import Keep, Norm, Pointwise, Program, Reduce, Stage, Widen
 from ..vocabulary import ROUNDING, call, is_rounding
 from .gradient import print_gradient
 from .printer import UnsupportedExpression, float_literal, print_expr
@@ -206,6 +206,8 @@ def _check(program: Program) -> None:
     for kind in program.params:
         if kind not in PARAM_KINDS:
             raise UnsupportedProgram(f"parameter kind {kind!r}")
+    if any(isinstance(s, Keep) for s in program.stages):
+        raise UnsupportedProgram("a second output (a chain value also read outside the chain) has no CUDA kernel yet")
     trains = [s for s in program.stages if isinstance(s, Norm) and s.kind == "batch" and s.training]
     if len(trains) > 1:
         raise UnsupportedProgram("more than one training BatchNorm")

@@ -70,7 +70,7 @@ def check(program, dtype, x, w, b, params, cpu_too=False):
     text = program.to_string()
     ref_out, ref_stats = reference.forward(program, x, w, b, params)
     buffer = torch.full_like(ref_out, math.nan)
-    out, stats, _ = fxcuda.engine.call(text, x, w, b, params, out=buffer)
+    out, stats, *_ = fxcuda.engine.call(text, x, w, b, params, out=buffer)
     assert out.data_ptr() == buffer.data_ptr(), "the kernels did not run (fallback to the reference)"
     tol = TOL[dtype]
     torch.testing.assert_close(out, ref_out, rtol=tol, atol=tol, equal_nan=True)

@@ -103,7 +103,7 @@ def run_and_compare(engine, program, dtype, x, w, b, params, misaligned=False):
     numel = ref_out.numel()
     storage = torch.full((numel + 1,), math.nan, dtype=ref_out.dtype)  # float32 where the chain widens
     buffer = (storage[1:] if misaligned else storage[:numel]).view(ref_out.shape)
-    out, stats, _ = engine.call(text, x, w, b, params, out=buffer)
+    out, stats, *_ = engine.call(text, x, w, b, params, out=buffer)
     assert out.data_ptr() == buffer.data_ptr(), "the kernels did not run (fallback to the reference)"
     tol = TOL[dtype]
     torch.testing.assert_close(out.float(), ref_out.float(), rtol=tol, atol=tol, equal_nan=True)

@@ -119,7 +119,7 @@ def test_a_call_that_saves_the_gemm_output_takes_the_row_path(modules):
     """Training keeps the GEMM output for the backward: the in-GEMM kernel does not write it."""
     program, module = program_of("s01_scale_leaky"), modules[("s01_scale_leaky", torch.bfloat16)]
     x, w, b, params = draw(program, torch.bfloat16, 64, 264, 72, seed=4)
-    out, _, gemm = fxcuda.engine.call(program.to_string(), x, w, b, params, save_gemm=True, gemm=module, config=0)
+    out, _, gemm, _ = fxcuda.engine.call(program.to_string(), x, w, b, params, save_gemm=True, gemm=module, config=0)
     torch.testing.assert_close(gemm, reference.gemm(x, w, b))
     torch.testing.assert_close(out, reference.op_forward(program, x, w, b, params, False)[0], atol=0, rtol=0)
 

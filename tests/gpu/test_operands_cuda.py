@@ -1,6 +1,7 @@
 """Real-model spellings on CUDA: GPT-2's Conv1D (a weight stored (K, N)), views that regroup rows
 and operands of the output's shape (a residual, a gate: read by the row kernels at each element's
-own position) run in the fused kernels and equal eager, outputs and gradients."""
+own position) run in the fused kernels and equal eager, outputs and gradients; a chain that
+returns a second value (keep()) is left to Inductor there."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ import torch.nn as nn
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/: support, test_operands
 
 from support import check_against_eager  # noqa: E402
-from test_operands import B, K, N, T, BertOutput, Conv1DBlock, three_d  # noqa: E402
+from test_operands import B, K, N, T, BertOutput, Conv1DBlock, PreNormBlock, three_d  # noqa: E402
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 
@@ -49,3 +50,12 @@ def test_a_chain_with_a_residual_fuses_on_cuda(model, train, dtype):
     (row,) = report.rows
     assert row.status == "fused", report
     assert row.program.endswith("full") or " full" in row.program.split("||")[1]
+
+
+def test_a_chain_that_returns_a_second_value_goes_to_inductor_on_cuda():
+    """The row kernels have no second output yet: the pre-norm block's first chain (keep()) is left
+    to Inductor with the reason; the next block's chain, which reads the sum, still fuses."""
+    report = check_against_eager(PreNormBlock, three_d, device="cuda", grads=True, draws=2)
+    first, second = report.rows
+    assert first.status == "not_fused" and "second output" in first.reason
+    assert second.status == "fused"
