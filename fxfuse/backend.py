@@ -190,6 +190,9 @@ def _unfused_if_no_kernel(chain: Chain) -> Chain:
     reason = unsupported_reason(chain.program)
     if reason is None:
         return chain
+    if chain.without_keep is not None:  # the chain up to its second output, which it then returns
+        shorter = _unfused_if_no_kernel(chain.without_keep)
+        return replace(shorter, reason=f"{shorter.reason}; the CUDA kernels return no second value yet")
     return replace(chain, status="not_fused", fused=[], program=None, nodes=[], reason=f"no CUDA kernel: {reason}")
 
 

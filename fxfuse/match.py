@@ -16,7 +16,7 @@ a pointwise op of the GEMM's dtype may still read values from before it).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import sympy
 import torch
@@ -76,6 +76,7 @@ class Chain:
     view: Node | None = None  # the chain's last view (rows regrouped): the op's output is viewed so
     kept: Node | None = None  # a chain value also read outside the chain: the op returns it too
     kept_view: Node | None = None  # the last view before ``kept`` (its rows regrouped as the op's are not)
+    without_keep: "Chain | None" = None  # the chain ending at ``kept``, for a back end without second outputs
     path: str | None = None  # the GPU path its shape measured fastest on, and the times (fxfuse.cuda.select)
     in_gemm: bool = False  # that path is a GEMM configuration (the in-GEMM epilogue)
 
@@ -181,7 +182,7 @@ class _Matcher:
             kept = _Matcher(self.gemm, self.op, self.canon, self.order, self.allow_cpu, self.claimed,
                             keep=self.escaped).run()
             if kept.kept is not None and len(kept.nodes) > len(chain.nodes):
-                return kept
+                return replace(kept, without_keep=chain)
         return chain
 
     def _next_candidate(self) -> Node | None:
