@@ -1,5 +1,8 @@
 """Step 1: give every node of a Dynamo graph its canonical meaning, and functionalize in-place ops.
 
+Norms written out op by op (transformers' RMSNorms) become the norm op first
+(fxfuse/patterns/written_norms.py).
+
 Dynamo records ``y.mul_(3)`` as a node whose later readers still name ``y``: the mutation is
 implicit in the node order. Where ``y`` is a fresh temporary, readers after the in-place node are
 rewired to it, so that chains read as data flow and the in-place op can be fused as an out-of-place
@@ -12,13 +15,16 @@ from __future__ import annotations
 from torch.fx import Graph, Node
 
 from . import patterns
+from .patterns import written_norms
 from .canonical import AliasOp, CanonicalOp, GemmOp, NormOp, PointwiseOp, ReduceOp, Rejected, ReshapeOp
 
 FRESH_VALUE_OPS = (GemmOp, PointwiseOp, NormOp, ReduceOp)  # they produce new tensors, not views
 
 
 def canonicalize(graph: Graph) -> dict[Node, CanonicalOp]:
-    """Canonical op of every node fxfuse has a spelling for (rewires in-place readers in place)."""
+    """Canonical op of every node fxfuse has a spelling for (rewires in-place readers in place,
+    and rewrites norms written out op by op into the norm op they compute)."""
+    written_norms.recognise(graph)
     order = {node: i for i, node in enumerate(graph.nodes)}
     rejected: dict[Node, Rejected] = {}
     for node in graph.nodes:  # in order, so chains of in-place ops rewire one after another

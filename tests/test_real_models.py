@@ -4,8 +4,7 @@ Per model, compiled with fxfuse on the CPU (``policy="always"``): the output (an
 dropout off, every parameter's gradient) equals eager's, and the coverage report fuses exactly the
 GEMM chains listed in ``FUSED`` — the table states what fxfuse takes from each model today, so a
 change that fuses more (or less) shows here. What still stops the others is in the README's known
-limits (attention projections feed a split or a view that splits the heads, hand-written RMSNorms
-are not recognised).
+limits: the attention projections feed a split or a view that splits the heads.
 """
 
 from __future__ import annotations
@@ -79,12 +78,14 @@ FUSED = {
     # block; c_proj + residual, the sum returned too (keep()) for the next block and normalised by
     # the next LayerNorm in the same op; the attention's c_attn feeds a split
     "gpt2": {"eval": (6, 8), "train": (6, 8)},
-    # SwiGLU: silu(gate(x)) * up(x) fuses into the gate's chain; residual sums are read twice
-    "llama": {"eval": (2, 14), "train": (2, 14)},
-    "qwen2": {"eval": (2, 14), "train": (2, 14)},
-    # the FFN's wi + ReLU; T5's hand-written RMSNorm is not recognised yet
-    "t5": {"eval": (2, 12), "train": (2, 12)},
-    "t5_gated_gelu": {"eval": (2, 14), "train": (2, 14)},
+    # SwiGLU: silu(gate(x)) * up(x) fuses into the gate's chain; o_proj and down_proj + residual,
+    # the sum kept and the next hand-written RMSNorm (recognised as rms_norm) and its weight fused
+    "llama": {"eval": (6, 14), "train": (6, 14)},
+    "qwen2": {"eval": (6, 14), "train": (6, 14)},
+    # the FFN's wi + ReLU (or gated GELU); the attention's o and the FFN's wo + residual, kept, and
+    # the next T5LayerNorm (a hand-written RMS norm); the q/k/v projections split into heads
+    "t5": {"eval": (6, 12), "train": (6, 12)},
+    "t5_gated_gelu": {"eval": (6, 14), "train": (6, 14)},
     # the intermediate's GELU and the pooler; the attention output + residual, kept and normalised
     # by layernorm_after in the same op, and the FFN output + residual + the next LayerNorm
     "vit": {"eval": (5, 13), "train": (5, 13)},

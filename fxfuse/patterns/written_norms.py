@@ -1,0 +1,113 @@
+"""Norms written out op by op, recognised as the norm they compute.
+
+transformers' LlamaRMSNorm, Qwen2RMSNorm and T5LayerNorm compute an RMS norm by hand::
+
+    v = h.to(torch.float32)
+    r = torch.rsqrt(v.pow(2).mean(-1, keepdim=True) + eps)
+    out = v * r            # T5: h * r, where h promotes to float32 against r
+
+A row statistic read back against the row is no pointwise op and no single reduction, so the
+matcher would stop at it. Here the product node becomes one ``torch.rms_norm(v, (N,), None, eps)``
+node (the same float32 arithmetic: mean of squares, plus eps, reciprocal square root, times the
+row), which the norm spellings then read like any other; the weight multiply after it stays a
+pointwise op. Only a subgraph whose inner values (the square, the mean, the sum, the rsqrt) are
+read by nothing else is rewritten, so no value the rest of the graph reads goes away.
+"""
+
+from __future__ import annotations
+
+import operator
+
+import torch
+from torch.fx import Graph, Node
+
+from ..canonical import example_value
+
+_MUL = {operator.mul, torch.mul, "mul"}
+_ADD = {operator.add, torch.add, "add"}
+_RSQRT = {torch.rsqrt, "rsqrt"}
+_POW = {operator.pow, torch.pow, "pow"}
+_MEAN = {torch.mean, "mean"}
+_TO_FLOAT = {"to", "float"}
+
+
+def recognise(graph: Graph) -> int:
+    """Rewrite every written-out RMS norm of ``graph`` into a ``torch.rms_norm`` node; how many."""
+    found = 0
+    for node in list(graph.nodes):
+        match = _written_rms_norm(node)
+        if match is None:
+            continue
+        row, eps, inner = match
+        n = example_value(row).shape[-1]
+        with graph.inserting_before(node):
+            norm = graph.call_function(torch.rms_norm, (row, (int(n),), None, eps))
+        norm.meta = dict(node.meta)
+        node.replace_all_uses_with(norm)
+        for dead in [node, *inner]:  # the product first: each then has no readers left
+            graph.erase_node(dead)
+        found += 1
+    return found
+
+
+def _is(node, targets: set) -> bool:
+    return isinstance(node, Node) and node.op in ("call_function", "call_method") and node.target in targets
+
+
+def _only_reader(node: Node, reader: Node) -> bool:
+    return list(node.users) == [reader]
+
+
+def _written_rms_norm(node: Node) -> tuple[Node, float, list[Node]] | None:
+    """``(row, eps, inner nodes)`` when ``node`` is ``row * rsqrt(mean(row ** 2, -1, keepdim=True)
+    + eps)`` (in either operand order, the row also as the value it was cast to float32 from)."""
+    if not _is(node, _MUL) or len(node.args) != 2 or node.kwargs:
+        return None
+    for value, rsqrt in (node.args, node.args[::-1]):
+        if not _is(rsqrt, _RSQRT) or not _only_reader(rsqrt, node):
+            continue
+        add = rsqrt.args[0] if rsqrt.args else None
+        if not _is(add, _ADD) or not _only_reader(add, rsqrt) or add.kwargs:
+            continue
+        mean, eps = add.args if isinstance(add.args[1], (int, float)) else add.args[::-1]
+        if not isinstance(eps, (int, float)) or not _is(mean, _MEAN) or not _only_reader(mean, add):
+            continue
+        if not _is_last_dim_mean(mean):
+            continue
+        square = mean.args[0]
+        row = _squared(square)
+        if row is None or not _only_reader(square, mean) or not _same_row(value, row, node):
+            continue
+        return row, float(eps), [rsqrt, add, mean, square]
+    return None
+
+
+def _is_last_dim_mean(mean: Node) -> bool:
+    args = dict(zip(("input", "dim", "keepdim"), mean.args), **mean.kwargs)
+    dim = args.get("dim")
+    dim = dim[0] if isinstance(dim, (list, tuple)) and len(dim) == 1 else dim
+    value = example_value(args.get("input"))
+    last = isinstance(value, torch.Tensor) and dim in (-1, value.dim() - 1)
+    return last and args.get("keepdim") is True and args.get("dtype") is None
+
+
+def _squared(square: Node) -> Node | None:
+    """``v`` of ``v.pow(2)``, ``v ** 2`` or ``v * v``."""
+    if _is(square, _POW) and len(square.args) == 2 and square.args[1] in (2, 2.0) and not square.kwargs:
+        return square.args[0]
+    if _is(square, _MUL) and len(square.args) == 2 and square.args[0] is square.args[1]:
+        return square.args[0]
+    return None
+
+
+def _same_row(value, row: Node, product: Node) -> bool:
+    """The product's row operand is the squared row itself, or the value the row is its float32
+    cast of (T5: ``h * r`` with ``h.to(float32)`` squared): then the product computes in float32
+    as the norm of the cast does. Both of the float tensors' last dim."""
+    if value is not row:
+        cast_from = row.args[0] if _is(row, _TO_FLOAT) and row.args else None
+        if value is not cast_from or example_value(row).dtype != torch.float32:
+            return False
+    out, v = example_value(product), example_value(row)
+    return (isinstance(out, torch.Tensor) and isinstance(v, torch.Tensor) and out.shape == v.shape
+            and out.dtype == v.dtype and v.is_floating_point())

@@ -1,0 +1,78 @@
+"""Norms written out op by op — transformers' LlamaRMSNorm and T5LayerNorm — are recognised as the
+RMS norm they compute and fuse like ``torch.rms_norm``; outputs and gradients equal eager's. A
+written-out norm whose inner values something else reads is left as written."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn as nn
+
+from support import check_against_eager
+
+K, N = 24, 32
+
+
+class LlamaStyle(nn.Module):
+    """Linear, then LlamaRMSNorm's body: to(float32), pow(2).mean(-1, keepdim), rsqrt, weight."""
+
+    def __init__(self, square="pow"):
+        super().__init__()
+        self.proj = nn.Linear(K, N)
+        self.weight = nn.Parameter(torch.rand(N) + 0.5)
+        self.square = square
+
+    def forward(self, x):
+        h = self.proj(x)
+        dtype = h.dtype
+        v = h.to(torch.float32)
+        squared = v.pow(2) if self.square == "pow" else v * v
+        v = v * torch.rsqrt(squared.mean(-1, keepdim=True) + 1e-6)
+        return self.weight * v.to(dtype)
+
+
+class T5Style(nn.Module):
+    """T5LayerNorm's body: the variance from h.to(float32), then h * rsqrt(...) (h promotes)."""
+
+    def __init__(self):
+        super().__init__()
+        self.proj = nn.Linear(K, N)
+        self.weight = nn.Parameter(torch.rand(N) + 0.5)
+
+    def forward(self, x):
+        h = self.proj(x)
+        variance = h.to(torch.float32).pow(2).mean(-1, keepdim=True)
+        h = h * torch.rsqrt(variance + 1e-6)
+        if self.weight.dtype in (torch.float16, torch.bfloat16):
+            h = h.to(self.weight.dtype)
+        return self.weight * h
+
+
+def inputs():
+    return [torch.randn(2, 8, K)]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("model", [LlamaStyle, lambda: LlamaStyle("mul"), T5Style], ids=["llama", "llama_mul", "t5"])
+def test_a_written_out_rms_norm_fuses_as_rms_norm(model, dtype):
+    """float32: the whole block fuses; bfloat16: the norm computes in float32 and the chain ends
+    at the cast back to bfloat16 (a chain widens once; README, known limits)."""
+    report = check_against_eager(model, inputs, dtype=dtype, grads=True)
+    (row,) = report.rows
+    assert "rms_norm(eps=1e-06)" in row.program and "rsqrt" not in " ".join(row.fused)
+    if dtype == torch.float32:
+        assert row.status == "fused", report
+    else:
+        assert row.status == "partial" and row.chain[-1] == "to" and "float32" in row.reason
+
+
+def test_a_written_norm_whose_variance_is_read_elsewhere_stays_written():
+    class VarianceToo(LlamaStyle):
+        def forward(self, x):
+            v = self.proj(x)
+            variance = v.pow(2).mean(-1, keepdim=True)
+            return v * torch.rsqrt(variance + 1e-6) + variance
+
+    report = check_against_eager(VarianceToo, inputs, grads=True)
+    (row,) = report.rows
+    assert "rms_norm" not in (row.program or "")
