@@ -8,7 +8,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#define FX_ABI_VERSION 10
+#define FX_ABI_VERSION 11
 
 // Widest row the row kernel holds in registers (64 floats a thread, 512 threads a row).
 #define FX_MAX_N 32768
@@ -41,6 +41,7 @@ struct FxParam {
 struct FxLaunch {
   const void* y;          // (m, n) row-major GEMM output, dtype of the module
   void* out;              // out_dtype; FX_OUT_ROWS: (m, n), may equal y when of its dtype; else (m,)
+  void* kept;             // (m, n) row-major, kept_dtype: the keep() stage's value; null without one
   float* stats;           // (2, n) float32 [mean, unbiased var] of a training BatchNorm, else null
   float* workspace;       // workspace_floats(m, n, sm_count) floats, else null when that is 0
   const FxParam* params;  // num_params entries, in program order
@@ -77,6 +78,7 @@ struct FxProgramInfo {
   int32_t dtype;           // FxDtype of x, weight and the GEMM output
   int32_t out_dtype;       // FxDtype of the output: dtype, or FX_F32 for a chain that widens
   int32_t out_kind;        // FxOutKind
+  int32_t kept_dtype;      // FxDtype of the keep() stage's value (a second (m, n) output), -1: none
   int32_t batch_train;     // 1 when the program returns (2, N) batch statistics
   int32_t channels_dim1;   // 1 with a batch or group norm: torch takes dim 1 as channels, so the
                            // kernels (channels = last dim) only cover 2-D x

@@ -13,6 +13,7 @@ template <int P>
 struct Args {
   const void* y;
   void* out;
+  void* kept;            // the keep() stage's value (Prog::Kept), when the program has one
   float* stats;
   float* bn_mean;        // BatchNorm training: per-column mean and 1/sqrt(var + eps)
   float* bn_rstd;

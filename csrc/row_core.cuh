@@ -87,7 +87,15 @@ struct Row {
   static constexpr int OUT_VEC = DType<Out>::kVec;
   static_assert(VEC % OUT_VEC == 0, "the output type is T or float");
 
-  FX_DEVICE void store_rows() const {
+  FX_DEVICE void store_rows() const { store_rows_to<Out>(a.out); }
+
+  // The keep() stage: the row's values as they are here, the program's second output (Prog::Kept)
+  FX_DEVICE void store_kept() const { store_rows_to<typename Prog::Kept>(a.kept); }
+
+  template <class U>
+  FX_DEVICE void store_rows_to(void* dst) const {
+    constexpr int U_VEC = DType<U>::kVec;
+    static_assert(VEC % U_VEC == 0, "the stored type is T or float");
     if (!active) return;
     const int64_t base = row * a.n;
 #pragma unroll
@@ -96,11 +104,11 @@ struct Row {
       if constexpr (ALIGNED) {
         if (c0 < a.n)
 #pragma unroll
-          for (int k = 0; k < VEC; k += OUT_VEC) Mem<Out>::store_vec(a.out, base + c0 + k, v[i] + k);
+          for (int k = 0; k < VEC; k += U_VEC) Mem<U>::store_vec(dst, base + c0 + k, v[i] + k);
       } else {
 #pragma unroll
         for (int e = 0; e < VEC; ++e)
-          if (c0 + e < a.n) Mem<Out>::store(a.out, base + c0 + e, v[i][e]);
+          if (c0 + e < a.n) Mem<U>::store(dst, base + c0 + e, v[i][e]);
       }
     }
   }

@@ -301,13 +301,15 @@ struct Launcher {
     A a = {};
     a.y = L->y;
     a.out = L->out;
+    a.kept = L->kept;
     a.stats = L->stats;
     set_params<Prog>(a, L->params);
     a.m = L->m;
     a.n = static_cast<int32_t>(L->n);
     a.scratch_stride = static_cast<int32_t>(Prog::scratch_floats(L->n, VEC));
     a.flags = L->flags;
-    const bool out_vec = Prog::kOutKind != FX_OUT_ROWS || reinterpret_cast<uintptr_t>(L->out) % 16 == 0;
+    const bool out_vec = (Prog::kOutKind != FX_OUT_ROWS || reinterpret_cast<uintptr_t>(L->out) % 16 == 0) &&
+                         reinterpret_cast<uintptr_t>(L->kept) % 16 == 0;
     const bool aligned = L->n % VEC == 0 && reinterpret_cast<uintptr_t>(L->y) % 16 == 0 && out_vec;
     if constexpr (Prog::kBatchTrain) {
       const int64_t grid = stats_grid(L->m, rows, L->sm_count);
@@ -385,6 +387,7 @@ struct Launcher {
                                        fx::DType<T>::kCode,                                          \
                                        fx::DType<typename PROG::Out>::kCode,                         \
                                        PROG::kOutKind,                                               \
+                                       PROG::kKeeps ? fx::DType<typename PROG::Kept>::kCode : -1,    \
                                        PROG::kBatchTrain ? 1 : 0,                                    \
                                        PROG::kChannelsDim1 ? 1 : 0,                                  \
                                        PROG::kNumParams,                                             \

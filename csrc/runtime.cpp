@@ -269,6 +269,10 @@ Result run(int64_t info_address, const Tensor& x, const Tensor& weight, const st
   }
   const auto floats = y.options().dtype(at::kFloat);
   Tensor stats = info->batch_train ? at::empty({2, n}, floats) : at::empty({0}, floats);
+  std::vector<int64_t> rows_shape(x.sizes().begin(), x.sizes().end() - 1);
+  rows_shape.push_back(n);
+  Tensor kept_value = info->kept_dtype >= 0 ? at::empty(rows_shape, y.options().dtype(*scalar_type_of(info->kept_dtype)))
+                                            : at::empty({0}, y.options());
   const int64_t ws_floats = info->workspace_floats(m, n, facts.sm_count);
   Tensor workspace;
   if (ws_floats > 0) workspace = at::empty({ws_floats}, floats);
@@ -276,6 +280,7 @@ Result run(int64_t info_address, const Tensor& x, const Tensor& weight, const st
   FxLaunch launch{};
   launch.y = y.data_ptr();
   launch.out = out.data_ptr();
+  launch.kept = info->kept_dtype >= 0 ? kept_value.data_ptr() : nullptr;
   launch.stats = info->batch_train ? stats.data_ptr<float>() : nullptr;
   launch.workspace = ws_floats > 0 ? workspace.data_ptr<float>() : nullptr;
   launch.params = fx_params.data();
@@ -287,7 +292,7 @@ Result run(int64_t info_address, const Tensor& x, const Tensor& weight, const st
   launch.flags = static_cast<int32_t>(flags);
   const char* error = info->launch(&launch, current_stream(x));
   TORCH_CHECK(error == nullptr, "fxfuse: epilogue kernel launch failed: ", error);
-  return std::make_tuple(out, stats, save_gemm ? y : at::empty({0}, y.options()), at::empty({0}, y.options()));
+  return std::make_tuple(out, stats, save_gemm ? y : at::empty({0}, y.options()), kept_value);
 }
 
 using GradOutputs = std::tuple<Tensor, Tensor>;  // (dgemm, sums), as fxfuse::epilogue_backward

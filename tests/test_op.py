@@ -65,7 +65,8 @@ def test_a_chain_that_widens_returns_float32_and_passes_opcheck(name):
     program = PROGRAMS[name]
     g = torch.Generator().manual_seed(0)
     x, w, b = (torch.randn(s, generator=g).to(torch.bfloat16) for s in [(6, 8), (16, 8), (16,)])
-    params = [p.requires_grad_(i not in program.constant_params) for i, p in enumerate(make_params(program, 16, generator=g))]
+    params = [p.requires_grad_(i not in program.constant_params)
+              for i, p in enumerate(make_params(program, 16, generator=g, lead=(6,)))]
     args = (program.to_string(), x.requires_grad_(), w.requires_grad_(), b.requires_grad_(), params)
     out, *_ = torch.ops.fxfuse.linear_epilogue(*args, False)
     assert out.dtype == torch.float32

@@ -273,8 +273,10 @@ def test_the_op_returns_the_kept_value_and_differentiates_through_both_outputs()
                           (program.to_string(), x, w, b, [residual, scale], False))
 
 
-def test_a_program_that_keeps_a_value_has_no_cuda_kernel_yet():
+def test_a_program_that_keeps_a_value_stores_it_from_the_row_kernels_only():
     program = Program.parse("linear(bias=True) | pointwise(x + p0) | keep() | layer_norm(eps=1e-05) || full")
     assert program.keeps and program.kept_dtype(torch.bfloat16) == torch.bfloat16
-    assert "second output" in codegen.unsupported_reason(program)
+    assert codegen.unsupported_reason(program) is None
+    assert "r.store_kept();" in codegen.generate(program, torch.bfloat16, "ns", "entry")["program.cuh"]
     assert not codegen.has_generated_backward(program)
+    assert "stages are not in the in-GEMM epilogue" in gemm_codegen.unsupported_reason(program, torch.bfloat16)

@@ -147,6 +147,8 @@ def _program_header(program: Program, dtype: torch.dtype, namespace: str) -> str
             f"  static constexpr float kBatchEps = {float_literal(bn.eps) if bn else '0.0f'};",
             f"  static constexpr int kLocalItems = {_local_items(program)};  // chunks a thread, row-local plans",
             f"  using Out = {ELEMENT_TYPES[program.output_dtype(dtype)]};  // the output's element type",
+            f"  static constexpr bool kKeeps = {'true' if program.keeps else 'false'};  // a keep() stage: a second output",
+            f"  using Kept = {ELEMENT_TYPES[program.kept_dtype(dtype) if program.keeps else dtype]};  // its element type",
             f"  static constexpr int kVec = {chunk_elements(program, dtype)};  // elements a chunk",
             "",
             "  static bool groups_ok(int64_t n) {",
@@ -206,9 +208,12 @@ def _check(program: Program) -> None:
     for kind in program.params:
         if kind not in PARAM_KINDS:
             raise UnsupportedProgram(f"parameter kind {kind!r}")
-    if any(isinstance(s, Keep) for s in program.stages):
-        raise UnsupportedProgram("a second output (a chain value also read outside the chain) has no CUDA kernel yet")
     trains = [s for s in program.stages if isinstance(s, Norm) and s.kind == "batch" and s.training]
+    keeps = [i for i, s in enumerate(program.stages) if isinstance(s, Keep)]
+    if len(keeps) > 1:
+        raise UnsupportedProgram("more than one second output")
+    if keeps and trains and keeps[0] < program.stages.index(trains[0]):
+        raise UnsupportedProgram("a second output before a training BatchNorm (the statistics kernel recomputes it)")
     if len(trains) > 1:
         raise UnsupportedProgram("more than one training BatchNorm")
     if sum(isinstance(s, Widen) for s in program.stages) > 1:
@@ -351,6 +356,8 @@ def _derivatives(program: Program, dtype: torch.dtype) -> tuple[str, dict[str, l
     print."""
     functions: dict[str, list[str]] = {}
     if "full" in program.params:  # its gradient is a tensor of the output's shape, not column sums
+        return "fx::kNoGrad", functions, None
+    if program.keeps:  # two outputs' gradients meet at the keep() stage: the reference's autograd
         return "fx::kNoGrad", functions, None
     try:
         if all(isinstance(stage, Pointwise) for stage in program.stages):
@@ -496,6 +503,10 @@ class _Emitter:
                 self.rounded = True  # Row::normalise rounds to the norm's type
             elif isinstance(stage, Widen):
                 self.dtype, self.rounded = torch.float32, True
+            elif isinstance(stage, Keep):
+                if reduced:
+                    raise UnsupportedProgram("a second output after a row reduction")
+                lines.append("r.store_kept();")  # rounds to Prog::Kept at the store
             elif stage.changes_shape:
                 lines.append(f"float s = r.{_REDUCTIONS[stage.kind]}();")
                 reduced, self.rounded = True, False

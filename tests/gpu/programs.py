@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from fxfuse import expr as E
-from fxfuse.ir import Gemm, Norm, Pointwise, Program, Reduce, Widen
+from fxfuse.ir import Gemm, Keep, Norm, Pointwise, Program, Reduce, Widen
 from fxfuse.vocabulary import POINTWISE, call
 
 X = E.X
@@ -172,6 +172,13 @@ PROGRAMS: dict[str, Program] = {
     "full_residual_batch_train": Program(
         Gemm(True), (pw(E.add(X, p(0))), Norm("batch", 1e-5, weight=1, bias=2, training=True)), ("full", "col", "col")
     ),
+    # a second output: a pre-norm block's residual sum, kept, then normalised (GPT-2, ViT); under
+    # autocast kept in float32 after the chain widened (Llama's to(float32) before its RMSNorm)
+    "keep_residual_layer": Program(
+        Gemm(True), (pw(E.add(X, p(0))), Keep(), Norm("layer", 1e-5, weight=1, bias=2)), ("full", "col", "col")
+    ),
+    "widen_keep_rms": Program(Gemm(False), (pw(E.add(X, p(0))), Widen(), Keep(), Norm("rms", 1e-6, weight=1)),
+                              ("full", "col")),
     "minus_and_negation": Program(Gemm(True), (pw(E.sub(E.neg(X), E.sub(c(2.0), E.mul(c(3.0), X)))),)),
     # chains that widen to float32 as autocast's do (the output is float32; a no-op in float32)
     "widen_s08_silu_vec_group": Program(
@@ -231,7 +238,7 @@ PROGRAMS["vocabulary_2"] = vocabulary_program(_names[len(_names) // 2 :])
 LOW_PRECISION = ["s01_scale_leaky", "s04_group_silu_vec_silu", "s03_batch_train_gelu_relu", "s11_gelu_softmax",
                  "s22_batch_eval_relu",
                  "s16_sigmoid_sum", "s21_rms_silu", "group_odd", "s05_traced_bf16", "s11_traced_bf16",
-                 "full_residual_layer", "full_gate_silu"] + [
+                 "full_residual_layer", "full_gate_silu", "keep_residual_layer"] + [
                      name for name in PROGRAMS if name.startswith("widen_")]
 TRACED_IN_BF16 = ["s05_traced_bf16", "s11_traced_bf16"]  # their rounding points are a bf16 chain's
 

@@ -68,12 +68,13 @@ def inputs(program, dtype, m, n, k, seed, layout="contiguous"):
 def check(program, dtype, x, w, b, params, cpu_too=False):
     """The kernels (into a NaN buffer) and the registered op against the reference."""
     text = program.to_string()
-    ref_out, ref_stats = reference.forward(program, x, w, b, params)
+    ref_out, ref_stats, _, ref_kept = reference.op_forward(program, x, w, b, params, False)
     buffer = torch.full_like(ref_out, math.nan)
-    out, stats, *_ = fxcuda.engine.call(text, x, w, b, params, out=buffer)
+    out, stats, _, kept = fxcuda.engine.call(text, x, w, b, params, out=buffer)
     assert out.data_ptr() == buffer.data_ptr(), "the kernels did not run (fallback to the reference)"
     tol = TOL[dtype]
     torch.testing.assert_close(out, ref_out, rtol=tol, atol=tol, equal_nan=True)
+    torch.testing.assert_close(kept, ref_kept, rtol=tol, atol=tol, equal_nan=True)
     if ref_stats.numel():
         torch.testing.assert_close(stats, ref_stats, rtol=tol, atol=tol, equal_nan=True)
     op_out, op_stats, _ = op(text, x, w, b, params)  # the dispatcher path

@@ -99,14 +99,16 @@ def norms_as_on_cuda(dtype):
 def run_and_compare(engine, program, dtype, x, w, b, params, misaligned=False):
     text = program.to_string()
     with norms_as_on_cuda(dtype):
-        ref_out, ref_stats = reference.forward(program, x, w, b, params)
+        ref_out, ref_stats, _, ref_kept = reference.op_forward(program, x, w, b, params, False)
     numel = ref_out.numel()
     storage = torch.full((numel + 1,), math.nan, dtype=ref_out.dtype)  # float32 where the chain widens
     buffer = (storage[1:] if misaligned else storage[:numel]).view(ref_out.shape)
-    out, stats, *_ = engine.call(text, x, w, b, params, out=buffer)
+    out, stats, _, kept = engine.call(text, x, w, b, params, out=buffer)
     assert out.data_ptr() == buffer.data_ptr(), "the kernels did not run (fallback to the reference)"
     tol = TOL[dtype]
     torch.testing.assert_close(out.float(), ref_out.float(), rtol=tol, atol=tol, equal_nan=True)
+    assert kept.dtype == ref_kept.dtype
+    torch.testing.assert_close(kept.float(), ref_kept.float(), rtol=tol, atol=tol, equal_nan=True)
     assert stats.shape == ref_stats.shape and stats.dtype == torch.float32
     if ref_stats.numel():
         torch.testing.assert_close(stats, ref_stats, rtol=tol, atol=tol, equal_nan=True)
@@ -131,7 +133,7 @@ def test_program_matches_reference(engine, name, dtype, m, n, k):
 
 
 @pytest.mark.parametrize("name", ["s04_group_silu_vec_silu", "s21_rms_silu", "s11_gelu_softmax", "s03_batch_train_gelu_relu",
-                                  "full_residual_layer"])
+                                  "full_residual_layer", "keep_residual_layer"])
 def test_unaligned_path_on_aligned_shapes(engine, name):
     """An output that is not 16-byte aligned takes the scalar (unaligned) kernels."""
     program = PROGRAMS[name]
@@ -162,7 +164,7 @@ def test_widest_rows(engine, name, dtype):
 
 @pytest.mark.parametrize("layout", ["transposed", "3d"])
 @pytest.mark.parametrize("name", ["s02_group_leaky_double", "s20_layer_silu", "reduce_logsumexp_drop", "reduce_sum_keep",
-                                  "full_residual", "full_residual_layer"])
+                                  "full_residual", "full_residual_layer", "keep_residual_layer"])
 def test_input_layouts(engine, name, layout):
     program = PROGRAMS[name]
     if layout == "3d" and name == "s02_group_leaky_double":

@@ -1,7 +1,7 @@
 """Real-model spellings on CUDA: GPT-2's Conv1D (a weight stored (K, N)), views that regroup rows
 and operands of the output's shape (a residual, a gate: read by the row kernels at each element's
-own position) run in the fused kernels and equal eager, outputs and gradients; a chain that
-would return a second value (keep()) ends at that value there."""
+own position) and a second output (keep(): a residual sum the graph reads twice) run in the fused
+kernels and equal eager, outputs and gradients."""
 
 from __future__ import annotations
 
@@ -52,12 +52,12 @@ def test_a_chain_with_a_residual_fuses_on_cuda(model, train, dtype):
     assert row.program.endswith("full") or " full" in row.program.split("||")[1]
 
 
-def test_a_chain_that_would_return_a_second_value_ends_there_on_cuda():
-    """The row kernels have no second output yet: the pre-norm block's first chain fuses up to the
-    residual sum (read twice) and the report says why it stops there; the next block's chain,
-    which reads the sum, fuses in full."""
-    report = check_against_eager(PreNormBlock, three_d, device="cuda", grads=True, draws=2)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("train", [False, True], ids=["eval", "train"])
+def test_a_chain_that_returns_a_second_value_fuses_on_cuda(train, dtype):
+    """The pre-norm block: the residual sum is stored by the row kernel as the op's second output
+    and normalised in the same pass; the next chain reads it as its residual."""
+    report = check_against_eager(PreNormBlock, three_d, dtype=dtype, device="cuda", train=train, grads=train, draws=3)
     first, second = report.rows
-    assert first.status == "partial" and first.fused == ["linear", "add"]
-    assert "no second value" in first.reason
+    assert first.status == "fused" and "keep()" in first.program
     assert second.status == "fused"
