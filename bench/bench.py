@@ -110,15 +110,19 @@ class Config:
 # Variants
 
 
-def gemm_callable(model: nn.Module) -> Fn:
+def gemm_callable(model: nn.Module, example: Inputs | None = None) -> Fn:
     """The model's GEMMs alone, on the same shapes.
 
     Chaining the ``nn.Linear`` layers through ``F.linear`` gives each GEMM its real input shape
     (S19's and S22's second GEMM reads the first one's output) without any epilogue op; a model
-    with no Linear (S15) multiplies by its ``weight`` Parameter as the model spells it.
+    with no Linear (S15) multiplies by its ``weight`` Parameter as the model spells it. Where the
+    Linears do not chain (S26's gate and up projections read the same x; S27 takes two inputs),
+    each Linear's input is recorded from one eager call on ``example`` and the GEMMs replay on
+    those tensors.
     """
     linears = [m for m in model.modules() if isinstance(m, nn.Linear)]
-    if linears:
+    chains = all(a.out_features == b.in_features for a, b in zip(linears, linears[1:]))
+    if linears and (example is None or (chains and len(example) == 1)):
 
         def gemm(x: torch.Tensor) -> torch.Tensor:
             for lin in linears:
@@ -126,6 +130,17 @@ def gemm_callable(model: nn.Module) -> Fn:
             return x
 
         return gemm
+    if linears:
+        seen: list[tuple[nn.Linear, torch.Tensor]] = []
+        hooks = [lin.register_forward_pre_hook(lambda m, args: seen.append((m, args[0].detach().clone())))
+                 for lin in linears]
+        try:
+            with torch.no_grad():
+                model(*example)
+        finally:
+            for h in hooks:
+                h.remove()
+        return lambda *_: [F.linear(x, lin.weight, lin.bias) for lin, x in seen]
     weight = model.get_parameter("weight")
     return lambda x: x @ weight.T
 
@@ -146,7 +161,7 @@ def compile_fxfuse(model: nn.Module) -> Fn:
     return torch.compile(model, backend=fxfuse_backend_arg())
 
 
-def make_variants(model: nn.Module, spec: DtypeSpec, names: Sequence[str]) -> dict[str, Fn]:
+def make_variants(model: nn.Module, spec: DtypeSpec, names: Sequence[str], example: Inputs | None = None) -> dict[str, Fn]:
     """Callables for ``names``; compiled variants get their own copy of the model.
 
     Copies are taken before any call, so all variants start from the same parameters and
@@ -154,7 +169,7 @@ def make_variants(model: nn.Module, spec: DtypeSpec, names: Sequence[str]) -> di
     Compilation itself is lazy (first call, i.e. the warm-up).
     """
     factories: dict[str, Callable[[], Fn]] = {
-        "gemm": lambda: gemm_callable(model),
+        "gemm": lambda: gemm_callable(model, example),
         "eager": lambda: model,
         "dynamo": lambda: torch.compile(copy.deepcopy(model), backend="eager"),
         "inductor": lambda: torch.compile(copy.deepcopy(model)),
@@ -383,18 +398,24 @@ def check(fn: Fn, ref: Fn, truth: Fn, input_sets: Sequence[Inputs], tol: float) 
     ok, worst = True, 0.0
     for inputs in input_sets:
         try:
-            out, expected = fn(*inputs), ref(*inputs)
-            exact = truth(*[t.double() if t.is_floating_point() else t for t in inputs])
+            outs, expecteds = _tensors(fn(*inputs)), _tensors(ref(*inputs))
+            exacts = _tensors(truth(*[t.double() if t.is_floating_point() else t for t in inputs]))
         except Exception as e:
             return {"ok": False, "error": _error(e)}
-        if out.shape != expected.shape:
-            return {"ok": False, "error": f"shape {tuple(out.shape)} != {tuple(expected.shape)}"}
-        o, e, x = out.double(), expected.double(), exact.double()
-        worst = max(worst, (o - e).abs().nan_to_num(0.0).max().item())
-        close = (o - e).abs() <= tol + tol * e.abs()
-        no_further = (o - x).abs() <= (e - x).abs() * (1 + 1e-4) + 1e-6
-        ok = ok and torch.equal(o.isnan(), e.isnan()) and bool((close | no_further | (o == e) | e.isnan()).all())
+        for out, expected, exact in zip(outs, expecteds, exacts):
+            if out.shape != expected.shape:
+                return {"ok": False, "error": f"shape {tuple(out.shape)} != {tuple(expected.shape)}"}
+            o, e, x = out.double(), expected.double(), exact.double()
+            worst = max(worst, (o - e).abs().nan_to_num(0.0).max().item())
+            close = (o - e).abs() <= tol + tol * e.abs()
+            no_further = (o - x).abs() <= (e - x).abs() * (1 + 1e-4) + 1e-6
+            ok = ok and torch.equal(o.isnan(), e.isnan()) and bool((close | no_further | (o == e) | e.isnan()).all())
     return {"ok": ok, "max_abs_err": worst}
+
+
+def _tensors(value) -> list[torch.Tensor]:
+    """A model's output as a list of tensors (S27 returns two)."""
+    return list(value) if isinstance(value, (tuple, list)) else [value]
 
 
 def _release() -> None:
@@ -438,7 +459,7 @@ def measure_row(row: SuiteRow, spec: DtypeSpec, cfg: Config) -> dict[str, Any]:
     input_sets = [first] + [
         make_inputs(row, device="cuda", dtype=spec.param_dtype) for _ in range(N_INPUT_SETS - 1)
     ]
-    fns = make_variants(model, spec, VARIANTS + ((MAX_AUTOTUNE,) if cfg.max_autotune else ()))
+    fns = make_variants(model, spec, VARIANTS + ((MAX_AUTOTUNE,) if cfg.max_autotune else ()), first)
     import fxfuse
 
     fxfuse.reset_report()
@@ -480,7 +501,7 @@ def measure_cpu(row: SuiteRow, spec: DtypeSpec, cfg: Config) -> dict[str, float 
     _release()
     torch.manual_seed(0)
     model, inputs = build(row, size=TINY_SIZE, device="cuda", dtype=spec.param_dtype)
-    fns = make_variants(model, spec, CPU_VARIANTS)
+    fns = make_variants(model, spec, CPU_VARIANTS, inputs)
     errors: dict[str, str] = {}
     for name, fn in fns.items():
         try:

@@ -61,19 +61,22 @@ def check_against_eager(
         rounded = (autocast or dtype) in (torch.bfloat16, torch.float16)
         exact = copy.deepcopy(eager).double() if rounded else None  # the float64 truth
         with torch.set_grad_enabled(grads), region:
-            expected = eager(*eager_inputs)
-            actual = compiled(*fused_inputs)
-        assert actual.dtype == expected.dtype and actual.shape == expected.shape
-        if rounded:
-            assert_under_rule(actual, expected, _float64_output(exact, inputs), tol)
-        else:
-            torch.testing.assert_close(actual, expected, atol=tol, rtol=tol, equal_nan=True)
+            expected = outputs(eager(*eager_inputs))
+            actual = outputs(compiled(*fused_inputs))
+        assert len(actual) == len(expected)
+        truths = outputs(_float64_output(exact, inputs)) if rounded else [None] * len(expected)
+        for got, want, truth in zip(actual, expected, truths):
+            assert got.dtype == want.dtype and got.shape == want.shape
+            if rounded:
+                assert_under_rule(got, want, truth, tol)
+            else:
+                torch.testing.assert_close(got, want, atol=tol, rtol=tol, equal_nan=True)
         for (name, b1), (_, b2) in zip(eager.named_buffers(), fused.named_buffers()):
             torch.testing.assert_close(b2, b1, atol=tol, rtol=tol, msg=lambda m, name=name: f"buffer {name}: {m}")
         if grads:
-            grad_out = torch.randn_like(expected)
-            expected.backward(grad_out)
-            actual.backward(grad_out)
+            grad_out = [torch.randn_like(t) for t in expected]
+            torch.autograd.backward(expected, grad_out)
+            torch.autograd.backward(actual, grad_out)
             pairs = [(a.grad, b.grad, "input") for a, b in zip(eager_inputs, fused_inputs)]
             pairs += [(p1.grad, p2.grad, n) for (n, p1), p2 in zip(eager.named_parameters(), fused.parameters())]
             truths = _float64_gradients(exact, inputs, grad_out) if rounded else [None] * len(pairs)
@@ -83,6 +86,11 @@ def check_against_eager(
             eager.zero_grad(set_to_none=True)
             fused.zero_grad(set_to_none=True)
     return fxfuse.last_report()
+
+
+def outputs(value) -> list[torch.Tensor]:
+    """A model's output as a list of tensors (a model may return a tuple: S27's h and norm(h))."""
+    return list(value) if isinstance(value, (tuple, list)) else [value]
 
 
 def _assert_agrees(fused, eager, atol: float, rtol: float, what: str, truth: Callable[[], torch.Tensor] | None):
@@ -114,11 +122,11 @@ def _float64_output(model: torch.nn.Module, inputs: list) -> torch.Tensor:
         return model(*[t.double() if t.is_floating_point() else t for t in inputs])
 
 
-def _float64_gradients(model: torch.nn.Module, inputs: list, grad_out: torch.Tensor) -> list:
+def _float64_gradients(model: torch.nn.Module, inputs: list, grad_out: list[torch.Tensor]) -> list:
     """Gradients of input and parameters of the float64 copy, in check_against_eager's order."""
     xs = [t.double().requires_grad_(t.is_floating_point()) for t in inputs]
     with torch.autocast(inputs[0].device.type, enabled=False):
-        model(*xs).backward(grad_out.double())
+        torch.autograd.backward(outputs(model(*xs)), [g.double() for g in grad_out])
     return [x.grad for x in xs] + [p.grad for p in model.parameters()]
 
 

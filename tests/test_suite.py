@@ -34,6 +34,11 @@ EXPECTED_FUSED = {
     "S20": [["linear", "layer_norm(1e-05)", "silu"]],
     "S21": [["linear", "rms_norm", "silu"]],
     "S22": [["linear", "batch_norm(0.1, 1e-05)", "relu", "dropout(0.1)"], []],
+    # the gate's chain takes the up projection's output as an operand of its shape; the down
+    # projection's chain the residual
+    "S26": [["linear", "silu", "mul"], [], ["linear", "add"]],
+    # h is returned and normalised: the op returns it too (keep())
+    "S27": [["linear", "add", "rms_norm"]],
 }
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 
