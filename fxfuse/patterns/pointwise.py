@@ -55,6 +55,18 @@ def power(input, exponent):
     return PointwiseOp("pow", (input, exponent))
 
 
+def rsqrt(input):  # torch.rsqrt: a power of -1/2 (its derivative, NaN and Inf are the power's)
+    return PointwiseOp("pow", (input, -0.5))
+
+
+def sqrt(input):
+    return PointwiseOp("pow", (input, 0.5))
+
+
+def square(input):
+    return PointwiseOp("pow", (input, 2.0))
+
+
 def neg(input):
     return PointwiseOp("neg", (input,))
 
@@ -165,6 +177,9 @@ SPELLINGS = (
     spell(div, operator.truediv, torch.div, torch.true_divide, torch.divide, "div", "divide",
           "true_divide", "__truediv__", inplace=(operator.itruediv, "div_", "__itruediv__")),
     spell(power, operator.pow, torch.pow, "pow", "__pow__", inplace=("pow_",)),
+    spell(rsqrt, torch.rsqrt, "rsqrt", inplace=(torch.rsqrt_, "rsqrt_")),
+    spell(sqrt, torch.sqrt, "sqrt", inplace=(torch.sqrt_, "sqrt_")),
+    spell(square, torch.square, "square", inplace=("square_",)),
     spell(neg, operator.neg, torch.neg, torch.negative, "neg", "negative", "__neg__",
           inplace=("neg_",)),
     spell(_act("relu"), torch.relu, F.relu, "relu", inplace=(torch.relu_, "relu_")),
