@@ -3,15 +3,7 @@
 # (wheels placed in .whl/ for a machine without network), the in-GEMM tests (GEMM_TESTS, empty: none),
 # then the benchmark of the rows given (BENCH_ROWS).
 set -uo pipefail
-OUT=${OUT:-$PWD/out}; mkdir -p "$OUT"
-export PYTHONUNBUFFERED=1 FXFUSE_CACHE_DIR=${FXFUSE_CACHE_DIR:-/tmp/fxfuse-cache} FXFUSE_SKIP_EMULATOR=1
-if ls .whl/*.whl >/dev/null 2>&1; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/*.whl \
-    && export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
-fi
-python3 -m pip install -q --no-deps --no-build-isolation -e . >"$OUT/install.log" 2>&1 || { cat "$OUT/install.log"; exit 1; }
-{ nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv
-  python3 -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda)"; } | tee "$OUT/env.txt"
+source "$(dirname "$0")/device_setup.sh"
 status=0
 GEMM_TESTS=${GEMM_TESTS-tests/gpu/test_gemm_epilogue.py}
 if [ -n "$GEMM_TESTS" ]; then

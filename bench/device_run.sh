@@ -9,15 +9,9 @@
 # (bench/train_bench.py; TRAIN_ARGS).
 set -uo pipefail
 stages=${1:-tests,profile,bench}; shift || true
-OUT=${OUT:-$PWD/out}; mkdir -p "$OUT"
 LOGS=$(mktemp -d)  # per-process logs; $OUT gets a few merged files
-export PYTHONUNBUFFERED=1 FXFUSE_CACHE_DIR=${FXFUSE_CACHE_DIR:-/tmp/fxfuse-cache}
-export FXFUSE_SKIP_EMULATOR=1  # the host-emulator tests run in CPU CI
+source "$(dirname "$0")/device_setup.sh"
 has() { [[ ",$stages," == *",$1,"* ]]; }
-python3 -m pip install -q --no-deps --no-build-isolation -e . >"$LOGS/install.log" 2>&1 \
-  || { cat "$LOGS/install.log"; exit 1; }
-{ nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv
-  python3 -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda)"; } | tee "$OUT/env.txt"
 # Build every module first, in parallel (a build per chain at compile time is sequential).
 # PREBUILD_ARGS narrow the suite modules (bench/prebuild_suite.py's flags); the tests' modules are
 # built only with the tests stage.
