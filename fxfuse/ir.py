@@ -13,7 +13,8 @@ String form, stages separated by `` | `` and parameter kinds after `` || ``::
 A program is dtype-agnostic: it runs on the GEMM's dtype (the module is built per program and
 dtype), a bfloat16/float16 chain carries its rounding points in its expressions, and a ``float32()``
 stage marks where the chain widens to float32, as autocast and type promotion widen eager's, and a
-``keep()`` stage marks a value the op returns too (a value the graph also reads elsewhere).
+``keep()`` stage marks a value the op returns too (a value the graph also reads elsewhere); a
+``narrow()`` stage marks the cast back to the GEMM's dtype after a widened stretch.
 """
 
 from __future__ import annotations
@@ -101,6 +102,14 @@ class Widen:
 
 
 @dataclass(frozen=True)
+class Narrow:
+    """The chain's value is back in the GEMM's dtype: eager's cast back after a widened stretch
+    (transformers' RMSNorms: ``weight * hidden.to(input_dtype)``). The rounding itself is in the
+    expressions (the cast is a rounding point); the op's output is of the GEMM's dtype. Only
+    pointwise stages follow it, and it follows a Widen."""
+
+
+@dataclass(frozen=True)
 class Keep:
     """The value here is an output of the op too (its fourth): a chain value the graph also reads
     outside the chain, such as a pre-norm block's residual sum (read by the norm and by the next
@@ -108,7 +117,7 @@ class Keep:
     most one a program, before any reduction that changes the shape."""
 
 
-Stage = Union[Pointwise, Norm, Reduce, Widen, Keep]
+Stage = Union[Pointwise, Norm, Reduce, Widen, Narrow, Keep]
 
 
 @dataclass(frozen=True)
@@ -144,18 +153,18 @@ class Program:
         return any(isinstance(s, Keep) for s in self.stages)
 
     def kept_dtype(self, dtype: torch.dtype) -> torch.dtype:
-        """The kept value's dtype for a GEMM in ``dtype``: float32 once a Widen came before it."""
+        """The kept value's dtype for a GEMM in ``dtype``: the chain's dtype at the keep() stage."""
         at = next(i for i, s in enumerate(self.stages) if isinstance(s, Keep))
-        widened = any(isinstance(s, Widen) for s in self.stages[:at])
-        return torch.promote_types(dtype, torch.float32) if widened else dtype
+        return _dtype_after(self.stages[:at], dtype)
 
     @property
     def widens(self) -> bool:
         return any(isinstance(s, Widen) for s in self.stages)
 
     def output_dtype(self, dtype: torch.dtype) -> torch.dtype:
-        """The op's output dtype for a GEMM in ``dtype`` (float64, which gradcheck uses, stays)."""
-        return torch.promote_types(dtype, torch.float32) if self.widens else dtype
+        """The op's output dtype for a GEMM in ``dtype`` (float64, which gradcheck uses, stays):
+        float32 after a Widen, the GEMM's again after a Narrow."""
+        return _dtype_after(self.stages, dtype)
 
     def output_shape(self, batch_shape: tuple, n: int) -> tuple:
         """Shape of the op's output for an input of shape ``(*batch_shape, K)``."""
@@ -186,11 +195,19 @@ class Program:
         return Program(gemm, tuple(_parse_stage(s) for s in stage_texts), tuple(params.split()))
 
 
+def _dtype_after(stages, dtype: torch.dtype) -> torch.dtype:
+    """The chain's dtype after ``stages``: the GEMM's, float32 from a Widen, the GEMM's from a Narrow."""
+    markers = [s for s in stages if isinstance(s, (Widen, Narrow))]
+    widened = bool(markers) and isinstance(markers[-1], Widen)
+    return torch.promote_types(dtype, torch.float32) if widened else dtype
+
+
 _NORM_NAMES = {"group": "group_norm", "layer": "layer_norm", "rms": "rms_norm", "batch": "batch_norm"}
 _NORM_KINDS = {v: k for k, v in _NORM_NAMES.items()}
 _PARAM_FIELDS = ("weight", "bias", "running_mean", "running_var")
 _WIDEN_NAME = "float32"
 _KEEP_NAME = "keep"
+_NARROW_NAME = "narrow"
 
 
 def _stage_string(stage: Stage) -> str:
@@ -205,6 +222,8 @@ def _stage_string(stage: Stage) -> str:
         return f"{_WIDEN_NAME}()"
     if isinstance(stage, Keep):
         return f"{_KEEP_NAME}()"
+    if isinstance(stage, Narrow):
+        return f"{_NARROW_NAME}()"
     defaults = Norm(kind=stage.kind, eps=0.0)
     items = [f"eps={stage.eps!r}"]
     for f in fields(Norm)[2:]:
@@ -245,4 +264,6 @@ def _parse_stage(text: str) -> Stage:
         return Widen()
     if name == _KEEP_NAME and not node.args and not node.keywords:
         return Keep()
+    if name == _NARROW_NAME and not node.args and not node.keywords:
+        return Narrow()
     raise ValueError(f"unknown stage {text!r}")

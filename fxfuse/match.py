@@ -37,7 +37,7 @@ from .canonical import (
     example_value,
 )
 from .describe import describe
-from .ir import Gemm, Keep, Norm, Pointwise, Program, Reduce, Stage, Widen
+from .ir import Gemm, Keep, Narrow, Norm, Pointwise, Program, Reduce, Stage, Widen
 from .vocabulary import ROUNDING, call, is_rounding
 
 FUSABLE_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
@@ -324,8 +324,8 @@ class _Matcher:
         value = example_value(node)
         self.node_dtype = self._dtype_of(node, op, value.dtype if isinstance(value, torch.Tensor) else self.dtype)
         expr, is_tuple = self._rounded(E.X), False
-        if isinstance(op, AliasOp):
-            expr = self._segment_value(op.input)
+        if isinstance(op, AliasOp):  # a cast back to the chain's dtype rounds here
+            expr = self._rounded(self._segment_value(op.input))
         elif isinstance(op, ReshapeOp):
             self._regroup_rows(node, value)
             expr = self._segment_value(op.input)
@@ -354,7 +354,7 @@ class _Matcher:
         if self.reduced or not isinstance(value, torch.Tensor) or tuple(value.shape) != tuple(self.shape):
             raise Stop(f"{describe(node)} is read outside the chain after a row reduction")
         if self.widened and self.node_dtype != torch.float32:
-            raise Stop(f"{describe(node)} is read outside the chain in {self.node_dtype} after the chain widened")
+            raise Stop(f"{describe(node)} is read outside the chain in {self.node_dtype} after a cast back")
         self.stages[:] = self._stages_with(expr)
         self.stages.append(Keep())
         self.segment = {node: E.X}
@@ -400,7 +400,8 @@ class _Matcher:
         trivial = expr == E.X or (self._is_rounding(expr) and expr.args[0] == E.X)
         segment = () if trivial else (Pointwise(expr),)
         widen = (Widen(),) if self.widened and Widen() not in self.stages else ()
-        return tuple(self.stages) + segment + widen
+        narrow = (Narrow(),) if self.widened and self.node_dtype == self.dtype else ()  # cast back
+        return tuple(self.stages) + segment + widen + narrow
 
     def _segment_value(self, node: Node) -> sympy.Expr:
         if node in self.segment:

@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 
 from . import expr as E
-from .ir import Keep, Norm, Pointwise, Program, Reduce, Widen
+from .ir import Keep, Narrow, Norm, Pointwise, Program, Reduce, Widen
 
 EMPTY_STATS_SHAPE = (0,)
 
@@ -76,7 +76,9 @@ def epilogue_and_kept(program: Program, y: torch.Tensor,
                 if batch_stats is not None:
                     stats = batch_stats
             elif isinstance(stage, Widen):
-                dtype = program.output_dtype(dtype)
+                dtype = torch.promote_types(y.dtype, torch.float32)
+            elif isinstance(stage, Narrow):  # the rounding is the expression's; later norms see y's dtype
+                dtype = y.dtype
             elif isinstance(stage, Keep):
                 kept = v.to(dtype, copy=True)  # never the output itself (an op's outputs may not alias)
             else:

@@ -235,6 +235,11 @@ WIDENINGS = [
     ("float-then-softmax", lambda m, y: F.gelu(y).float().softmax(-1), "pointwise(bf16(gelu(x))) | float32() | softmax()"),
     ("to-float32-then-layer_norm", lambda m, y: F.layer_norm(y.to(torch.float32), (N,)), "float32() | layer_norm("),
     ("to-dtype-kwarg", lambda m, y: y.to(dtype=torch.float32) * 0.5 + y.sigmoid(), "pointwise((x * 0.5) + bf16(sigmoid(x))) | float32()"),
+    # and back: the cast is a rounding point, the weight multiply rounds again, the output is bf16
+    ("norm-then-cast-back", lambda m, y: m.vector.to(torch.bfloat16) * F.layer_norm(y.float(), (N,)).to(torch.bfloat16),
+     "float32() | layer_norm(eps=1e-05) | pointwise(bf16(p0 * bf16(x))) | narrow()"),
+    ("cast-back-then-pointwise", lambda m, y: (y.float().exp() * 0.5).to(torch.bfloat16).relu(),
+     "narrow()"),
 ]
 
 

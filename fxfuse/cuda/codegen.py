@@ -17,7 +17,7 @@ import sympy
 import torch
 
 from .. import expr as E
-from ..ir import Keep, Norm, Pointwise, Program, Reduce, Stage, Widen
+from ..ir import Keep, Narrow, Norm, Pointwise, Program, Reduce, Stage, Widen
 from ..vocabulary import ROUNDING, call, is_rounding
 from .gradient import print_gradient
 from .printer import UnsupportedExpression, float_literal, print_expr
@@ -218,6 +218,9 @@ def _check(program: Program) -> None:
         raise UnsupportedProgram("more than one training BatchNorm")
     if sum(isinstance(s, Widen) for s in program.stages) > 1:
         raise UnsupportedProgram("more than one widening to float32")
+    narrows = [i for i, s in enumerate(program.stages) if isinstance(s, Narrow)]
+    if narrows and (len(narrows) > 1 or not program.widens or narrows[0] != len(program.stages) - 1):
+        raise UnsupportedProgram("a cast back to the GEMM's dtype other than at the end of a widened chain")
     reduced = False
     for stage in program.stages:
         if reduced and not isinstance(stage, Pointwise):
@@ -359,6 +362,8 @@ def _derivatives(program: Program, dtype: torch.dtype) -> tuple[str, dict[str, l
         return "fx::kNoGrad", functions, None
     if program.keeps:  # two outputs' gradients meet at the keep() stage: the reference's autograd
         return "fx::kNoGrad", functions, None
+    if any(isinstance(s, Narrow) for s in program.stages):  # the kernels' rounding points assume one widening
+        return "fx::kNoGrad", functions, None
     try:
         if all(isinstance(stage, Pointwise) for stage in program.stages):
             functions["grad"] = _gradient_function("grad", _pointwise_expression(program), program, dtype)
@@ -481,6 +486,7 @@ class _Emitter:
 
     def __init__(self, program: Program, dtype: torch.dtype) -> None:
         self.program = program
+        self.gemm_dtype = dtype
         self.dtype = dtype  # the dtype the chain computes in: the element type, float32 once widened
         self.rounded = True  # the GEMM output is loaded as T values
 
@@ -503,6 +509,8 @@ class _Emitter:
                 self.rounded = True  # Row::normalise rounds to the norm's type
             elif isinstance(stage, Widen):
                 self.dtype, self.rounded = torch.float32, True
+            elif isinstance(stage, Narrow):  # the last stage: its rounding is the expression's
+                self.dtype = self.gemm_dtype
             elif isinstance(stage, Keep):
                 if reduced:
                     raise UnsupportedProgram("a second output after a row reduction")

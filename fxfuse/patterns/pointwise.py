@@ -152,18 +152,21 @@ def reshape(input, *shape):
     return ReshapeOp(input)
 
 
+CASTS = (torch.float32, torch.bfloat16, torch.float16)
+
+
 def to(input, *args, dtype=None, non_blocking=False, copy=False, memory_format=None):
-    """``x.to(torch.float32)`` / ``x.to(dtype=torch.float32)``: the value in float32 (the matcher
-    widens a bfloat16/float16 chain there, as where autocast or type promotion make an op compute
-    in float32); other casts and moves are not epilogue ops (a narrowing cast would need a
-    rounding point, a move another device)."""
+    """``x.to(torch.float32)`` / ``x.to(dtype=torch.bfloat16)``: the value in that dtype. The
+    matcher reads the node's dtype: a cast to float32 widens a bfloat16/float16 chain (as where
+    autocast or type promotion make an op compute in float32), a cast back to the chain's dtype
+    after that rounds (a ``narrow()``), any other cast stops the chain. Moves are not epilogue ops."""
     if args:  # x.to(torch.float32); x.to(device), x.to(other), x.to(device, dtype) are no casts here
         target = args[0] if len(args) == 1 and dtype is None else None
     else:
         target = dtype
-    if target is torch.float32 and memory_format is None:
+    if target in CASTS and memory_format is None:
         return AliasOp(input)
-    return Rejected(f"to({', '.join(map(str, args)) or f'dtype={dtype}'}): only a cast to float32 fuses")
+    return Rejected(f"to({', '.join(map(str, args)) or f'dtype={dtype}'}): not a cast between float types")
 
 
 SPELLINGS = (

@@ -229,6 +229,9 @@ PROGRAMS["s05_traced_bf16"] = Program.parse(
     "bf16(x), 0.01)), 0.01)))))))"
 )
 PROGRAMS["s11_traced_bf16"] = Program.parse("linear(bias=True) | pointwise(bf16(gelu(x))) | softmax()")
+# transformers' RMSNorm in a bf16 model: the norm in float32, cast back, the weight multiply in bf16
+PROGRAMS["narrow_traced_bf16"] = Program.parse(
+    "linear(bias=False) | float32() | rms_norm(eps=1e-06) | pointwise(bf16(p0 * bf16(x))) | narrow() || col")
 
 _names = list(POINTWISE)
 PROGRAMS["vocabulary_1"] = vocabulary_program(_names[: len(_names) // 2])
@@ -238,9 +241,9 @@ PROGRAMS["vocabulary_2"] = vocabulary_program(_names[len(_names) // 2 :])
 LOW_PRECISION = ["s01_scale_leaky", "s04_group_silu_vec_silu", "s03_batch_train_gelu_relu", "s11_gelu_softmax",
                  "s22_batch_eval_relu",
                  "s16_sigmoid_sum", "s21_rms_silu", "group_odd", "s05_traced_bf16", "s11_traced_bf16",
-                 "full_residual_layer", "full_gate_silu", "keep_residual_layer"] + [
+                 "full_residual_layer", "full_gate_silu", "keep_residual_layer", "narrow_traced_bf16"] + [
                      name for name in PROGRAMS if name.startswith("widen_")]
-TRACED_IN_BF16 = ["s05_traced_bf16", "s11_traced_bf16"]  # their rounding points are a bf16 chain's
+TRACED_IN_BF16 = ["s05_traced_bf16", "s11_traced_bf16", "narrow_traced_bf16"]  # their rounding points are a bf16 chain's
 
 
 def dtypes_of(name: str) -> list[torch.dtype]:
