@@ -74,3 +74,12 @@ def test_a_written_norm_whose_variance_is_read_elsewhere_stays_written():
     report = check_against_eager(VarianceToo, inputs, grads=True)
     (row,) = report.rows
     assert "rms_norm" not in (row.program or "")
+
+
+@pytest.mark.parametrize("model", [LlamaStyle, T5Style], ids=["llama", "t5"])
+def test_under_bf16_autocast_the_float32_weight_multiply_fuses_too(model):
+    """An fp32 model under bf16 autocast: the GEMM is bf16, the norm float32, Llama's cast back to
+    bf16 a rounding point inside the float32 weight multiply; the output is float32, as eager's."""
+    report = check_against_eager(model, inputs, autocast=torch.bfloat16, grads=True)
+    (row,) = report.rows
+    assert row.status == "fused" and row.program.startswith("linear(bias=True) | float32() | rms_norm(")
