@@ -269,10 +269,8 @@ Result run(int64_t info_address, const Tensor& x, const Tensor& weight, const st
   }
   const auto floats = y.options().dtype(at::kFloat);
   Tensor stats = info->batch_train ? at::empty({2, n}, floats) : at::empty({0}, floats);
-  std::vector<int64_t> rows_shape(x.sizes().begin(), x.sizes().end() - 1);
-  rows_shape.push_back(n);
-  Tensor kept_value = info->kept_dtype >= 0 ? at::empty(rows_shape, y.options().dtype(*scalar_type_of(info->kept_dtype)))
-                                            : at::empty({0}, y.options());
+  Tensor kept_value = info->kept_dtype >= 0 ? at::empty(y.sizes(), y.options().dtype(*scalar_type_of(info->kept_dtype)))
+                                            : at::empty({0}, y.options());  // of y's shape, (..., n)
   const int64_t ws_floats = info->workspace_floats(m, n, facts.sm_count);
   Tensor workspace;
   if (ws_floats > 0) workspace = at::empty({ws_floats}, floats);

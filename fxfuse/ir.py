@@ -155,16 +155,21 @@ class Program:
     def kept_dtype(self, dtype: torch.dtype) -> torch.dtype:
         """The kept value's dtype for a GEMM in ``dtype``: the chain's dtype at the keep() stage."""
         at = next(i for i, s in enumerate(self.stages) if isinstance(s, Keep))
-        return _dtype_after(self.stages[:at], dtype)
+        return torch.promote_types(dtype, torch.float32) if _widened_after(self.stages[:at]) else dtype
 
     @property
     def widens(self) -> bool:
         return any(isinstance(s, Widen) for s in self.stages)
 
+    @property
+    def ends_widened(self) -> bool:
+        """Whether the output is float32 in a bf16/fp16 chain: a Widen not cast back by a Narrow."""
+        return _widened_after(self.stages)
+
     def output_dtype(self, dtype: torch.dtype) -> torch.dtype:
         """The op's output dtype for a GEMM in ``dtype`` (float64, which gradcheck uses, stays):
         float32 after a Widen, the GEMM's again after a Narrow."""
-        return _dtype_after(self.stages, dtype)
+        return torch.promote_types(dtype, torch.float32) if self.ends_widened else dtype
 
     def output_shape(self, batch_shape: tuple, n: int) -> tuple:
         """Shape of the op's output for an input of shape ``(*batch_shape, K)``."""
@@ -195,11 +200,11 @@ class Program:
         return Program(gemm, tuple(_parse_stage(s) for s in stage_texts), tuple(params.split()))
 
 
-def _dtype_after(stages, dtype: torch.dtype) -> torch.dtype:
-    """The chain's dtype after ``stages``: the GEMM's, float32 from a Widen, the GEMM's from a Narrow."""
+def _widened_after(stages) -> bool:
+    """Whether the chain computes in float32 after ``stages``: the last of its Widen and Narrow
+    stages is a Widen."""
     markers = [s for s in stages if isinstance(s, (Widen, Narrow))]
-    widened = bool(markers) and isinstance(markers[-1], Widen)
-    return torch.promote_types(dtype, torch.float32) if widened else dtype
+    return bool(markers) and isinstance(markers[-1], Widen)
 
 
 _NORM_NAMES = {"group": "group_norm", "layer": "layer_norm", "rms": "rms_norm", "batch": "batch_norm"}

@@ -40,17 +40,11 @@ def _replace(graph: Graph, chain: Chain, replaced: dict[Node, Node]) -> Node:
         save_gemm = records_backward(chain.gemm)
         fused = graph.call_function(FUSED_OP, (chain.program.to_string(), x, weight, bias, params),
                                     {"save_gemm": save_gemm})
-        out = graph.call_function(operator.getitem, (fused, 0))
-        if chain.view is not None:  # the rows regrouped as the chain's last view did
-            out = graph.create_node(chain.view.op, chain.view.target, (out, *chain.view.args[1:]),
-                                    dict(chain.view.kwargs))
+        out = _viewed(graph, graph.call_function(operator.getitem, (fused, 0)), chain.view)
         if chain.batch_norm_update is not None:
             _update_running_stats(graph, fused, chain.batch_norm_update)
         if chain.kept is not None:  # the value the graph also reads outside the chain
-            kept = graph.call_function(operator.getitem, (fused, 3))
-            if chain.kept_view is not None:
-                kept = graph.create_node(chain.kept_view.op, chain.kept_view.target, (kept, *chain.kept_view.args[1:]),
-                                         dict(chain.kept_view.kwargs))
+            kept = _viewed(graph, graph.call_function(operator.getitem, (fused, 3)), chain.kept_view)
             chain.kept.replace_all_uses_with(kept)
             replaced[chain.kept] = kept
     last.replace_all_uses_with(out)
@@ -61,6 +55,14 @@ def _replace(graph: Graph, chain: Chain, replaced: dict[Node, Node]) -> Node:
         if not node.users and transposed_weight(node) is not None:
             graph.erase_node(node)
     return out
+
+
+def _viewed(graph: Graph, value: Node, view: Node | None) -> Node:
+    """``value`` (an output of the fused op, rows as x's) with its rows regrouped as ``view``, the
+    chain's view node, regrouped the graph's value; ``value`` itself without one."""
+    if view is None:
+        return value
+    return graph.create_node(view.op, view.target, (value, *view.args[1:]), dict(view.kwargs))
 
 
 def records_backward(node: Node) -> bool:

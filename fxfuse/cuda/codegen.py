@@ -358,11 +358,9 @@ def _derivatives(program: Program, dtype: torch.dtype) -> tuple[str, dict[str, l
     program's split; kNoGrad (none) where the program is of neither form or a derivative does not
     print."""
     functions: dict[str, list[str]] = {}
-    if "full" in program.params:  # its gradient is a tensor of the output's shape, not column sums
-        return "fx::kNoGrad", functions, None
-    if program.keeps:  # two outputs' gradients meet at the keep() stage: the reference's autograd
-        return "fx::kNoGrad", functions, None
-    if any(isinstance(s, Narrow) for s in program.stages):  # the kernels' rounding points assume one widening
+    # not expressed by the backward kernels: a full operand's gradient (a tensor of the output's
+    # shape, not column sums), two outputs' gradients meeting at keep(), rounding after a cast back
+    if "full" in program.params or program.keeps or any(isinstance(s, Narrow) for s in program.stages):
         return "fx::kNoGrad", functions, None
     try:
         if all(isinstance(stage, Pointwise) for stage in program.stages):
