@@ -77,7 +77,7 @@ def check(program, dtype, x, w, b, params, cpu_too=False):
     torch.testing.assert_close(kept, ref_kept, rtol=tol, atol=tol, equal_nan=True)
     if ref_stats.numel():
         torch.testing.assert_close(stats, ref_stats, rtol=tol, atol=tol, equal_nan=True)
-    op_out, op_stats, _ = op(text, x, w, b, params)  # the dispatcher path
+    op_out, op_stats, *_ = op(text, x, w, b, params)  # the dispatcher path
     assert op_out.shape == ref_out.shape and op_out.dtype == ref_out.dtype and op_out.is_cuda
     torch.testing.assert_close(op_out, ref_out, rtol=tol, atol=tol, equal_nan=True)
     assert op_stats.shape == ref_stats.shape
@@ -168,8 +168,8 @@ def test_batch_norm_one_row_raises_like_eager():
 def test_batch_stats_equal_var_mean_and_are_deterministic():
     program = PROGRAMS["s07_vec_batch_train"]
     x, w, b, params = inputs(program, torch.float32, 4097, 1000, 64, 3)
-    out1, stats1, _ = op(program.to_string(), x, w, b, params)
-    out2, stats2, _ = op(program.to_string(), x, w, b, params)
+    out1, stats1, *_ = op(program.to_string(), x, w, b, params)
+    out2, stats2, *_ = op(program.to_string(), x, w, b, params)
     assert torch.equal(out1, out2) and torch.equal(stats1, stats2)  # fixed reduction order
     pre = torch.nn.functional.linear(x, w, b) * params[0]
     var, mean = torch.var_mean(pre, dim=0, correction=1)
@@ -201,7 +201,7 @@ def test_cuda_graph_capture_and_replay(name):
     torch.cuda.current_stream().wait_stream(stream)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        static_out, static_stats, _ = op(text, static_x, w, b, params)
+        static_out, static_stats, *_ = op(text, static_x, w, b, params)
     for seed in range(3):
         new_x = torch.randn(x.shape, generator=torch.Generator().manual_seed(seed + 10)).to(x)
         static_x.copy_(new_x)
