@@ -23,6 +23,11 @@ outside training too: a separate pass over M x N costs a share of the GEMM that 
 S08 (K = 1024) measured 0.86x Inductor's GPU time through the in-GEMM group norm (H100, bf16;
 BENCHMARKS.md section 10), where S02 and S04 (K = 8192) measured 1.00-1.03x and go to Inductor.
 
+A pointwise chain reading an operand of the output's shape (a residual, a gate) reads it once
+more than the chain's output; Inductor's pointwise kernel reads it too, and S26 (Llama's MLP: the
+SwiGLU product and the residual add, bf16, H100) measured 1.04x Inductor's GPU time through the
+row pass: such chains go to Inductor at large sizes until the GEMM's epilogue reads the operand.
+
 A chain cut short by an op that computes in a dtype it cannot take (float64; autocast's float32
 ops and float32 promotions widen the chain instead) also goes to Inductor: Inductor fuses that op
 and what follows with the chain's ops into kernels that read the GEMM output, while a fused prefix
@@ -115,6 +120,9 @@ def _measured_slower(program: Program) -> tuple[str, str] | None:
     slower than Inductor at large sizes (BENCHMARKS.md)."""
     if any(isinstance(s, Norm) for s in program.stages):
         return "norm epilogues", "1.0-1.2x Inductor's time on CUDA"
+    if "full" in program.params:
+        return ("pointwise epilogues reading an operand of the output's shape",
+                "1.04x Inductor's GPU time on CUDA, S26")
     if program.ends_widened and not any(isinstance(s, Reduce) for s in program.stages):
         return "pointwise epilogues that widen to float32", "1.01-1.04x Inductor's time on CUDA, S09 under bf16 autocast"
     return None

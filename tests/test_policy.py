@@ -49,6 +49,16 @@ def test_a_widened_chain_ending_in_a_row_map_stays_fused():
     assert inductor_is_faster(WIDENED_SOFTMAX, gemm_output(1024, 8192)) is None
 
 
+RESIDUAL_ADD = Program(Gemm(False), (Pointwise(X + E.param(0)),), ("full",))
+
+
+def test_large_chains_reading_a_residual_go_to_inductor_small_ones_stay():
+    reason = inductor_is_faster(RESIDUAL_ADD, gemm_output(1024, 8192))
+    assert reason is not None and "operand of the output's shape" in reason
+    assert inductor_is_faster(RESIDUAL_ADD, gemm_output(16, 8192)) is None
+    assert inductor_is_faster(RESIDUAL_ADD, gemm_output(1024, 8192, device="cpu")) is None
+
+
 S04_GROUPS = Program(Gemm(True), (Norm("group", 1e-5, groups=256, weight=0, bias=1),), ("col", "col"))
 S06_GROUPS = Program(Gemm(True), (Norm("group", 1e-5, groups=16, weight=0, bias=1),), ("col", "col"))
 LAYER_NORM = Program(Gemm(True), (Norm("layer", 1e-5, weight=0, bias=1),), ("col", "col"))

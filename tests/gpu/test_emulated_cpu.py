@@ -30,7 +30,7 @@ from programs import LOW_PRECISION, PROGRAMS, assert_backward_close, dtypes_of, 
 
 SHAPES = [(7, 1000, 300), (1, 64, 16), (5, 256, 16), (3, 4096, 8), (4, 3, 8), (6, 24, 5)]
 EXTRA = ["s16_sigmoid_sum", "s04_group_silu_vec_silu", "group_odd", "s03_batch_train_gelu_relu",
-         "widen_s08_silu_vec_group", "full_residual_layer"]  # widest rows
+         "widen_s08_silu_vec_group", "full_residual_layer", "full_residual"]  # widest rows
 TOL = {torch.float32: 1e-4, torch.bfloat16: 1e-2, torch.float16: 1e-2}
 
 
@@ -160,6 +160,15 @@ def test_widest_rows(engine, name, dtype):
     program = PROGRAMS[name]
     n = 32765 if name == "group_odd" else 32768
     run_and_compare(engine, program, dtype, *inputs(program, dtype, 2, n, 4, 0))
+
+
+@pytest.mark.parametrize("name", ["full_residual", "s04_group_silu_vec_silu"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_rows_cut_into_uneven_segments(engine, name, dtype):
+    """N = 11008 (Llama's FFN width): more chunks than one 256-thread segment holds and not a
+    multiple of it; the row is spread evenly over its segments, every column written once."""
+    program = PROGRAMS[name]
+    run_and_compare(engine, program, dtype, *inputs(program, dtype, 3, 11008, 4, 0))
 
 
 @pytest.mark.parametrize("layout", ["transposed", "3d"])
