@@ -4,6 +4,7 @@
 #pragma once
 
 #include "row_args.cuh"
+#include "row_random.cuh"
 
 namespace fx {
 
@@ -281,6 +282,15 @@ struct Row {
         scale[e] = sc;
       }
     });
+  }
+
+  // Dropout in training: v / (1 - p) where the mask keeps the element, v * 0 elsewhere (NaN and
+  // Inf become NaN, as in eager's product); the mask is a hash of (seed parameter K, row, column)
+  // (row_random.cuh), so the backward recomputes it from the seed.
+  template <int K>
+  FX_DEVICE void dropout(uint32_t threshold, float scale) {
+    const uint32_t rk = dropout_row_key(dropout_key(a.pptr[K]), row);
+    map([rk, threshold, scale](float x, int c) { return x * (dropout_keeps(rk, c, threshold) ? scale : 0.0f); });
   }
 
   // A norm's input: the value rounded to T (eager's norm sees a T tensor). The code generator

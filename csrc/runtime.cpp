@@ -103,6 +103,10 @@ bool on_kernel_device(const Tensor& t) {
 // N its last dim) contiguous values of a float type, on x's device. nullopt where the reference
 // would raise (wrong size or device).
 std::optional<Tensor> kernel_param(const Tensor& p, int32_t kind, int64_t m, int64_t n, const Tensor& x) {
+  if (kind == FX_PARAM_SEED) {  // two int64 values on x's device, read as they are
+    if (p.numel() != 2 || p.scalar_type() != at::kLong || p.device() != x.device()) return std::nullopt;
+    return p.reshape({2}).contiguous();
+  }
   const int64_t numel = kind == FX_PARAM_FULL ? m * n : kind == FX_PARAM_COL ? n : 1;
   if (p.numel() != numel || (kind == FX_PARAM_FULL && (p.dim() < 1 || p.size(-1) != n))) return std::nullopt;
   Tensor q = p;
@@ -125,9 +129,11 @@ bool kernel_params(at::TensorList params, const int32_t* kinds, const int32_t* d
   fx_params.reserve(params.size());
   for (size_t i = 0; i < params.size(); ++i) {
     std::optional<Tensor> q = kernel_param(params[i], kinds[i], m, n, like);
-    if (!q || (dtypes != nullptr && *code_of(q->scalar_type()) != dtypes[i])) return false;
+    if (!q) return false;
+    const int32_t code = kinds[i] == FX_PARAM_SEED ? FX_F32 : *code_of(q->scalar_type());  // unused for a seed
+    if (dtypes != nullptr && code != dtypes[i]) return false;
     kept.push_back(*q);
-    fx_params.push_back(FxParam{q->data_ptr(), *code_of(q->scalar_type()), 0});
+    fx_params.push_back(FxParam{q->data_ptr(), code, 0});
   }
   return true;
 }

@@ -16,7 +16,10 @@ Operand = Union[Node, float, int, bool, None]
 
 
 def example_value(node) -> object:
-    """The value Dynamo traced ``node`` with (a fake tensor), or ``node`` itself if not a node."""
+    """The value Dynamo traced ``node`` with (a fake tensor), a dropout seed's meta tensor, or
+    ``node`` itself if not a node."""
+    if isinstance(node, DropoutSeed):
+        return node.example
     if not isinstance(node, Node):
         return node
     return node.meta.get("example_value", node.meta.get("val"))
@@ -76,6 +79,33 @@ class ReduceOp:
 
 
 @dataclass(frozen=True)
+class DropoutOp:
+    """Dropout in training mode with 0 < p < 1 (random: each element kept with probability 1 - p)."""
+
+    input: Node
+    p: float
+
+
+@dataclass(frozen=True, eq=False)
+class DropoutSeed:
+    """An operand of the fused op that is not in the graph yet: a dropout stage's seed, drawn on
+    each call (the rewrite inserts the draw before the op). One per dropout node."""
+
+    dropout: Node
+
+    @property
+    def example(self):
+        """Its shape and dtype (two int64 values), as a meta tensor."""
+        import torch
+
+        return torch.empty(2, dtype=torch.int64, device="meta")
+
+    @property
+    def device(self):
+        return example_value(self.dropout).device
+
+
+@dataclass(frozen=True)
 class AliasOp:
     """The value of ``input`` unchanged (dropout in eval or with p=0, ``.values`` of max(dim))."""
 
@@ -103,4 +133,4 @@ class RejectedGemm(Rejected):
     of two activations): it still gets a report row of its own, with ``reason``."""
 
 
-CanonicalOp = Union[GemmOp, PointwiseOp, NormOp, ReduceOp, AliasOp, ReshapeOp, Rejected]
+CanonicalOp = Union[GemmOp, PointwiseOp, NormOp, ReduceOp, DropoutOp, AliasOp, ReshapeOp, Rejected]

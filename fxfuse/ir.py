@@ -14,7 +14,8 @@ A program is dtype-agnostic: it runs on the GEMM's dtype (the module is built pe
 dtype), a bfloat16/float16 chain carries its rounding points in its expressions, and a ``float32()``
 stage marks where the chain widens to float32, as autocast and type promotion widen eager's, and a
 ``keep()`` stage marks a value the op returns too (a value the graph also reads elsewhere); a
-``narrow()`` stage marks the cast back to the GEMM's dtype after a widened stretch.
+``narrow()`` stage marks the cast back to the GEMM's dtype after a widened stretch; a
+``dropout(p=0.1, seed=p2)`` stage is training-mode dropout, its masks drawn per call.
 """
 
 from __future__ import annotations
@@ -29,8 +30,9 @@ import torch
 
 from . import expr as E
 
-# a per-column vector of N values, one value, or a tensor of the output's shape (a residual, a gate)
-ParamKind = Literal["col", "scalar", "full"]
+# a per-column vector of N values, one value, a tensor of the output's shape (a residual, a gate),
+# or a dropout stage's seed (two int64 values drawn from torch's generator on every call)
+ParamKind = Literal["col", "scalar", "full", "seed"]
 NormKind = Literal["group", "layer", "rms", "batch"]
 ReduceKind = Literal["sum", "mean", "max", "min", "logsumexp", "softmax", "log_softmax"]
 
@@ -117,7 +119,20 @@ class Keep:
     most one a program, before any reduction that changes the shape."""
 
 
-Stage = Union[Pointwise, Norm, Reduce, Widen, Narrow, Keep]
+@dataclass(frozen=True)
+class Dropout:
+    """Training-mode dropout: each element kept with probability 1 - ``p`` and scaled by
+    1 / (1 - p), else zero (x * 0: NaN and Inf stay NaN, as eager's product does). The mask is a
+    counter-based hash of (seed, row, column) of the (M, N) output, the seed parameter ``seed``
+    (kind "seed") drawn from torch's generator on each call, so the backward, which recomputes the
+    mask from the saved seed, drops the same elements. The result is rounded to the chain's dtype
+    (eager's dropout returns its input's dtype)."""
+
+    p: float
+    seed: int
+
+
+Stage = Union[Pointwise, Norm, Reduce, Widen, Narrow, Keep, Dropout]
 
 
 @dataclass(frozen=True)
@@ -156,6 +171,11 @@ class Program:
         """The kept value's dtype for a GEMM in ``dtype``: the chain's dtype at the keep() stage."""
         at = next(i for i, s in enumerate(self.stages) if isinstance(s, Keep))
         return torch.promote_types(dtype, torch.float32) if _widened_after(self.stages[:at]) else dtype
+
+    @property
+    def dropout(self) -> "Dropout | None":
+        """The program's dropout stage, if any: its masks are random, drawn per call."""
+        return next((s for s in self.stages if isinstance(s, Dropout)), None)
 
     @property
     def widens(self) -> bool:
@@ -213,6 +233,7 @@ _PARAM_FIELDS = ("weight", "bias", "running_mean", "running_var")
 _WIDEN_NAME = "float32"
 _KEEP_NAME = "keep"
 _NARROW_NAME = "narrow"
+_DROPOUT_NAME = "dropout"
 
 
 def _stage_string(stage: Stage) -> str:
@@ -229,6 +250,8 @@ def _stage_string(stage: Stage) -> str:
         return f"{_KEEP_NAME}()"
     if isinstance(stage, Narrow):
         return f"{_NARROW_NAME}()"
+    if isinstance(stage, Dropout):
+        return f"{_DROPOUT_NAME}(p={stage.p!r}, seed=p{stage.seed})"
     defaults = Norm(kind=stage.kind, eps=0.0)
     items = [f"eps={stage.eps!r}"]
     for f in fields(Norm)[2:]:
@@ -271,4 +294,6 @@ def _parse_stage(text: str) -> Stage:
         return Keep()
     if name == _NARROW_NAME and not node.args and not node.keywords:
         return Narrow()
+    if name == _DROPOUT_NAME and not node.args:
+        return Dropout(**_keywords(node))
     raise ValueError(f"unknown stage {text!r}")

@@ -26,6 +26,8 @@ from . import expr as E
 from .canonical import (
     AliasOp,
     CanonicalOp,
+    DropoutOp,
+    DropoutSeed,
     GemmOp,
     NormOp,
     Operand,
@@ -37,7 +39,7 @@ from .canonical import (
     example_value,
 )
 from .describe import describe
-from .ir import Gemm, Keep, Narrow, Norm, Pointwise, Program, Reduce, Stage, Widen
+from .ir import Dropout, Gemm, Keep, Narrow, Norm, Pointwise, Program, Reduce, Stage, Widen
 from .vocabulary import ROUNDING, call, is_rounding
 
 FUSABLE_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
@@ -67,7 +69,7 @@ class Chain:
     x: Node | None = None
     weight: Node | None = None
     bias: Node | None = None
-    params: list[Node] = field(default_factory=list)
+    params: list[Node | DropoutSeed] = field(default_factory=list)  # a seed: drawn by the rewrite
     batch_norm_update: BatchNormUpdate | None = None
     dtype: torch.dtype | None = None  # the GEMM's output dtype, the chain's element type
     casts_operands: bool = False  # autocast casts the GEMM's operands to ``dtype``
@@ -333,10 +335,12 @@ class _Matcher:
             expr = self._rounded(self._pointwise(node, op))
         elif isinstance(op, NormOp):
             self._close_segment(op.input, self._norm(op))
+        elif isinstance(op, DropoutOp):
+            self._close_segment(op.input, self._dropout(node, op))
         else:
             self._close_segment(op.input, self._reduce(op))
             is_tuple = op.tuple_output
-        if isinstance(op, (NormOp, ReduceOp)):
+        if isinstance(op, (NormOp, ReduceOp, DropoutOp)):
             self.segment = {}
         self.segment[node] = expr
         if node is self.keep:
@@ -407,7 +411,7 @@ class _Matcher:
         if node in self.segment:
             return self.segment[node]
         if node in self.region:
-            raise Stop(f"reads {describe(node)} from before a norm or reduction")
+            raise Stop(f"reads {describe(node)} from before a norm, reduction or dropout")
         raise Stop(f"reads {describe(node)}, which is not part of the chain")
 
     def _close_segment(self, input: Node, stage: Stage) -> None:
@@ -529,6 +533,13 @@ class _Matcher:
             self.batch_norm_update = BatchNormUpdate(op.running_mean, op.running_var, op.momentum)
         self.has_batch_norm_training = True
         return Norm("batch", eps, weight=weight, bias=bias, training=True)
+
+    def _dropout(self, node: Node, op: DropoutOp) -> Dropout:
+        """A dropout stage; its seed is an operand the rewrite draws on each call. Later ops read
+        the dropped values only (a value from before it ends the chain, as after a norm)."""
+        if self.reduced:
+            raise Stop("dropout after a row reduction")
+        return Dropout(op.p, self._param(DropoutSeed(node), "seed"))
 
     def _reduce(self, op: ReduceOp) -> Reduce:
         if self.reduced:

@@ -13,7 +13,8 @@ import torch
 import torch.nn.functional as F
 
 from . import expr as E
-from .ir import Keep, Narrow, Norm, Pointwise, Program, Reduce, Widen
+from . import masks
+from .ir import Dropout, Keep, Narrow, Norm, Pointwise, Program, Reduce, Widen
 
 EMPTY_STATS_SHAPE = (0,)
 
@@ -64,7 +65,7 @@ def epilogue_and_kept(program: Program, y: torch.Tensor,
     n = y.shape[-1]
     opmath = torch.float64 if dtype == torch.float64 else torch.float32
     shapes = {"col": (n,), "scalar": (), "full": y.shape}
-    values = [p.to(opmath).reshape(shapes[kind]) for p, kind in zip(params, program.params)]
+    values = [p if kind == "seed" else p.to(opmath).reshape(shapes[kind]) for p, kind in zip(params, program.params)]
     stats = y.new_empty(EMPTY_STATS_SHAPE, dtype=torch.float32)
     with _no_autocast(y):
         v = y.to(opmath)
@@ -81,6 +82,8 @@ def epilogue_and_kept(program: Program, y: torch.Tensor,
                 dtype = y.dtype
             elif isinstance(stage, Keep):
                 kept = v.to(dtype, copy=True)  # never the output itself (an op's outputs may not alias)
+            elif isinstance(stage, Dropout):
+                v = _dropout(stage, v, params[stage.seed]).to(dtype).to(v.dtype)
             else:
                 v = _reduce(stage, v)
         return v.to(program.output_dtype(y.dtype)), stats, kept
@@ -127,6 +130,14 @@ def _norm(stage: Norm, v: torch.Tensor, params: list[torch.Tensor], dtype: torch
             var, mean = torch.var_mean(v.detach(), dim=0, correction=1)
         return out.to(v.dtype), torch.stack([mean, var]).float()
     return out.to(v.dtype), None
+
+
+def _dropout(stage: Dropout, v: torch.Tensor, seed: torch.Tensor) -> torch.Tensor:
+    """v * (1 / (1 - p)) where the mask keeps the element, v * 0 elsewhere (NaN stays NaN)."""
+    n = v.shape[-1]
+    keep = masks.keep_mask(seed, v.numel() // n, n, stage.p).reshape(v.shape)
+    factor = torch.where(keep, masks.scale(stage.p), 0.0).to(v.dtype)
+    return v * factor
 
 
 def _reduce(stage: Reduce, v: torch.Tensor) -> torch.Tensor:

@@ -12,7 +12,8 @@ import operator
 import torch
 from torch.fx import Graph, Node
 
-from .canonical import example_value
+from .canonical import DropoutSeed, example_value
+from .masks import SEED_HIGH
 from .match import BatchNormUpdate, Chain
 from .patterns.gemm import transposed_weight
 
@@ -32,6 +33,7 @@ def _replace(graph: Graph, chain: Chain, replaced: dict[Node, Node]) -> Node:
     last = chain.nodes[-1]
     x, weight, bias, *params = (replaced.get(a, a) for a in (chain.x, chain.weight, chain.bias, *chain.params))
     with graph.inserting_before(last.next):  # new nodes keep their creation order
+        params = [_draw(graph, p) if isinstance(p, DropoutSeed) else p for p in params]
         if chain.weight_is_kn:  # stored (K, N): the op takes the (N, K) view
             weight = graph.call_function(torch.t, (weight,))
         if chain.casts_operands:  # autocast's casts of the GEMM operands, made explicit
@@ -55,6 +57,14 @@ def _replace(graph: Graph, chain: Chain, replaced: dict[Node, Node]) -> Node:
         if not node.users and transposed_weight(node) is not None:
             graph.erase_node(node)
     return out
+
+
+def _draw(graph: Graph, seed: DropoutSeed) -> Node:
+    """A dropout stage's seed for this call: ``torch.randint`` in the graph, which Inductor lowers
+    with torch's generator state (reproducible under ``torch.manual_seed``, advancing it as a
+    random op does); the op saves it, so the backward drops the same elements."""
+    return graph.call_function(torch.randint, (0, SEED_HIGH, (2,)),
+                               {"device": seed.device, "dtype": torch.int64})
 
 
 def _viewed(graph: Graph, value: Node, view: Node | None) -> Node:

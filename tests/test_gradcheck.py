@@ -1,7 +1,7 @@
 """The fused op's gradients (the reference backward) against finite differences, in float64.
 
 Every stage kind of the IR — pointwise expressions over every vocabulary function, group / layer /
-RMS / batch norms (training and eval), row reductions (sum, mean, max, min, logsumexp, softmax,
+RMS / batch norms (training and eval), dropout (its mask fixed by the seed), row reductions (sum, mean, max, min, logsumexp, softmax,
 log_softmax) and pointwise ops after them — through ``torch.autograd.gradcheck`` on x, weight, bias
 and every parameter that has a gradient (running statistics have none, as in eager). The rounding
 rows (bf16 / fp16) are left out: a cast is a step function whose gradient eager defines as 1.
@@ -46,8 +46,8 @@ def test_gradients_match_finite_differences(name, generated, monkeypatch):
     x = torch.randn(6, 5, generator=g, dtype=torch.float64, requires_grad=True)
     w = (torch.randn(n, 5, generator=g, dtype=torch.float64) / 2).requires_grad_()
     b = torch.randn(n, generator=g, dtype=torch.float64).requires_grad_() if program.gemm.bias else None
-    params = [p.double().requires_grad_(i not in program.constant_params)
-              for i, p in enumerate(make_params(program, n, generator=g, lead=(6,)))]
+    params = [p.double().requires_grad_(i not in program.constant_params) if p.is_floating_point() else p
+              for i, p in enumerate(make_params(program, n, generator=g, lead=(6,)))]  # a dropout's seed: as is
 
     def fused(x, w, b, *params):
         return torch.ops.fxfuse.linear_epilogue(text, x, w, b, list(params), True)[0]

@@ -17,12 +17,13 @@ import sympy
 import torch
 
 from .. import expr as E
-from ..ir import Keep, Narrow, Norm, Pointwise, Program, Reduce, Stage, Widen
+from .. import masks
+from ..ir import Dropout, Keep, Narrow, Norm, Pointwise, Program, Reduce, Stage, Widen
 from ..vocabulary import ROUNDING, call, is_rounding
 from .gradient import print_gradient
 from .printer import UnsupportedExpression, float_literal, print_expr
 
-CODEGEN_VERSION = "9"
+CODEGEN_VERSION = "10"
 
 ELEMENT_TYPES = {
     torch.float32: "float",
@@ -30,7 +31,8 @@ ELEMENT_TYPES = {
     torch.float16: "__half",
 }
 
-PARAM_KINDS = {"scalar": "FX_PARAM_SCALAR", "col": "FX_PARAM_COL", "full": "FX_PARAM_FULL"}  # fx_abi.h
+PARAM_KINDS = {"scalar": "FX_PARAM_SCALAR", "col": "FX_PARAM_COL", "full": "FX_PARAM_FULL",
+               "seed": "FX_PARAM_SEED"}  # fx_abi.h
 _OUT_KIND = {None: "FX_OUT_ROWS", False: "FX_OUT_REDUCED", True: "FX_OUT_REDUCED_KEEP"}
 _REDUCTIONS = {
     "sum": "reduce_sum",
@@ -221,6 +223,10 @@ def _check(program: Program) -> None:
     narrows = [i for i, s in enumerate(program.stages) if isinstance(s, Narrow)]
     if narrows and (len(narrows) > 1 or not program.widens or narrows[0] != len(program.stages) - 1):
         raise UnsupportedProgram("a cast back to the GEMM's dtype other than at the end of a widened chain")
+    for stage in program.stages:
+        if isinstance(stage, Dropout) and not (0 <= stage.seed < len(program.params)
+                                               and program.params[stage.seed] == "seed"):
+            raise UnsupportedProgram(f"dropout seed p{stage.seed} is not a seed parameter")
     reduced = False
     for stage in program.stages:
         if reduced and not isinstance(stage, Pointwise):
@@ -317,7 +323,7 @@ def row_split(program: Program) -> RowSplit | None:
     """The program as ``pre | middle | post``; None where it is not of that form (a training
     BatchNorm, two norms or reductions, none)."""
     middles = [i for i, s in enumerate(program.stages) if isinstance(s, (Norm, Reduce))]
-    if len(middles) != 1:
+    if len(middles) != 1 or program.dropout is not None:
         return None
     at = middles[0]
     middle = program.stages[at]
@@ -359,8 +365,10 @@ def _derivatives(program: Program, dtype: torch.dtype) -> tuple[str, dict[str, l
     print."""
     functions: dict[str, list[str]] = {}
     # not expressed by the backward kernels: a full operand's gradient (a tensor of the output's
-    # shape, not column sums), two outputs' gradients meeting at keep(), rounding after a cast back
-    if "full" in program.params or program.keeps or any(isinstance(s, Narrow) for s in program.stages):
+    # shape, not column sums), two outputs' gradients meeting at keep(), rounding after a cast back,
+    # a dropout's mask (the backward's recomputation of it is the reference's)
+    if ("full" in program.params or program.keeps or program.dropout is not None
+            or any(isinstance(s, Narrow) for s in program.stages)):
         return "fx::kNoGrad", functions, None
     try:
         if all(isinstance(stage, Pointwise) for stage in program.stages):
@@ -513,6 +521,13 @@ class _Emitter:
                 if reduced:
                     raise UnsupportedProgram("a second output after a row reduction")
                 lines.append("r.store_kept();")  # rounds to Prog::Kept at the store
+            elif isinstance(stage, Dropout):  # eager's dropout reads and returns the chain's dtype
+                lines += self.norm_input()
+                lines.append(f"r.template dropout<{stage.seed}>({masks.threshold(stage.p)}u, "
+                             f"{float_literal(masks.scale(stage.p))});")
+                if self.rounding is not None:
+                    lines.append("r.round_input();")
+                self.rounded = True
             elif stage.changes_shape:
                 lines.append(f"float s = r.{_REDUCTIONS[stage.kind]}();")
                 reduced, self.rounded = True, False

@@ -7,7 +7,7 @@ import operator
 import torch
 import torch.nn.functional as F
 
-from ..canonical import AliasOp, PointwiseOp, Rejected, ReshapeOp, example_value
+from ..canonical import AliasOp, DropoutOp, PointwiseOp, Rejected, ReshapeOp, example_value
 from . import spell
 
 
@@ -126,9 +126,16 @@ def softplus(input, beta=1.0, threshold=20.0):
 
 
 def dropout(input, p=0.5, training=True, inplace=False):
+    """Identity in eval mode or with p = 0; in training a random mask (a dropout stage)."""
+    if not isinstance(p, (int, float)) or not isinstance(training, bool):
+        return Rejected("dropout with a symbolic p or training flag")
     if p == 0 or not training:
         return AliasOp(input)
-    return Rejected(f"dropout with p={p} in training mode (random)")
+    if not 0 < p < 1:
+        return Rejected(f"dropout with p={p}")
+    if inplace:
+        return Rejected("dropout with inplace=True in training mode")
+    return DropoutOp(input, float(p))
 
 
 def identity(input, *args, **kwargs):

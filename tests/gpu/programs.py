@@ -5,7 +5,8 @@ from __future__ import annotations
 import torch
 
 from fxfuse import expr as E
-from fxfuse.ir import Gemm, Keep, Norm, Pointwise, Program, Reduce, Widen
+from fxfuse.ir import Dropout, Gemm, Keep, Norm, Pointwise, Program, Reduce, Widen
+from fxfuse.masks import SEED_HIGH
 from fxfuse.vocabulary import POINTWISE, call
 
 X = E.X
@@ -179,6 +180,13 @@ PROGRAMS: dict[str, Program] = {
     ),
     "widen_keep_rms": Program(Gemm(False), (pw(E.add(X, p(0))), Widen(), Keep(), Norm("rms", 1e-6, weight=1)),
                               ("full", "col")),
+    # training-mode dropout (masks hashed from a seed parameter): BERT's output block (dense,
+    # dropout, residual, LayerNorm), a dropout after an activation, at p = 0.5
+    "dropout_residual_layer": Program(
+        Gemm(True), (Dropout(0.1, 0), pw(E.add(X, p(1))), Norm("layer", 1e-12, weight=2, bias=3)),
+        ("seed", "full", "col", "col"),
+    ),
+    "gelu_dropout": Program(Gemm(True), (pw(call("gelu", X)), Dropout(0.5, 0)), ("seed",)),
     "minus_and_negation": Program(Gemm(True), (pw(E.sub(E.neg(X), E.sub(c(2.0), E.mul(c(3.0), X)))),)),
     # chains that widen to float32 as autocast's do (the output is float32; a no-op in float32)
     "widen_s08_silu_vec_group": Program(
@@ -232,6 +240,9 @@ PROGRAMS["s11_traced_bf16"] = Program.parse("linear(bias=True) | pointwise(bf16(
 # transformers' RMSNorm in a bf16 model: the norm in float32, cast back, the weight multiply in bf16
 PROGRAMS["narrow_traced_bf16"] = Program.parse(
     "linear(bias=False) | float32() | rms_norm(eps=1e-06) | pointwise(bf16(p0 * bf16(x))) | narrow() || col")
+# GPT-2's MLP output in a bf16 model: c_proj, dropout, the residual add
+PROGRAMS["dropout_traced_bf16"] = Program.parse(
+    "linear(bias=True) | pointwise(bf16(gelu(x))) | dropout(p=0.1, seed=p0) | pointwise(bf16(x + p1)) || seed full")
 
 _names = list(POINTWISE)
 PROGRAMS["vocabulary_1"] = vocabulary_program(_names[: len(_names) // 2])
@@ -241,9 +252,10 @@ PROGRAMS["vocabulary_2"] = vocabulary_program(_names[len(_names) // 2 :])
 LOW_PRECISION = ["s01_scale_leaky", "s04_group_silu_vec_silu", "s03_batch_train_gelu_relu", "s11_gelu_softmax",
                  "s22_batch_eval_relu",
                  "s16_sigmoid_sum", "s21_rms_silu", "group_odd", "s05_traced_bf16", "s11_traced_bf16",
-                 "full_residual_layer", "full_gate_silu", "keep_residual_layer", "narrow_traced_bf16"] + [
+                 "full_residual_layer", "full_gate_silu", "keep_residual_layer", "narrow_traced_bf16",
+                 "dropout_residual_layer", "gelu_dropout", "dropout_traced_bf16"] + [
                      name for name in PROGRAMS if name.startswith("widen_")]
-TRACED_IN_BF16 = ["s05_traced_bf16", "s11_traced_bf16", "narrow_traced_bf16"]  # their rounding points are a bf16 chain's
+TRACED_IN_BF16 = ["s05_traced_bf16", "s11_traced_bf16", "narrow_traced_bf16", "dropout_traced_bf16"]  # their rounding points are a bf16 chain's
 
 
 def dtypes_of(name: str) -> list[torch.dtype]:
@@ -266,6 +278,9 @@ def make_params(program: Program, n: int, dtype=torch.float32, device="cpu", gen
     dtype = torch.float32 if program.widens else dtype
     out = []
     for i, kind in enumerate(program.params):
+        if kind == "seed":  # a dropout stage's seed: two int64 values, as the rewrite draws them
+            out.append(torch.randint(0, SEED_HIGH, (2,), generator=generator, dtype=torch.int64, device=device))
+            continue
         shape = {"col": (n,), "scalar": (), "full": (*(lead or ()), n)}[kind]
         t = torch.randn(shape, generator=generator, dtype=torch.float32)
         if i in positive:

@@ -30,7 +30,7 @@ from programs import LOW_PRECISION, PROGRAMS, assert_backward_close, dtypes_of, 
 
 SHAPES = [(7, 1000, 300), (1, 64, 16), (5, 256, 16), (3, 4096, 8), (4, 3, 8), (6, 24, 5)]
 EXTRA = ["s16_sigmoid_sum", "s04_group_silu_vec_silu", "group_odd", "s03_batch_train_gelu_relu",
-         "widen_s08_silu_vec_group", "full_residual_layer", "full_residual"]  # widest rows
+         "widen_s08_silu_vec_group", "full_residual_layer", "full_residual", "gelu_dropout"]  # widest rows
 TOL = {torch.float32: 1e-4, torch.bfloat16: 1e-2, torch.float16: 1e-2}
 
 
@@ -133,7 +133,7 @@ def test_program_matches_reference(engine, name, dtype, m, n, k):
 
 
 @pytest.mark.parametrize("name", ["s04_group_silu_vec_silu", "s21_rms_silu", "s11_gelu_softmax", "s03_batch_train_gelu_relu",
-                                  "full_residual_layer", "keep_residual_layer"])
+                                  "full_residual_layer", "keep_residual_layer", "dropout_residual_layer"])
 def test_unaligned_path_on_aligned_shapes(engine, name):
     """An output that is not 16-byte aligned takes the scalar (unaligned) kernels."""
     program = PROGRAMS[name]
@@ -162,7 +162,7 @@ def test_widest_rows(engine, name, dtype):
     run_and_compare(engine, program, dtype, *inputs(program, dtype, 2, n, 4, 0))
 
 
-@pytest.mark.parametrize("name", ["full_residual", "s04_group_silu_vec_silu"])
+@pytest.mark.parametrize("name", ["full_residual", "s04_group_silu_vec_silu", "gelu_dropout"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_rows_cut_into_uneven_segments(engine, name, dtype):
     """N = 11008 (Llama's FFN width): more chunks than one 256-thread segment holds and not a
@@ -173,7 +173,8 @@ def test_rows_cut_into_uneven_segments(engine, name, dtype):
 
 @pytest.mark.parametrize("layout", ["transposed", "3d"])
 @pytest.mark.parametrize("name", ["s02_group_leaky_double", "s20_layer_silu", "reduce_logsumexp_drop", "reduce_sum_keep",
-                                  "full_residual", "full_residual_layer", "keep_residual_layer"])
+                                  "full_residual", "full_residual_layer", "keep_residual_layer",
+                                  "dropout_residual_layer"])
 def test_input_layouts(engine, name, layout):
     program = PROGRAMS[name]
     if layout == "3d" and name == "s02_group_leaky_double":
