@@ -62,10 +62,12 @@ _BASE: list[tuple[str, str, str]] = [
     ("S20", "s20_layernorm_silu", "Linear on (8, 512, 4096), LayerNorm, SiLU"),
     ("S21", "s21_rmsnorm_silu", "Linear on (8, 512, 4096), RMSNorm, SiLU"),
     ("S22", "s22_eval_head", "eval head: Linear, BatchNorm1d (eval), ReLU, Dropout, Linear"),
+    ("S24", "s24_bert_output", "BERT output block on (8, 1024, 16384): LayerNorm(dropout(Linear(h)) + x), eval"),
+    ("S25", "s25_gpt2_mlp", "GPT-2 MLP on (8, 1024, 4096): x + dropout(Conv1D(gelu_new(Conv1D(x)))), eval"),
     ("S26", "s26_llama_mlp", "Llama MLP on (8, 1024, 4096): down(silu(gate(x)) * up(x)) + x"),
     ("S27", "s27_prenorm_residual", "pre-norm residual: h = x + Linear(a); returns h and RMSNorm(h)"),
 ]
-_EVAL_ROWS = {"S22"}
+_EVAL_ROWS = {"S22", "S24", "S25"}  # S24, S25: their dropout in training is random (tests/test_dropout.py)
 _DECODE_ROWS = ["S01", "S02", "S04", "S10"]  # S23: these rows at M = 16 and M = 1
 _DECODE_SIZES = [("M16", "decode16"), ("M1", "decode1")]
 

@@ -50,8 +50,11 @@ def mix(x: torch.Tensor) -> torch.Tensor:
     return x ^ (x >> 16)
 
 
+@torch.library.custom_op("fxfuse::dropout_keep_mask", mutates_args=())
 def keep_mask(seed: torch.Tensor, m: int, n: int, p: float) -> torch.Tensor:
-    """The (m, n) bool mask of the kept elements for ``seed`` (two int64 values)."""
+    """The (m, n) bool mask of the kept elements for ``seed`` (two int64 values). An op of its
+    own, so that compiled graphs (the backward, which recomputes the mask) call it rather than
+    trace its int64 arithmetic, which Inductor took minutes to compile."""
     seed = seed.reshape(2).to(torch.int64) & MASK32
     key = mix(seed[0] ^ mix(seed[1] ^ GOLDEN))
     rows = torch.arange(m, device=seed.device, dtype=torch.int64)
@@ -65,3 +68,8 @@ def draw_seed(device: torch.device | str) -> torch.Tensor:
     """A dropout stage's seed for one call: two int64 values from torch's generator of ``device``
     (so ``torch.manual_seed`` reproduces a run and every call draws new masks)."""
     return torch.randint(0, SEED_HIGH, (2,), device=device, dtype=torch.int64)
+
+
+@keep_mask.register_fake
+def _keep_mask_fake(seed, m, n, p):
+    return seed.new_empty((m, n), dtype=torch.bool)

@@ -2,7 +2,8 @@
 
 Per model, compiled with fxfuse on the CPU (``policy="always"``): the output (and in training, with
 dropout off, every parameter's gradient) equals eager's, and the coverage report fuses exactly the
-GEMM chains listed in ``FUSED`` — the table states what fxfuse takes from each model today, so a
+GEMM chains listed in ``FUSED`` — in training with the models' own dropout on too (its masks can't
+equal eager's: tests/test_dropout.py tests what they mean) — the table states what fxfuse takes from each model today, so a
 change that fuses more (or less) shows here. What still stops the others is in the README's known
 limits: the attention projections feed a split or a view that splits the heads.
 """
@@ -13,7 +14,8 @@ import pytest
 import torch
 import torch.nn as nn
 
-from support import check_against_eager
+import fxfuse
+from support import check_against_eager, compile_fxfuse
 
 transformers = pytest.importorskip("transformers")
 
@@ -52,10 +54,10 @@ def _config(name: str):
 class LastHidden(nn.Module):
     """The model's last hidden state, from positional inputs (what the test harness calls)."""
 
-    def __init__(self, name: str, train: bool):
+    def __init__(self, name: str, train: bool, dropout: bool = False):
         super().__init__()
         config, model = _config(name)
-        self.model = model(_no_dropout(config) if train else config)
+        self.model = model(_no_dropout(config) if train and not dropout else config)
         self.key = "pixel_values" if name == "vit" else "input_ids"
 
     def forward(self, inputs):
@@ -69,7 +71,8 @@ def _inputs(name: str):
 
 
 # GEMM chains fused in full (report rows with status "fused"), out of the report's rows. Eval runs
-# with the models' dropout (inactive); training with dropout off (p > 0 in training stops a chain).
+# with the models' dropout (inactive); training with dropout off, and with it on: the same chains
+# fuse, their dropout drawn inside the fused op.
 FUSED = {
     # attention output and FFN output (Linear + residual + LayerNorm), the intermediate's GELU;
     # the pooler reads the first token (an indexing): partial
@@ -101,3 +104,24 @@ def test_a_real_model_computes_what_eager_computes_and_fuses_what_the_table_says
     fused = sum(r.status == "fused" for r in report.rows)
     assert (fused, len(report.rows)) == FUSED[name]["train" if train else "eval"], [
         (r.status, r.reason) for r in report.rows]
+
+
+WITH_DROPOUT = ["bert", "gpt2", "t5", "t5_gated_gelu"]  # Llama, Qwen2 and ViT default to p = 0
+
+
+@pytest.mark.parametrize("name", WITH_DROPOUT)
+def test_a_real_model_training_with_its_dropout_fuses_as_without(name):
+    """Dropout in training (the configs' own p) joins the chains: the same GEMMs fuse as with it
+    off; the step runs and every parameter eager trains gets a finite gradient."""
+    torch.manual_seed(0)
+    model = LastHidden(name, train=True, dropout=True).train()
+    fxfuse.reset_report()
+    out = compile_fxfuse(model)(*_inputs(name)())
+    out.float().pow(2).mean().backward()
+    rows = fxfuse.last_report().rows
+    assert (sum(r.status == "fused" for r in rows), len(rows)) == FUSED[name]["train"]
+    assert any("dropout(p=" in (r.program or "") for r in rows)
+    assert torch.isfinite(out).all()
+    for param_name, param in model.named_parameters():
+        if param.grad is not None:
+            assert torch.isfinite(param.grad).all(), param_name

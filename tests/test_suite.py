@@ -34,6 +34,12 @@ EXPECTED_FUSED = {
     "S20": [["linear", "layer_norm(1e-05)", "silu"]],
     "S21": [["linear", "rms_norm", "silu"]],
     "S22": [["linear", "batch_norm(0.1, 1e-05)", "relu", "dropout(0.1)"], []],
+    # eval: the dropout is the identity, the residual an operand of the output's shape
+    "S24": [["linear", "dropout(0.1)", "add", "layer_norm(1e-12)"]],
+    # Conv1D (addmm with a (K, N) weight, viewed back), gelu_new written out, the view that feeds
+    # the next Conv1D; c_proj, its dropout and the residual
+    "S25": [["addmm", "view", "mul(0.5)", "pow(3.0)", "mul(0.044715)", "add", "mul(0.7978845608028654)", "tanh",
+             "add(1.0)", "mul", "view(-1, 128)"], ["addmm", "view", "dropout(0.1)", "add"]],
     # the gate's chain takes the up projection's output as an operand of its shape; the down
     # projection's chain the residual
     "S26": [["linear", "silu", "mul"], [], ["linear", "add"]],
