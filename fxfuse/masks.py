@@ -3,8 +3,8 @@
 A counter-based hash instead of a stream of random numbers: the row kernels compute each
 element's bit where they hold the element (csrc/row_random.cuh computes the same bits, the
 emulator tests compare them), the backward recomputes the mask from the saved seed instead of
-storing it, and the reference (this module, in int64 torch ops that Inductor fuses into the
-backward's kernel) is exact. The hash is Wellons' lowbias32 (xor-shift-multiply, full avalanche):
+storing it, and the reference (this module, in int64 torch ops behind an op of its own, which the
+backward graph calls) is exact; on CUDA that recomputation holds a few (M, N) int64 temporaries. The hash is Wellons' lowbias32 (xor-shift-multiply, full avalanche):
 
     key  = mix(seed0 ^ mix(seed1 ^ 0x9E3779B9))          per call (the two seed values < 2^31)
     rk   = mix(row_lo ^ mix(row_hi ^ key))               per row of the (M, N) output
@@ -62,12 +62,6 @@ def keep_mask(seed: torch.Tensor, m: int, n: int, p: float) -> torch.Tensor:
     cols = _mul32(torch.arange(n, device=seed.device, dtype=torch.int64), COLUMN_MULTIPLIER)
     bits = mix(rk[:, None] ^ cols[None, :])
     return (bits >> 8) >= threshold(p)
-
-
-def draw_seed(device: torch.device | str) -> torch.Tensor:
-    """A dropout stage's seed for one call: two int64 values from torch's generator of ``device``
-    (so ``torch.manual_seed`` reproduces a run and every call draws new masks)."""
-    return torch.randint(0, SEED_HIGH, (2,), device=device, dtype=torch.int64)
 
 
 @keep_mask.register_fake
