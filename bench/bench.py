@@ -110,18 +110,31 @@ class Config:
 # Variants
 
 
+def _is_conv1d(module: nn.Module) -> bool:
+    """transformers' Conv1D (GPT-2): a weight stored (K, N), applied as addmm(b, x, W)."""
+    weight = getattr(module, "weight", None)
+    return type(module).__name__ == "Conv1D" and isinstance(weight, torch.Tensor) and weight.dim() == 2
+
+
+def _gemm(module: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    if isinstance(module, nn.Linear):
+        return F.linear(x, module.weight, module.bias)
+    return torch.addmm(module.bias, x.reshape(-1, x.shape[-1]), module.weight)
+
+
 def gemm_callable(model: nn.Module, example: Inputs | None = None) -> Fn:
     """The model's GEMMs alone, on the same shapes.
 
     Chaining the ``nn.Linear`` layers through ``F.linear`` gives each GEMM its real input shape
     (S19's and S22's second GEMM reads the first one's output) without any epilogue op; a model
     with no Linear (S15) multiplies by its ``weight`` Parameter as the model spells it. Where the
-    Linears do not chain (S26's gate and up projections read the same x; S27 takes two inputs),
-    each Linear's input is recorded from one eager call on ``example`` and the GEMMs replay on
-    those tensors.
+    Linears do not chain (S26's gate and up projections read the same x; S27 takes two inputs), or
+    the GEMMs are GPT-2's Conv1D (S25: addmm with a (K, N) weight), each GEMM's input is recorded
+    from one eager call on ``example`` and the GEMMs replay on those tensors.
     """
     linears = [m for m in model.modules() if isinstance(m, nn.Linear)]
-    chains = all(a.out_features == b.in_features for a, b in zip(linears, linears[1:]))
+    gemms = [m for m in model.modules() if isinstance(m, nn.Linear) or _is_conv1d(m)]
+    chains = len(gemms) == len(linears) and all(a.out_features == b.in_features for a, b in zip(linears, linears[1:]))
     if linears and (example is None or (chains and len(example) == 1)):
 
         def gemm(x: torch.Tensor) -> torch.Tensor:
@@ -130,17 +143,17 @@ def gemm_callable(model: nn.Module, example: Inputs | None = None) -> Fn:
             return x
 
         return gemm
-    if linears:
-        seen: list[tuple[nn.Linear, torch.Tensor]] = []
-        hooks = [lin.register_forward_pre_hook(lambda m, args: seen.append((m, args[0].detach().clone())))
-                 for lin in linears]
+    if gemms and example is not None:
+        seen: list[tuple[nn.Module, torch.Tensor]] = []
+        hooks = [m.register_forward_pre_hook(lambda m, args: seen.append((m, args[0].detach().clone())))
+                 for m in gemms]
         try:
             with torch.no_grad():
                 model(*example)
         finally:
             for h in hooks:
                 h.remove()
-        return lambda *_: [F.linear(x, lin.weight, lin.bias) for lin, x in seen]
+        return lambda *_: [_gemm(m, x) for m, x in seen]
     weight = model.get_parameter("weight")
     return lambda x: x @ weight.T
 
