@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Union
 
+import torch
 from torch.fx import Node
 
 Operand = Union[Node, float, int, bool, None]
@@ -96,8 +97,6 @@ class DropoutSeed:
     @property
     def example(self):
         """Its shape and dtype (two int64 values), as a meta tensor."""
-        import torch
-
         return torch.empty(2, dtype=torch.int64, device="meta")
 
     @property

@@ -321,15 +321,18 @@ class RowSplit:
 
 def row_split(program: Program) -> RowSplit | None:
     """The program as ``pre | middle | post``; None where it is not of that form (a training
-    BatchNorm, two norms or reductions, none)."""
+    BatchNorm, two norms or reductions, none, or a stage pre and post cannot compose: a second
+    output, a cast back, a dropout)."""
     middles = [i for i, s in enumerate(program.stages) if isinstance(s, (Norm, Reduce))]
-    if len(middles) != 1 or program.dropout is not None:
+    if len(middles) != 1:
         return None
     at = middles[0]
     middle = program.stages[at]
     if isinstance(middle, Norm) and (middle.kind not in _NORM_CODES or middle.training):
         return None
     before, after = program.stages[:at], program.stages[at + 1 :]
+    if not all(isinstance(s, (Pointwise, Widen)) for s in before + after):
+        return None
     widened = any(isinstance(s, Widen) for s in before)
     return RowSplit(_composed(before), middle, _composed(after), widened)
 
@@ -364,11 +367,10 @@ def _derivatives(program: Program, dtype: torch.dtype) -> tuple[str, dict[str, l
     program's split; kNoGrad (none) where the program is of neither form or a derivative does not
     print."""
     functions: dict[str, list[str]] = {}
-    # not expressed by the backward kernels: a full operand's gradient (a tensor of the output's
-    # shape, not column sums), two outputs' gradients meeting at keep(), rounding after a cast back,
-    # a dropout's mask (the backward's recomputation of it is the reference's)
-    if ("full" in program.params or program.keeps or program.dropout is not None
-            or any(isinstance(s, Narrow) for s in program.stages)):
+    # the kernel's parameter gradients are column sums: not a full operand's (a tensor of the
+    # output's shape) nor a seed's; stages other than pointwise, widening and one middle (keep(),
+    # narrow(), dropout) are neither a pointwise program nor a row split
+    if any(kind not in ("col", "scalar") for kind in program.params):
         return "fx::kNoGrad", functions, None
     try:
         if all(isinstance(stage, Pointwise) for stage in program.stages):
