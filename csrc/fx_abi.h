@@ -121,7 +121,7 @@ struct FxGemmInfo {
   int32_t dtype;                // FxDtype of x and weight (and the bias)
   int32_t out_dtype;            // FxDtype of the output
   int32_t num_params;
-  const int32_t* param_kinds;   // num_params FxParamKind codes (no FX_PARAM_FULL yet)
+  const int32_t* param_kinds;   // num_params FxParamKind codes (scalar, column or full)
   const int32_t* param_dtypes;  // num_params FxDtype codes the module reads its parameters as
   int32_t num_configs;
   const char* const* config_names;

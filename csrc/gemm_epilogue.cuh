@@ -5,14 +5,16 @@
 // The epilogue is a CUTLASS epilogue visitor tree (EVT) composed by the code generator
 // (fxfuse/cuda/gemm_codegen.py) from typed stages defined here:
 //   fxg::Acc            the accumulator tile (Sm90AccFetch)
-//   fxg::Col<T>         a per-column vector of N values of type T (the bias, a column parameter)
+//   fxg::Col<F, T>      a per-column vector of N values of type T (the bias, a column parameter)
+//   fxg::Full<F, T>     an M x N operand of type T (a residual, a gate): TMA loads of each subtile
+//                       into shared memory by the epilogue's producer warp, ahead of its use
 //   fxg::Scalar<T>      one value of type T read from device memory (a 0-d parameter)
 //   fxg::Pointwise<Fn>  the program's pointwise expression on the float32 fragments of its inputs,
 //                       rounded once to the output type (Sm90Compute)
 //   fxg::GroupNorm<Post, EpiN>  GroupNorm of groups inside the epilogue subtile on its input's
 //                       float32 values, statistics in registers, then the rest of the chain
-// Col takes the CTA tile as a template argument, so a program's tree is a template over the
-// tile (Prog::Tree<Tile>). The GEMM around it is assembled from a Config (tile, cluster, mainloop
+// Col and Full take the GEMM's Frame (its CTA tile and CUTLASS's epilogue descriptor: subtile and
+// load stages) as a template argument, so a program's tree is a template over it (Prog::Tree<Frame>). The GEMM around it is assembled from a Config (tile, cluster, mainloop
 // and epilogue schedules) by fxg::GemmFor; a program module compiles one unit per Config so that
 // ninja builds them in parallel; each runs under several tile orders chosen at launch, and the
 // runtime runs the configuration measured fastest for the call's shape bucket.
@@ -59,9 +61,27 @@ template <class T> constexpr int kAlign = 128 / cutlass::sizeof_bits<T>::value;
 
 using Acc = fusion::Sm90AccFetch;
 
+// What the stages of a tree need of the GEMM around them: the CTA tile, and the epilogue's
+// descriptor (its subtile, and the stages of the load pipeline a Full operand shares with C).
+template <class Tile_, class EpilogueTile, class Out, class Schedule>
+struct Frame {
+  using Tile = Tile_;
+  using Descriptor = cutlass::epilogue::collective::detail::EpilogueDescriptor<Tile, EpilogueTile, void, Out, Schedule>;
+};
+
 using ColStride = Stride<_0, _1, int64_t>;
-template <class Tile, class T>
-using Col = fusion::Sm90RowBroadcast<0, Tile, T, float, ColStride, kAlign<T>>;
+template <class F, class T>
+using Col = fusion::Sm90RowBroadcast<0, typename F::Tile, T, float, ColStride, kAlign<T>>;
+
+// An (M, N) row-major operand, read at each accumulator's position
+using FullLayout = cutlass::layout::RowMajor;
+template <class F, class T>
+struct FullOf {
+  using D = cutlass::epilogue::collective::detail::AuxLoadDescriptor<typename F::Descriptor, FullLayout, T>;
+  using type = fusion::Sm90AuxLoad<D::Stages, typename D::EpilogueTile, T, typename D::Stride,
+                                   typename D::SmemLayoutAtom, typename D::CopyOpS2R, kAlign<T>>;
+};
+template <class F, class T> using Full = typename FullOf<F, T>::type;
 
 using ScalarStride = Stride<_0, _0, int64_t>;
 template <class T> using Scalar = fusion::Sm90ScalarBroadcast<T, ScalarStride>;
@@ -274,6 +294,13 @@ template <class Node> typename Node::Arguments col_args(const void* ptr) {
   return a;
 }
 
+template <class Node> typename Node::Arguments full_args(const void* ptr, int64_t m, int64_t n) {
+  typename Node::Arguments a{};
+  a.ptr_aux = static_cast<decltype(a.ptr_aux)>(ptr);
+  a.dAux = make_stride(n, _1{}, m * n);
+  return a;
+}
+
 template <class T> typename Scalar<T>::Arguments scalar_args(const void* ptr) {
   typename Scalar<T>::Arguments a{};
   a.scalar_ptrs[0] = static_cast<const T*>(ptr);
@@ -347,12 +374,14 @@ using EpilogueTileFor = cute::conditional_t<EpiN == 0, cutlass::epilogue::collec
                                             Shape<Int<Cfg::kPingpong ? 64 : 128>, Int<EpiN>>>;
 
 // Prog (generated): Element (x, weight), Out (the output), kEpilogueN (0: CUTLASS's subtile),
-// template <class Tile> Tree (the EVT), and args(const FxGemmLaunch&) -> Tree<Tile>::Arguments.
+// template <class Frame> Tree (the EVT), and args(const FxGemmLaunch&) -> Tree<Frame>::Arguments.
 template <class Prog, class Cfg>
 struct GemmFor {
   using T = typename Prog::Element;
   using Out = typename Prog::Out;
-  using EpilogueTree = typename Prog::template Tree<typename Cfg::Tile>;
+  using EpilogueFrame = Frame<typename Cfg::Tile, EpilogueTileFor<Cfg, Prog::kEpilogueN>, Out,
+                              typename Cfg::EpilogueSchedule>;
+  using EpilogueTree = typename Prog::template Tree<EpilogueFrame>;
   using Epilogue = typename cutlass::epilogue::collective::CollectiveBuilder<
       cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, typename Cfg::Tile, typename Cfg::Cluster,
       EpilogueTileFor<Cfg, Prog::kEpilogueN>, float, float, void, cutlass::layout::RowMajor,
@@ -383,7 +412,7 @@ struct GemmFor {
         cutlass::gemm::GemmUniversalMode::kGemm,
         {m, n, k, 1},
         {static_cast<const T*>(a.x), da, static_cast<const T*>(a.weight), db},
-        {Prog::template args<typename Cfg::Tile>(a), nullptr, dd, static_cast<Out*>(a.out), dd},
+        {Prog::template args<EpilogueFrame>(a), nullptr, dd, static_cast<Out*>(a.out), dd},
         hw};
     args.scheduler.raster_order = schedule.raster;
     args.scheduler.max_swizzle_size = schedule.swizzle;

@@ -26,7 +26,8 @@ BENCHMARKS.md section 10), where S02 and S04 (K = 8192) measured 1.00-1.03x and 
 A pointwise chain reading an operand of the output's shape (a residual, a gate) reads it once
 more than the chain's output; Inductor's pointwise kernel reads it too, and S26 (Llama's MLP: the
 SwiGLU product and the residual add, bf16, H100) measured 1.04x Inductor's GPU time through the
-row pass: such chains go to Inductor at large sizes until the GEMM's epilogue reads the operand.
+row pass: such chains go to Inductor at large sizes unless the GEMM's epilogue reads the operand
+(the in-GEMM path, where the selection measures it faster than the row pass).
 
 A chain cut short by an op that computes in a dtype it cannot take (float64; autocast's float32
 ops and float32 promotions widen the chain instead) also goes to Inductor: Inductor fuses that op
@@ -75,7 +76,7 @@ def inductor_is_faster(program: Program, gemm_out: torch.Tensor, stopped_at: str
     slower = _measured_slower(program)
     if slower is None or (gemm_out.requires_grad and _trains_faster(program, gemm_out)):
         return None
-    if in_gemm and not gemm_out.requires_grad and _in_gemm_norm_is_faster(program, gemm_out, k):
+    if in_gemm and not gemm_out.requires_grad and _in_gemm_is_faster(program, gemm_out, k):
         return None
     elements = math.prod(size_hint(s) for s in gemm_out.shape)
     if elements < LARGE_ELEMENTS:
@@ -98,16 +99,21 @@ def _trains_faster(program: Program, gemm_out: torch.Tensor) -> bool:
     return group_in_lanes(n, split.norm.groups, chunk_elements(program, gemm_out.dtype))
 
 
-def _in_gemm_norm_is_faster(program: Program, gemm_out: torch.Tensor, k: int | None) -> bool:
-    """A group norm program the in-GEMM path takes on this device, at a K where it measured faster
-    than Inductor (module docstring)."""
+def _in_gemm_is_faster(program: Program, gemm_out: torch.Tensor, k: int | None) -> bool:
+    """A program the in-GEMM path takes on this device, of a kind that measured faster than
+    Inductor there (module docstring): a group norm in-tile at a low K, or a pointwise chain
+    reading an operand of the output's shape. The selection then times that path against the row
+    path; a chain it does not run inside the GEMM is asked again (``in_gemm`` False)."""
     from .cuda import gemm_codegen
     from .cuda.build import BuildError, cuda_target, gemm_target_reason
 
-    if k is None or k > IN_GEMM_NORM_MAX_K or gemm_codegen.unsupported_reason(program, gemm_out.dtype) is not None:
+    if gemm_codegen.unsupported_reason(program, gemm_out.dtype) is not None:
         return False
     norm = next((s for s in program.stages if isinstance(s, Norm)), None)
-    if norm is None or gemm_codegen.group_size(norm, size_hint(gemm_out.shape[-1])) is None:
+    if norm is None:
+        if "full" not in program.params:
+            return False
+    elif k is None or k > IN_GEMM_NORM_MAX_K or gemm_codegen.group_size(norm, size_hint(gemm_out.shape[-1])) is None:
         return False
     try:
         return gemm_target_reason(cuda_target(gemm_out.device)) is None

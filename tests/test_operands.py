@@ -117,9 +117,10 @@ def test_an_operand_computed_from_the_chain_stops_it():
     assert any("computed from the chain" in (r.reason or "") or r.status != "fused" for r in report.rows)
 
 
-def test_a_program_with_a_full_operand_round_trips_and_runs_on_the_row_kernels_only():
-    """The row kernels read a full operand at each element's position; the in-GEMM epilogue does
-    not yet, and no generated backward sums its gradient (a tensor of the output's shape)."""
+def test_a_program_with_a_full_operand_round_trips_and_runs_on_both_gpu_back_ends():
+    """The row kernels read a full operand at each element's position, the in-GEMM epilogue loads
+    its subtile beside the accumulator's; no generated backward sums its gradient (a tensor of the
+    output's shape)."""
     text = "linear(bias=True) | pointwise(x + p0) | layer_norm(eps=1e-05, weight=p1, bias=p2) || full col col"
     program = Program.parse(text)
     assert program.to_string() == text and program.params == ("full", "col", "col")
@@ -127,7 +128,8 @@ def test_a_program_with_a_full_operand_round_trips_and_runs_on_the_row_kernels_o
     assert "r.template full_chunk<0>(i, p0v);" in codegen.generate(program, torch.bfloat16, "ns", "entry")["program.cuh"]
     assert not codegen.has_generated_backward(program)
     gated = Program.parse("linear(bias=False) | pointwise(silu(x) * p0) || full")
-    assert "output's shape" in gemm_codegen.unsupported_reason(gated, torch.bfloat16)
+    assert gemm_codegen.unsupported_reason(gated, torch.bfloat16) is None
+    assert "norms other than GroupNorm" in gemm_codegen.unsupported_reason(program, torch.bfloat16)  # not the operand
 
 
 def test_compiled_residual_block_in_a_loop_of_layers():

@@ -59,6 +59,18 @@ def test_large_chains_reading_a_residual_go_to_inductor_small_ones_stay():
     assert inductor_is_faster(RESIDUAL_ADD, gemm_output(1024, 8192, device="cpu")) is None
 
 
+def test_a_chain_reading_a_residual_inside_the_gemm_stays_fused_until_the_selection_runs_it_elsewhere(
+        hopper_with_cutlass):
+    """The GEMM's epilogue reads the residual beside the accumulator: no pass over M x N at all;
+    where the row path measured faster (or the module failed to build) Inductor's pass is faster."""
+    out = gemm_output(8192, 4096, dtype=torch.bfloat16)
+    assert inductor_is_faster(RESIDUAL_ADD, out, k=11008) is None
+    assert inductor_is_faster(RESIDUAL_ADD, out, k=11008, in_gemm=False) is not None
+    assert inductor_is_faster(RESIDUAL_ADD, gemm_output(8192, 4096, dtype=torch.float32), k=11008) is not None
+    assert inductor_is_faster(RESIDUAL_ADD, gemm_output(8192, 4096, dtype=torch.bfloat16, training=True),
+                              k=11008) is not None  # a training forward keeps the GEMM output: the row path
+
+
 S04_GROUPS = Program(Gemm(True), (Norm("group", 1e-5, groups=256, weight=0, bias=1),), ("col", "col"))
 S06_GROUPS = Program(Gemm(True), (Norm("group", 1e-5, groups=16, weight=0, bias=1),), ("col", "col"))
 LAYER_NORM = Program(Gemm(True), (Norm("layer", 1e-5, weight=0, bias=1),), ("col", "col"))

@@ -1,7 +1,8 @@
 """Program -> CUDA sources of one GEMM module (the in-GEMM back end, csrc/gemm_epilogue.cuh).
 
 The program's epilogue becomes a CUTLASS epilogue visitor tree over typed stages: the accumulator
-(``fxg::Acc``), the bias and column parameters (``fxg::Col``), scalar parameters
+(``fxg::Acc``), the bias and column parameters (``fxg::Col``), operands of the output's shape
+(``fxg::Full``: a residual, a gate, loaded by TMA ahead of their subtile), scalar parameters
 (``fxg::Scalar``) and one ``fxg::Pointwise`` node whose functor is the program's pointwise stages
 composed into one expression, printed by the same printer as the row kernels' (``print_expr``,
 the device functions of csrc/epilogue_ops.cuh). The numerics are the correctness rule's, not
@@ -27,7 +28,7 @@ from ..vocabulary import ROUNDING
 from .codegen import PARAM_KINDS, UnsupportedProgram
 from .printer import UnsupportedExpression, print_expr
 
-GEMM_CODEGEN_VERSION = "3"
+GEMM_CODEGEN_VERSION = "4"
 NUM_KERNELS = 3  # fxg::kNumKernels, csrc/gemm_epilogue.cuh: one unit each
 
 # element types the in-GEMM path takes for x and weight (float32 would be TF32: not built yet)
@@ -93,13 +94,15 @@ def unsupported_reason(program: Program, dtype: torch.dtype) -> str | None:
         return "norms other than GroupNorm are not in the in-GEMM epilogue yet"
     if len(norms) > 1:
         return "more than one norm in a chain is not in the in-GEMM epilogue yet"
-    if any(kind not in ("col", "scalar") for kind in program.params):
-        return "operands of the output's shape (residuals, gates) are not in the in-GEMM epilogue yet"
+    if any(kind not in ("col", "scalar", "full") for kind in program.params):
+        return f"{', '.join(sorted(set(program.params) - {'col', 'scalar', 'full'}))} parameters are not in the in-GEMM epilogue"
     epilogue = Epilogue.of(program)
     try:
         print_expr(epilogue.pre)
         if epilogue.norm is not None:
-            print_expr(epilogue.affine_post())
+            after = print_expr(epilogue.affine_post())
+            if any(program.params[i] == "full" for i in after.params):
+                return "an operand of the output's shape after an in-tile group norm is not in the in-GEMM epilogue yet"
     except UnsupportedExpression as error:
         return str(error)
     return None
@@ -157,14 +160,17 @@ def _program_header(program: Program, dtype: torch.dtype, param_dtypes: tuple[to
     # the tree's inputs after the accumulator: the bias, then each parameter the expression reads
     leaves, leaf_args, names = [], [], []
     if program.gemm.bias:
-        leaves.append("fxg::Col<Tile, Element>")
-        leaf_args.append("fxg::col_args<fxg::Col<Tile, Element>>(a.bias)")
+        leaves.append("fxg::Col<Frame, Element>")
+        leaf_args.append("fxg::col_args<fxg::Col<Frame, Element>>(a.bias)")
         names.append("bias")
     for index in used:
         leaf_type = _ELEMENTS[codes[index]]
         if program.params[index] == "col":
-            leaves.append(f"fxg::Col<Tile, {leaf_type}>")
-            leaf_args.append(f"fxg::col_args<fxg::Col<Tile, {leaf_type}>>(a.params[{index}].ptr)")
+            leaves.append(f"fxg::Col<Frame, {leaf_type}>")
+            leaf_args.append(f"fxg::col_args<fxg::Col<Frame, {leaf_type}>>(a.params[{index}].ptr)")
+        elif program.params[index] == "full":
+            leaves.append(f"fxg::Full<Frame, {leaf_type}>")
+            leaf_args.append(f"fxg::full_args<fxg::Full<Frame, {leaf_type}>>(a.params[{index}].ptr, a.m, a.n)")
         else:
             leaves.append(f"fxg::Scalar<{leaf_type}>")
             leaf_args.append(f"fxg::scalar_args<{leaf_type}>(a.params[{index}].ptr)")
@@ -226,11 +232,11 @@ def _program_header(program: Program, dtype: torch.dtype, param_dtypes: tuple[to
         + ("; groups inside the norm's subtile" if epilogue.norm is not None else ""),
         f"  static bool supports(int64_t n, int64_t k) {{ return {supports}; }}",
         "",
-        "  template <class Tile>",
+        "  template <class Frame>",
         f"  using Tree = {tree};",
         "",
-        "  template <class Tile>",
-        "  static typename Tree<Tile>::Arguments args(const FxGemmLaunch& a) {",
+        "  template <class Frame>",
+        "  static typename Tree<Frame>::Arguments args(const FxGemmLaunch& a) {",
         "    (void)a;",
         f"    return {tree_args};",
         "  }",

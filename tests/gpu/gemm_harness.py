@@ -51,7 +51,8 @@ def draw(program: Program, dtype: torch.dtype, m: int, n: int, k: int, seed: int
     x = torch.randn(*batch, m, k, generator=g).to(DEVICE, dtype)
     w = (torch.randn(n, k, generator=g) / math.sqrt(k)).to(DEVICE, dtype)
     b = torch.randn(n, generator=g).to(DEVICE, dtype) if program.gemm.bias else None
-    params = make_params(program, n, dtype=torch.float32 if program.widens else dtype, generator=g, device=DEVICE)
+    params = make_params(program, n, dtype=torch.float32 if program.widens else dtype, generator=g, device=DEVICE,
+                         lead=(*batch, m))
     return x, w, b, params
 
 

@@ -50,11 +50,32 @@ def test_programs_that_differ_only_in_rounding_share_one_module():
 def test_the_tree_reads_the_bias_and_each_parameter_the_expression_uses_in_its_own_type():
     text = header(SCALAR_AND_COL, params=(torch.float32, torch.bfloat16, torch.float32))
     tree = next(line for line in text.splitlines() if "using Tree" in line)
-    assert tree.strip() == ("using Tree = fxg::Tree<fxg::Pointwise<Chain, Out>, fxg::Acc, fxg::Col<Tile, Element>, "
-                            "fxg::Scalar<float>, fxg::Col<Tile, float>>;")  # p1 is unused: no leaf
+    assert tree.strip() == ("using Tree = fxg::Tree<fxg::Pointwise<Chain, Out>, fxg::Acc, fxg::Col<Frame, Element>, "
+                            "fxg::Scalar<float>, fxg::Col<Frame, float>>;")  # p1 is unused: no leaf
     assert "fxg::scalar_args<float>(a.params[0].ptr)" in text
-    assert "fxg::col_args<fxg::Col<Tile, float>>(a.params[2].ptr)" in text
+    assert "fxg::col_args<fxg::Col<Frame, float>>(a.params[2].ptr)" in text
     assert "kParamKinds[3] = {FX_PARAM_SCALAR, FX_PARAM_COL, FX_PARAM_COL}" in text and "kParamDtypes[3] = {FX_F32, FX_BF16, FX_F32}" in text
+
+
+def test_an_operand_of_the_output_shape_is_a_full_leaf_read_in_its_own_type():
+    """A residual or a gate: the tree loads its (M, N) subtile beside the accumulator's (TMA, ahead
+    of use) and the expression reads it at the same position."""
+    text = header(PROGRAMS["full_gate_silu"])
+    tree = next(line for line in text.splitlines() if "using Tree" in line)
+    assert tree.strip() == ("using Tree = fxg::Tree<fxg::Pointwise<Chain, Out>, fxg::Acc, "
+                            "fxg::Full<Frame, cutlass::bfloat16_t>>;")
+    assert "fxg::full_args<fxg::Full<Frame, cutlass::bfloat16_t>>(a.params[0].ptr, a.m, a.n)" in text
+    assert "kParamKinds[1] = {FX_PARAM_FULL}" in text
+    assert "const float t1 = t0 * p0;" in text
+    residual = header(PROGRAMS["full_residual"], params=(torch.float32,))
+    assert "fxg::Full<Frame, float>" in residual and "const float x = acc[e] + in_bias[e];" in residual
+
+
+def test_an_operand_of_the_output_shape_before_an_in_tile_group_norm_is_taken_after_it_is_not():
+    before = Program.parse("linear(bias=True) | pointwise(x + p0) | group_norm(eps=1e-05, groups=256) || full")
+    assert gemm_codegen.unsupported_reason(before, torch.bfloat16) is None
+    after = Program.parse("linear(bias=True) | group_norm(eps=1e-05, groups=256) | pointwise(x + p0) || full")
+    assert "after an in-tile group norm" in gemm_codegen.unsupported_reason(after, torch.bfloat16)
 
 
 def test_a_gemm_without_bias_reads_the_accumulator_alone():
@@ -82,6 +103,9 @@ def test_one_unit_per_kernel_and_an_entry_point():
     ("s20_layer_silu", torch.bfloat16, "norms other than GroupNorm"),
     ("widen_rms_then_group", torch.bfloat16, "norms other than GroupNorm"),
     ("s16_sigmoid_sum", torch.bfloat16, "reduce stages"),
+    ("full_residual_layer", torch.bfloat16, "norms other than GroupNorm"),
+    ("keep_residual_layer", torch.bfloat16, "keep stages"),
+    ("dropout_residual_layer", torch.bfloat16, "dropout stages"),
 ])
 def test_programs_the_in_gemm_path_does_not_take_yet(name, dtype, reason):
     assert reason in gemm_codegen.unsupported_reason(PROGRAMS[name], dtype)
@@ -114,7 +138,7 @@ def test_the_group_norm_stage_takes_the_values_before_it_in_float32_and_applies_
     text = header(program, params=(torch.float32, torch.bfloat16, torch.float16))
     tree = next(line for line in text.splitlines() if "using Tree" in line)
     assert tree.strip() == ("using Tree = fxg::Tree<fxg::GroupNorm<Post, 64>, fxg::Tree<fxg::Pointwise<Chain, float>, "
-                            "fxg::Acc, fxg::Col<Tile, Element>>>;")
+                            "fxg::Acc, fxg::Col<Frame, Element>>>;")
     assert "const float p0 = fxg::load_param<float>(a.ptr[0], n);" in text
     assert "const float p1 = fxg::load_param<cutlass::bfloat16_t>(a.ptr[1], n);" in text
     assert "const float p2 = fxg::load_param<cutlass::half_t>(a.ptr[2], n);" in text

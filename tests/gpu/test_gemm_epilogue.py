@@ -34,11 +34,16 @@ EXTRA = {
     "vocabulary_a": vocabulary_program(["relu", "leaky_relu", "gelu", "gelu_tanh", "silu", "sigmoid", "tanh"]),
     "vocabulary_b": vocabulary_program(["mish", "clamp", "hardtanh", "hardswish", "hardsigmoid", "elu", "selu",
                                         "softplus", "abs", "maximum"]),
+    # operands of the output's shape beside column and scalar ones: gelu(x + residual) * gate * v * s
+    "full_two_and_col": Program(Gemm(True), (Pointwise(E.mul(E.mul(E.mul(call("gelu", E.add(X, E.param(0))),
+                                                                         E.param(1)), E.param(2)), E.param(3))),),
+                                ("full", "full", "col", "scalar")),
 }
 NAMES = ["identity", "s01_scale_leaky", "s10_div_gelu", "s13_sub_mul_relu", "s14_silu_div_clamp_tanh",
-         *EXTRA]
+         "full_residual", "full_gate_silu", *EXTRA]
 CASES = [(name, torch.bfloat16) for name in NAMES] + [("s01_scale_leaky", torch.float16),
-                                                      ("scalar_and_col", torch.float16)]
+                                                      ("scalar_and_col", torch.float16),
+                                                      ("full_gate_silu", torch.float16)]
 SHAPES = [(1, 136, 72), (7, 520, 264), (300, 1032, 520), (1024, 2048, 512)]
 
 
@@ -68,7 +73,8 @@ def test_every_schedule_of_every_kernel(modules):
         assert_under_rule(run_config(module, program, x, w, b, params, config), eager, exact)
 
 
-@pytest.mark.parametrize("name,dtype", [("s01_scale_leaky", torch.bfloat16), ("scalar_and_col", torch.float16)])
+@pytest.mark.parametrize("name,dtype", [("s01_scale_leaky", torch.bfloat16), ("scalar_and_col", torch.float16),
+                                        ("full_two_and_col", torch.bfloat16)])
 def test_three_dimensional_input(modules, name, dtype):
     program, module = program_of(name), modules[(name, dtype)]
     x, w, b, params = draw(program, dtype, 37, 264, 136, seed=3, batch=(3,))
@@ -90,6 +96,33 @@ def test_nan_and_inf_reach_eagers_positions(modules, name):
         out = run_config(module, program, x, w, b, params, config)
         assert torch.equal(out.isnan(), eager.isnan())
         assert torch.equal(out.isposinf(), eager.isposinf()) and torch.equal(out.isneginf(), eager.isneginf())
+
+
+def test_nan_and_inf_in_an_operand_of_the_output_shape_reach_eagers_positions(modules):
+    program, module = program_of("full_two_and_col"), modules[("full_two_and_col", torch.bfloat16)]
+    x, w, b, params = draw(program, torch.bfloat16, 200, 264, 72, seed=7)
+    params[0][3, 5] = math.nan
+    params[0][7, :] = math.inf
+    params[1][9, 2] = -math.inf
+    params[1][11, 4] = 0.0
+    params[0][11, 4] = math.inf  # gelu(inf) * 0: NaN
+    eager = reference.op_forward(program, x, w, b, params, False)[0]
+    for config in kernels(module):
+        out = run_config(module, program, x, w, b, params, config)
+        assert torch.equal(out.isnan(), eager.isnan())
+        assert torch.equal(out.isposinf(), eager.isposinf()) and torch.equal(out.isneginf(), eager.isneginf())
+
+
+def test_an_operand_view_off_16_byte_alignment_is_read_from_an_aligned_copy(modules):
+    """TMA needs a 16-byte aligned base: a residual sliced one element in is copied first."""
+    program, module = program_of("full_residual"), modules[("full_residual", torch.bfloat16)]
+    x, w, b, _ = draw(program, torch.bfloat16, 96, 520, 136, seed=9)
+    residual = torch.randn(96 * 520 + 1, device=DEVICE, dtype=torch.bfloat16)[1:].view(96, 520)
+    assert residual.data_ptr() % 16 != 0
+    eager = reference.op_forward(program, x, w, b, [residual], False)[0]
+    exact = truth(program, x, w, b, [residual])
+    for config in kernels(module):
+        assert_under_rule(run_config(module, program, x, w, b, [residual], config), eager, exact)
 
 
 def test_unaligned_shapes_take_the_row_path(modules):
@@ -140,6 +173,35 @@ def test_cuda_graph_replay(modules):
     out.fill_(math.nan)
     graph.replay()
     torch.cuda.synchronize()
+    assert_under_rule(out, eager, exact)
+
+
+def test_a_compiled_residual_block_measures_the_in_gemm_path_and_equals_eager(modules):
+    """x + proj(h) under policy "always": the chain reads its residual in the GEMM's epilogue or in
+    the row pass, whichever measured faster at the shape; the report names the times of both."""
+    import fxfuse
+
+    class Residual(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.proj = torch.nn.Linear(512, 1024)
+
+        def forward(self, h, x):
+            return x + self.proj(h)
+
+    torch.manual_seed(0)
+    model = Residual().to(DEVICE, torch.bfloat16)
+    h = torch.randn(4, 64, 512, device=DEVICE, dtype=torch.bfloat16)
+    x = torch.randn(4, 64, 1024, device=DEVICE, dtype=torch.bfloat16)
+    fxfuse.reset_report()
+    compiled = torch.compile(model, backend="fxfuse", options={"policy": "always"})
+    with torch.no_grad():
+        out, eager = compiled(h, x), model(h, x)
+        exact = x.double() + torch.nn.functional.linear(h.double(), model.proj.weight.double(),
+                                                        model.proj.bias.double())
+    (row,) = fxfuse.last_report().rows
+    assert row.status == "fused" and "measured: " in row.path and "row " in row.path
+    assert "cooperative" in row.path  # the in-GEMM configurations were candidates
     assert_under_rule(out, eager, exact)
 
 
