@@ -72,7 +72,7 @@ def fuse(gm: GraphModule, allow_cpu: bool = False, policy: str = "fastest") -> G
         chains = match_all(graph, canonicalize(graph), allow_cpu)
         if policy == "fastest":
             chains = [_unfused_if_slower(chain) for chain in chains]
-        chains = _build(chains)
+        chains = _build(chains, against_inductor=policy == "fastest")
         if policy == "fastest":
             chains = [_unfused_if_slower(chain, after_selection=True) for chain in chains]
         rewrite(graph, chains)
@@ -106,10 +106,11 @@ def _with_dynamos_metadata(fused: GraphModule, gm: GraphModule) -> GraphModule:
 KEEPS_GEMM_OUTPUT = "the forward keeps the GEMM output for the backward, which the in-GEMM epilogue does not store"
 
 
-def _build(chains: list[Chain]) -> list[Chain]:
+def _build(chains: list[Chain], against_inductor: bool = False) -> list[Chain]:
     """Compile the CUDA kernels of a graph's chains now, in parallel (never at call time), then
-    measure each chain's paths at its shape (fxfuse.cuda.select); a chain whose build fails is
-    left to Inductor, with the reason in the report."""
+    measure each chain's paths at its shape (fxfuse.cuda.select; ``against_inductor``: Inductor's
+    kernels for the chain too); a chain whose build fails is left to Inductor, with the reason in
+    the report."""
     chains = [_unfused_if_no_kernel(chain) for chain in chains]
     wanted, gemms = {}, []
     for chain in chains:
@@ -126,7 +127,7 @@ def _build(chains: list[Chain]) -> list[Chain]:
         failed = cuda.prepare_many([(program, dtype) for (_, dtype), program in wanted.items()], gemm_items=gemms)
     except Exception as error:
         failed = {key: error for key in wanted}
-    return [_with_path(_unfused_if_failed(chain, failed)) for chain in chains]
+    return [_with_path(_unfused_if_failed(chain, failed), against_inductor) for chain in chains]
 
 
 def _param_dtypes(chain: Chain) -> tuple[torch.dtype, ...]:
@@ -134,7 +135,7 @@ def _param_dtypes(chain: Chain) -> tuple[torch.dtype, ...]:
     return tuple(v.dtype if isinstance(v, torch.Tensor) else torch.float32 for v in values)
 
 
-def _with_path(chain: Chain) -> Chain:
+def _with_path(chain: Chain, against_inductor: bool = False) -> Chain:
     """``chain`` with the GPU path its shape was measured to run fastest on (the report's path)."""
     x, weight = example_value(chain.x), example_value(chain.weight)
     if chain.program is None or not isinstance(x, torch.Tensor) or x.device.type != "cuda":
@@ -148,35 +149,40 @@ def _with_path(chain: Chain) -> Chain:
         m = math.prod(size_hint(s) for s in x.shape[:-1])
         shapes = tuple(tuple(size_hint(s) for s in example_value(p).shape) for p in chain.params)
         selection = cuda.select(chain.program, chain.dtype, _param_dtypes(chain), (m, n, k),
-                                chain.bias is not None, shapes)
+                                chain.bias is not None, shapes, against_inductor)
     except Exception as error:  # noqa: BLE001 - the row path serves; say why
         return replace(chain, path=f"cuBLAS + row pass (selection failed: {type(error).__name__}: {error})")
     if selection is None:
         why = cuda.engine.gemm_error(chain.program, chain.dtype, _param_dtypes(chain), x.device)
         return replace(chain, path="cuBLAS + row pass" + (f" ({why.splitlines()[0]})" if why else ""))
-    return replace(chain, path=selection.describe(), in_gemm=selection.config >= 0)
+    return replace(chain, path=selection.describe(), selection=selection)
 
 
 def _unfused_if_slower(chain: Chain, after_selection: bool = False) -> Chain:
-    """``chain`` left to Inductor where the policy says Inductor is faster; ``after_selection``:
-    asked again once the chain's GPU path is measured (a chain kept for its in-GEMM kernel that
-    then runs elsewhere goes to Inductor)."""
+    """``chain`` left to Inductor where Inductor is faster: as the selection measured it at the
+    chain's shape where it timed Inductor's kernels, else as the policy's rules say;
+    ``after_selection``: asked again once the chain's GPU path is measured."""
     if chain.program is None:
         return chain
     gemm_out = example_value(chain.gemm)
     if not isinstance(gemm_out, torch.Tensor):
         return chain
-    x = example_value(chain.x)
-    k = size_hint(x.shape[-1]) if isinstance(x, torch.Tensor) else None
-    in_gemm = not after_selection or chain.in_gemm
-    reason = inductor_is_faster(chain.program, gemm_out, chain.reason if chain.stops_at_wider_dtype else None, k,
-                                in_gemm)
-    if reason is None:
+    # a chain stopped at a wider op: Inductor fuses that op too, which the measurement does not see
+    stopped_at = chain.reason if chain.stops_at_wider_dtype else None
+    measured = chain.selection.inductor_is_faster() if after_selection and chain.selection and not stopped_at else None
+    if measured is False:
         return chain
-    if after_selection and chain.path:
-        reason = f"{reason}; measured path: {chain.path}"
+    if measured:
+        reason = ("Inductor is faster at this shape (measured when the graph compiled; "
+                  f"fxfuse's fastest: {chain.path}); policy='always' fuses it")
+    else:
+        reason = inductor_is_faster(chain.program, gemm_out, stopped_at, after_selection)
+        if reason is None:
+            return chain
+        if after_selection and chain.path:
+            reason = f"{reason}; measured path: {chain.path}"
     return replace(chain, status="not_fused", fused=[], program=None, nodes=[], reason=reason, path=None,
-                   in_gemm=False)
+                   selection=None)
 
 
 def _unfused_if_no_kernel(chain: Chain) -> Chain:

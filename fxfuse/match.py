@@ -17,6 +17,7 @@ a pointwise op of the GEMM's dtype may still read values from before it).
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING
 
 import sympy
 import torch
@@ -41,6 +42,9 @@ from .canonical import (
 from .describe import describe
 from .ir import Dropout, Gemm, Keep, Narrow, Norm, Pointwise, Program, Reduce, Stage, Widen
 from .vocabulary import ROUNDING, call, is_rounding
+
+if TYPE_CHECKING:
+    from .cuda.engine import Selection
 
 FUSABLE_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 RMS_NORM_DEFAULT_EPS = torch.finfo(torch.float32).eps  # eps=None: float's eps (opmath for halves)
@@ -80,7 +84,7 @@ class Chain:
     kept_view: Node | None = None  # the last view before ``kept`` (its rows regrouped as the op's are not)
     without_keep: "Chain | None" = None  # the chain ending at ``kept``, for a back end without second outputs
     path: str | None = None  # the GPU path its shape measured fastest on, and the times (fxfuse.cuda.select)
-    in_gemm: bool = False  # that path is a GEMM configuration (the in-GEMM epilogue)
+    selection: "Selection | None" = None  # the measurement behind ``path`` (fxfuse.cuda.engine), if one was taken
 
 
 class Stop(Exception):

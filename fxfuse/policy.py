@@ -17,17 +17,19 @@ backward together measured 1.05-1.16x faster than Inductor's forward and backwar
 under bf16 autocast (H100; S02 and S08 1.05-1.08x on the H200), where larger groups (S06, 0.94x),
 layer norms (S20, 0.98-1.03x) and RMS norms (S21, 0.98x) did not gain (BENCHMARKS.md section 6).
 
-Where the GEMM's epilogue takes the group norm in-tile (Hopper, CUTLASS headers, groups of 8-64
-columns; fxfuse/cuda/gemm_codegen.py) and K is at most IN_GEMM_NORM_MAX_K, the chain stays fused
-outside training too: a separate pass over M x N costs a share of the GEMM that grows as 1/K, and
-S08 (K = 1024) measured 0.86x Inductor's GPU time through the in-GEMM group norm (H100, bf16;
-BENCHMARKS.md section 10), where S02 and S04 (K = 8192) measured 1.00-1.03x and go to Inductor.
+Where the in-GEMM path takes a chain on this device (Hopper, CUTLASS headers, bf16/fp16, outside
+training; fxfuse/cuda/gemm_codegen.py) no rule decides: the chain is kept for the selection, which
+times fxfuse's paths and Inductor's own kernels for the chain at the chain's shape, on this card,
+and leaves the chain to Inductor where Inductor is faster (fxfuse/cuda/engine.py). What the rules
+below found is why that matters: a separate pass over M x N costs a share of the GEMM that grows
+as 1/K — S08's in-tile group norm (K = 1024) measured 0.86x Inductor's GPU time, S02 and S04 (K =
+8192) 1.00-1.03x (BENCHMARKS.md section 10) — and a GEMM reading a residual or a gate in its
+epilogue won or lost against Inductor's pass depending on K and on the chain's math (section 12).
 
 A pointwise chain reading an operand of the output's shape (a residual, a gate) reads it once
 more than the chain's output; Inductor's pointwise kernel reads it too, and S26 (Llama's MLP: the
 SwiGLU product and the residual add, bf16, H100) measured 1.04x Inductor's GPU time through the
-row pass: such chains go to Inductor at large sizes unless the GEMM's epilogue reads the operand
-(the in-GEMM path, where the selection measures it faster than the row pass).
+row pass: where the in-GEMM path cannot take them, such chains go to Inductor at large sizes.
 
 A chain cut short by an op that computes in a dtype it cannot take (float64; autocast's float32
 ops and float32 promotions widen the chain instead) also goes to Inductor: Inductor fuses that op
@@ -48,7 +50,6 @@ from .ir import Norm, Program, Reduce
 
 POLICIES = ("fastest", "always")
 LARGE_ELEMENTS = 1 << 20  # M x N from which the chains below measured slower than Inductor
-IN_GEMM_NORM_MAX_K = 1024  # the largest K an in-GEMM group norm measured faster than Inductor at
 
 
 def size_hint(size) -> int:
@@ -61,12 +62,13 @@ def size_hint(size) -> int:
 
 
 def inductor_is_faster(program: Program, gemm_out: torch.Tensor, stopped_at: str | None = None,
-                       k: int | None = None, in_gemm: bool = True) -> str | None:
+                       after_selection: bool = False) -> str | None:
     """The reason to leave this chain to Inductor, or None to fuse it (policy "fastest");
     ``gemm_out`` is the GEMM's output value (its example value); ``stopped_at`` is the matcher's
-    reason when the chain stops at an op computing in a wider dtype; ``k`` the GEMM's K;
-    ``in_gemm`` False once the selection has run the chain elsewhere than inside the GEMM (its
-    module failed to build, or the row path measured faster)."""
+    reason when the chain stops at an op computing in a wider dtype. Before the selection a chain
+    the in-GEMM path takes here is kept for it to measure against Inductor; ``after_selection``:
+    asked again because that measurement did not happen (no module, a failed build, Inductor's
+    kernels not timed): the rules decide."""
     if gemm_out.device.type != "cuda":
         return None
     if stopped_at is not None:
@@ -76,7 +78,7 @@ def inductor_is_faster(program: Program, gemm_out: torch.Tensor, stopped_at: str
     slower = _measured_slower(program)
     if slower is None or (gemm_out.requires_grad and _trains_faster(program, gemm_out)):
         return None
-    if in_gemm and not gemm_out.requires_grad and _in_gemm_is_faster(program, gemm_out, k):
+    if not after_selection and not gemm_out.requires_grad and in_gemm_takes(program, gemm_out):
         return None
     elements = math.prod(size_hint(s) for s in gemm_out.shape)
     if elements < LARGE_ELEMENTS:
@@ -99,21 +101,13 @@ def _trains_faster(program: Program, gemm_out: torch.Tensor) -> bool:
     return group_in_lanes(n, split.norm.groups, chunk_elements(program, gemm_out.dtype))
 
 
-def _in_gemm_is_faster(program: Program, gemm_out: torch.Tensor, k: int | None) -> bool:
-    """A program the in-GEMM path takes on this device, of a kind that measured faster than
-    Inductor there (module docstring): a group norm in-tile at a low K, or a pointwise chain
-    reading an operand of the output's shape. The selection then times that path against the row
-    path; a chain it does not run inside the GEMM is asked again (``in_gemm`` False)."""
+def in_gemm_takes(program: Program, gemm_out: torch.Tensor) -> bool:
+    """Whether the in-GEMM path takes ``program`` on ``gemm_out``'s device and dtype (its module can
+    be built there; a shape it does not cover is the selection's to find)."""
     from .cuda import gemm_codegen
     from .cuda.build import BuildError, cuda_target, gemm_target_reason
 
     if gemm_codegen.unsupported_reason(program, gemm_out.dtype) is not None:
-        return False
-    norm = next((s for s in program.stages if isinstance(s, Norm)), None)
-    if norm is None:
-        if "full" not in program.params:
-            return False
-    elif k is None or k > IN_GEMM_NORM_MAX_K or gemm_codegen.group_size(norm, size_hint(gemm_out.shape[-1])) is None:
         return False
     try:
         return gemm_target_reason(cuda_target(gemm_out.device)) is None

@@ -59,16 +59,15 @@ def test_large_chains_reading_a_residual_go_to_inductor_small_ones_stay():
     assert inductor_is_faster(RESIDUAL_ADD, gemm_output(1024, 8192, device="cpu")) is None
 
 
-def test_a_chain_reading_a_residual_inside_the_gemm_stays_fused_until_the_selection_runs_it_elsewhere(
+def test_a_chain_the_in_gemm_path_takes_is_kept_for_the_selection_to_time_against_inductor(
         hopper_with_cutlass):
-    """The GEMM's epilogue reads the residual beside the accumulator: no pass over M x N at all;
-    where the row path measured faster (or the module failed to build) Inductor's pass is faster."""
+    """x + proj(h) in bf16 outside training: no rule decides, the selection's measurement does
+    (fxfuse/backend.py); asked again without one, the rules decide."""
     out = gemm_output(8192, 4096, dtype=torch.bfloat16)
-    assert inductor_is_faster(RESIDUAL_ADD, out, k=11008) is None
-    assert inductor_is_faster(RESIDUAL_ADD, out, k=11008, in_gemm=False) is not None
-    assert inductor_is_faster(RESIDUAL_ADD, gemm_output(8192, 4096, dtype=torch.float32), k=11008) is not None
-    assert inductor_is_faster(RESIDUAL_ADD, gemm_output(8192, 4096, dtype=torch.bfloat16, training=True),
-                              k=11008) is not None  # a training forward keeps the GEMM output: the row path
+    assert inductor_is_faster(RESIDUAL_ADD, out) is None
+    assert "operand of the output's shape" in inductor_is_faster(RESIDUAL_ADD, out, after_selection=True)
+    assert inductor_is_faster(RESIDUAL_ADD, gemm_output(8192, 4096, dtype=torch.float32)) is not None  # no TF32 in-GEMM
+    assert inductor_is_faster(RESIDUAL_ADD, gemm_output(8192, 4096, dtype=torch.bfloat16, training=True)) is not None
 
 
 S04_GROUPS = Program(Gemm(True), (Norm("group", 1e-5, groups=256, weight=0, bias=1),), ("col", "col"))
@@ -99,33 +98,22 @@ def hopper_with_cutlass(monkeypatch):
     monkeypatch.setattr(build, "gemm_target_reason", lambda target: None)
 
 
-def test_a_group_norm_inside_the_gemm_at_low_k_stays_fused_outside_training(hopper_with_cutlass):
-    """S08's regime: the in-GEMM epilogue saves Inductor's pass over M x N, a large share of a
-    K = 1024 GEMM; at K = 8192 that share is small and Inductor measured as fast."""
+def test_a_group_norm_chain_the_in_gemm_path_takes_is_kept_for_the_selection(hopper_with_cutlass):
+    """S08 (K = 1024) measured faster than Inductor inside the GEMM, S02/S04 (K = 8192) not: the
+    selection times both at the chain's shape; a norm the in-GEMM path does not take goes by the rules."""
     out = gemm_output(32768, 4096, dtype=torch.bfloat16)
-    assert inductor_is_faster(S08, out, k=1024) is None
-    assert inductor_is_faster(S08, out, k=8192) is not None
-    assert inductor_is_faster(S08, out) is not None  # K unknown
-    assert inductor_is_faster(S08, gemm_output(32768, 4096, dtype=torch.float32), k=1024) is not None  # no TF32 in-GEMM
-    wide_groups = Program(Gemm(True), (Norm("group", 1e-5, groups=16),))  # 256 columns: not in-tile
-    assert inductor_is_faster(wide_groups, out, k=1024) is not None
-    assert inductor_is_faster(LAYER_NORM, out, k=1024) is not None
+    assert inductor_is_faster(S08, out) is None
+    assert "norm epilogues" in inductor_is_faster(S08, out, after_selection=True)
+    assert inductor_is_faster(S08, gemm_output(32768, 4096, dtype=torch.float32)) is not None  # no TF32 in-GEMM
+    assert inductor_is_faster(LAYER_NORM, out) is not None
 
 
-def test_a_low_k_group_norm_the_selection_ran_outside_the_gemm_goes_to_inductor(hopper_with_cutlass):
-    """Asked again after the selection: its module failed to build, or the row path measured
-    faster — either way slower than Inductor at this shape."""
-    out = gemm_output(32768, 4096, dtype=torch.bfloat16)
-    reason = inductor_is_faster(S08, out, k=1024, in_gemm=False)
-    assert reason is not None and "norm epilogues" in reason
-
-
-def test_without_the_in_gemm_kernels_a_low_k_group_norm_goes_to_inductor(monkeypatch):
+def test_without_the_in_gemm_kernels_a_group_norm_goes_to_inductor(monkeypatch):
     from fxfuse.cuda import build
 
     monkeypatch.setattr(build, "cuda_target", lambda device=None: None)
     monkeypatch.setattr(build, "gemm_target_reason", lambda target: "not Hopper")
-    assert inductor_is_faster(S08, gemm_output(32768, 4096, dtype=torch.bfloat16), k=1024) is not None
+    assert inductor_is_faster(S08, gemm_output(32768, 4096, dtype=torch.bfloat16)) is not None
 
 
 def test_in_training_without_the_generated_backward_group_norms_go_to_inductor(monkeypatch):
@@ -191,3 +179,36 @@ def test_an_unknown_policy_is_an_error():
     model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ReLU())
     with pytest.raises(Exception, match="policy must be one of"):
         compile_fxfuse(model, policy="sometimes")(torch.randn(2, 8))
+
+
+def _residual_chain(selection) -> "Chain":
+    from fxfuse.match import Chain
+
+    return Chain(gemm=gemm_output(8192, 4096, dtype=torch.bfloat16), status="fused", chain=["linear", "add"],
+                 fused=["linear", "add"], reason=None, program=RESIDUAL_ADD, selection=selection,
+                 path=selection.describe() if selection else None)
+
+
+def test_where_the_selection_timed_inductor_its_measurement_decides():
+    """Timed at the chain's shape on this card, Inductor's kernels either lost (the chain stays
+    fused, whatever the rules say of its kind) or won (the chain goes to Inductor, the report
+    saying by how much)."""
+    from fxfuse.backend import _unfused_if_slower
+    from fxfuse.cuda.engine import INDUCTOR, Selection
+
+    won = Selection("row", -1, {"row": 100.0, INDUCTOR: 110.0})
+    assert _unfused_if_slower(_residual_chain(won), after_selection=True).status == "fused"
+    lost = Selection("cooperative", 0, {"row": 120.0, "cooperative": 105.0, INDUCTOR: 100.0})
+    left = _unfused_if_slower(_residual_chain(lost), after_selection=True)
+    assert left.status == "not_fused" and left.program is None
+    assert "Inductor is faster at this shape" in left.reason and "Inductor 100.0 us" in left.reason
+
+
+def test_without_an_inductor_timing_the_rules_decide_after_the_selection():
+    from fxfuse.backend import _unfused_if_slower
+    from fxfuse.cuda.engine import Selection
+
+    untimed = Selection("cooperative", 0, {"row": 120.0, "cooperative": 105.0})
+    left = _unfused_if_slower(_residual_chain(untimed), after_selection=True)
+    assert left.status == "not_fused" and "operand of the output's shape" in left.reason
+    assert "measured path: in-GEMM epilogue (cooperative)" in left.reason

@@ -7,7 +7,8 @@ Public API:
   calls it at compile time, never inside CUDA graph capture); raises ``BuildError``;
 * ``prepare_many([(program, dtype), ...])`` -- the same for many, compiled in parallel processes;
 * ``select(program, dtype, param_dtypes, (m, n, k), has_bias)`` -- measure the row path against the
-  in-GEMM kernel's configurations at that shape and route such calls to the fastest;
+  in-GEMM kernel's configurations (and, asked to, Inductor's kernels for the chain) at that shape
+  and route such calls to fxfuse's fastest;
 * ``BuildError`` -- the program cannot be compiled (unsupported, or the compiler failed);
 * the op's CUDA kernel lives in the runtime module (C++, registered with the dispatcher when the
   first program is prepared); before that ``fxfuse.op`` sends CUDA calls to ``engine.call``. A call whose
@@ -68,8 +69,11 @@ def prepare_many(items, workers: int | None = None, gemm_items=()) -> dict:
     return engine.prepare_many(items, torch.device("cuda", torch.cuda.current_device()), workers, gemm_items)
 
 
-def select(program: Program, dtype: torch.dtype, param_dtypes, shape, has_bias: bool, param_shapes=None):
+def select(program: Program, dtype: torch.dtype, param_dtypes, shape, has_bias: bool, param_shapes=None,
+           against_inductor: bool = False):
     """The path ``program``'s calls of ``shape`` (m, n, k) take on the current device, measured
-    (``engine.Selection``), or None where it has no in-GEMM kernel (the row path serves)."""
+    (``engine.Selection``), or None where it has no in-GEMM kernel (the row path serves);
+    ``against_inductor``: Inductor's kernels for the chain are timed beside them."""
     device = torch.device("cuda", torch.cuda.current_device())
-    return engine.select(program, dtype, tuple(param_dtypes), tuple(shape), device, has_bias, param_shapes)
+    return engine.select(program, dtype, tuple(param_dtypes), tuple(shape), device, has_bias, param_shapes,
+                         against_inductor)

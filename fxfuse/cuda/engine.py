@@ -12,7 +12,9 @@ pass over its output) and, where a GEMM module was built (Hopper, bf16/fp16, the
 epilogue of gemm_codegen.py), one CUTLASS kernel per call in one of several configurations.
 ``select`` times them once per (program, dtype, parameter dtypes, N, K, bucket of M) when a graph
 compiles, tells the runtime which to route such calls to, and keeps the measurement on disk beside
-the builds, so a warm compile measures nothing.
+the builds, so a warm compile measures nothing. Asked to, it times a third candidate beside them:
+the chain as Inductor compiles it on its own (cuBLAS, then its generated kernels), so that the
+backend can leave the chain to Inductor where Inductor is faster on this card at this shape.
 """
 
 from __future__ import annotations
@@ -43,17 +45,24 @@ if TYPE_CHECKING:
 Key = tuple  # (program string, dtype, device index)
 DTYPE_CODES = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}  # FxDtype, csrc/fx_abi.h
 ROW_PATH = "row"  # the name of the cuBLAS + row-pass path in selections
+INDUCTOR = "Inductor"  # the name of the chain as Inductor compiles it, where a selection timed it
 
 
 @dataclass(frozen=True)
 class Selection:
-    """The measured paths of one program at one shape: ``times_us`` per path name (the row path
-    and each GEMM configuration that covers the shape), and the winner, ``path``; ``config`` is
-    the winner's GEMM configuration (-1: the row path)."""
+    """The measured paths of one program at one shape: ``times_us`` per path name (the row path,
+    each GEMM configuration that covers the shape, and Inductor's kernels where asked), and
+    fxfuse's fastest, ``path``; ``config`` is its GEMM configuration (-1: the row path)."""
 
     path: str
     config: int
     times_us: dict[str, float]
+
+    def inductor_is_faster(self) -> bool | None:
+        """Whether Inductor's kernels beat fxfuse's fastest path (None: Inductor was not timed)."""
+        if INDUCTOR not in self.times_us:
+            return None
+        return self.times_us[INDUCTOR] < self.times_us[self.path]
 
     def describe(self) -> str:
         times = ", ".join(f"{name} {t:.1f} us" for name, t in sorted(self.times_us.items(), key=lambda kv: kv[1]))
@@ -164,10 +173,12 @@ class Engine:
 
     def select(self, program: Program, dtype: torch.dtype, param_dtypes: tuple[torch.dtype, ...],
                shape: tuple[int, int, int], device: torch.device, has_bias: bool,
-               param_shapes: tuple[tuple[int, ...], ...] | None = None) -> Selection | None:
+               param_shapes: tuple[tuple[int, ...], ...] | None = None,
+               against_inductor: bool = False) -> Selection | None:
         """Time the row path and each GEMM configuration on an (m, n, k) problem of random data
         (or take the measurement cached on disk), route (bucket of m, n, k) to the fastest, and return
-        the selection; None where the program has no GEMM module (the row path serves)."""
+        the selection; None where the program has no GEMM module (the row path serves).
+        ``against_inductor``: Inductor's kernels for the chain are timed too (in the same rounds)."""
         module = self.prepare_gemm(program, dtype, param_dtypes, device)
         if module is None:
             return None
@@ -176,18 +187,21 @@ class Engine:
         bucket = runtime.bucket_of(m)
         key = (program.to_string(), dtype, _index(device))
         skey = (key, tuple(param_dtypes), n, k, bucket)
-        if skey in self.selections:
-            return self.selections[skey]
+        selection = self.selections.get(skey)
+        if selection is not None and (selection.inductor_is_faster() is not None or not against_inductor):
+            return selection
         disk = _selection_file(module.key, shape, bucket, device)
         selection = _read_selection(disk)
-        if selection is None:
-            selection = self._measure(program, dtype, param_dtypes, shape, device, has_bias, module, param_shapes)
+        if selection is None or (against_inductor and selection.inductor_is_faster() is None):
+            selection = self._measure(program, dtype, param_dtypes, shape, device, has_bias, module, param_shapes,
+                                      against_inductor)
             _write_selection(disk, selection)
         runtime.choose(key[0], DTYPE_CODES[dtype], key[2], m, n, k, selection.config)
         self.selections[skey] = selection
         return selection
 
-    def _measure(self, program, dtype, param_dtypes, shape, device, has_bias, module, param_shapes) -> Selection:
+    def _measure(self, program, dtype, param_dtypes, shape, device, has_bias, module, param_shapes,
+                 against_inductor: bool) -> Selection:
         m, n, k = shape
         handle = self._handles[(program.to_string(), dtype, _index(device))]
         g = torch.Generator(device=device).manual_seed(0)
@@ -206,8 +220,15 @@ class Engine:
                 calls[name] = (lambda config=config: runtime.run(handle, x, weight, bias, params, self._flags, None,
                                                                  False, module.info, config))
         with torch.no_grad():
+            if against_inductor:
+                try:
+                    calls[INDUCTOR] = inductor_chain(program, x, weight, bias, params)
+                except Exception as error:  # noqa: BLE001 - the policy's rules decide without it
+                    self._warn_once(f"inductor {program.to_string()}",
+                                    f"fxfuse: Inductor's kernels for a chain could not be timed "
+                                    f"({type(error).__name__}: {error}); the policy's rules decide")
             times = interleaved_medians(calls, time_us)
-        path = min(times, key=times.get)
+        path = min(candidates.keys() & times.keys(), key=times.get)
         return Selection(path, candidates[path], times)
 
     def _runtime(self, device: torch.device):
@@ -318,6 +339,23 @@ def group_norm_rounds_stats(device: torch.device) -> bool:
         return t.to(torch.bfloat16).float()
 
     return distance(bf16(mean), bf16(rstd)) < distance(mean, rstd)
+
+
+def inductor_chain(program: Program, x, weight, bias, params) -> Callable[[], torch.Tensor]:
+    """A call of the chain on these inputs as Inductor compiles it on its own: the eager
+    reference traced to a graph and compiled by Inductor (its cuBLAS GEMM, then the kernels it
+    generates for the epilogue), what the chain costs when fxfuse leaves it to Inductor."""
+    from torch._inductor import compile as inductor_compile
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    inputs = [x, weight, *([bias] if bias is not None else []), *params]
+
+    def chain(x, weight, *rest):
+        b, ps = (rest[0], rest[1:]) if bias is not None else (None, rest)
+        return reference.op_forward(program, x, weight, b, list(ps), False)[0]
+
+    compiled = inductor_compile(make_fx(chain)(*inputs), inputs)
+    return lambda: compiled(*inputs)
 
 
 def interleaved_medians(calls: dict[str, Callable[[], object]], time_once: Callable[[Callable], float],

@@ -274,3 +274,30 @@ def test_the_selection_times_candidates_round_robin():
     row = sorted(one_after_the_other(lambda: 100.0) for _ in range(8))[4]
     in_gemm = sorted(one_after_the_other(lambda: 99.0) for _ in range(8))[4]
     assert in_gemm > row  # the drift alone would have picked the slower path
+
+
+def test_inductors_kernels_for_a_chain_compute_the_reference():
+    """The selection's Inductor candidate: the chain's eager reference compiled by Inductor on its
+    own (here on the CPU), the same values as the reference on the same inputs."""
+    from fxfuse import reference
+    from fxfuse.cuda.engine import inductor_chain
+
+    program = Program.parse("linear(bias=True) | pointwise(silu(x) * p0 + p1) || full col")
+    g = torch.Generator().manual_seed(0)
+    x, w, b = torch.randn(48, 32, generator=g), torch.randn(40, 32, generator=g), torch.randn(40, generator=g)
+    params = [torch.randn(48, 40, generator=g), torch.randn(40, generator=g)]
+    with torch.no_grad():
+        out = inductor_chain(program, x, w, b, params)()
+    torch.testing.assert_close(out, reference.op_forward(program, x, w, b, params, False)[0])
+    no_bias = Program.parse("linear(bias=False) | pointwise(relu(x))")
+    with torch.no_grad():
+        torch.testing.assert_close(inductor_chain(no_bias, x, w, None, [])(), torch.relu(x @ w.t()))
+
+
+def test_a_selection_names_whether_inductor_was_faster():
+    from fxfuse.cuda.engine import INDUCTOR
+
+    assert Selection("row", -1, {"row": 12.5}).inductor_is_faster() is None
+    assert Selection("row", -1, {"row": 12.5, INDUCTOR: 13.0}).inductor_is_faster() is False
+    faster = Selection("cfg", 0, {"row": 12.5, "cfg": 11.0, INDUCTOR: 10.0})
+    assert faster.inductor_is_faster() is True and "Inductor 10.0 us" in faster.describe()

@@ -205,6 +205,36 @@ def test_a_compiled_residual_block_measures_the_in_gemm_path_and_equals_eager(mo
     assert_under_rule(out, eager, exact)
 
 
+def test_by_default_the_selection_times_inductors_kernels_and_the_faster_runs(modules):
+    """The default policy: at the chain's shape the selection times Inductor's own kernels for the
+    chain beside fxfuse's paths; the chain stays fused only where one of fxfuse's paths won, and
+    the report says which and the times either way."""
+    import fxfuse
+
+    class Gate(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.proj = torch.nn.Linear(512, 2048, bias=False)
+
+        def forward(self, h, up):
+            return torch.nn.functional.silu(self.proj(h)) * up
+
+    torch.manual_seed(1)
+    model = Gate().to(DEVICE, torch.bfloat16)
+    h = torch.randn(1024, 512, device=DEVICE, dtype=torch.bfloat16)
+    up = torch.randn(1024, 2048, device=DEVICE, dtype=torch.bfloat16)
+    fxfuse.reset_report()
+    with torch.no_grad():
+        out, eager = torch.compile(model, backend="fxfuse")(h, up), model(h, up)
+        exact = torch.nn.functional.silu(h.double() @ model.proj.weight.double().t()) * up.double()
+    (row,) = fxfuse.last_report().rows
+    if row.status == "fused":
+        assert "Inductor " in row.path and "measured: " in row.path
+    else:
+        assert "Inductor is faster at this shape" in row.reason and "Inductor " in row.reason
+    assert_under_rule(out, eager, exact)
+
+
 def test_supported_programs_are_the_pointwise_and_group_norm_ones():
     assert unsupported_reason(PROGRAMS["s01_scale_leaky"], torch.bfloat16) is None
     assert unsupported_reason(PROGRAMS["s01_scale_leaky"], torch.float32) is not None
