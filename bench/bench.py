@@ -478,6 +478,7 @@ def measure_row(row: SuiteRow, spec: DtypeSpec, cfg: Config) -> dict[str, Any]:
     fxfuse.reset_report()
     prepared = {name: prepare(fn, input_sets, cfg) for name, fn in fns.items()}
     paths = [r.path for r in fxfuse.last_report().rows if r.status != "not_fused" and r.path]
+    left = [r.reason for r in fxfuse.last_report().rows if r.status == "not_fused" and r.reason]
     variants = {name: res for name, (res, _) in prepared.items()}
     replays = {name: graph.replay for name, (_, graph) in prepared.items() if graph is not None}
     _sample_into(variants, "gpu", graph_sample, replays, input_sets, cfg.repeats)
@@ -499,6 +500,7 @@ def measure_row(row: SuiteRow, spec: DtypeSpec, cfg: Config) -> dict[str, Any]:
         "input_shapes": [list(t.shape) for t in first],
         "variants": variants,
         "fxfuse_paths": paths,
+        "fxfuse_left_to_inductor": left,
         "check": {
             name: check(fns[name], fns["eager"], exact, input_sets, spec.tol)
             for name in ("inductor", "fxfuse")
@@ -693,6 +695,9 @@ def format_report(report: dict[str, Any]) -> str:
     paths = [f"  {e['id']}: {p}" for e in report["rows"] for p in e.get("fxfuse_paths", [])]
     if paths:
         parts += ["", "fxfuse GPU paths (what each fused chain's shape measured fastest on):", *paths]
+    left = [f"  {e['id']}: {r}" for e in report["rows"] for r in e.get("fxfuse_left_to_inductor", [])]
+    if left:
+        parts += ["", "chains fxfuse left to Inductor, and why:", *left]
     cpu_rows = [
         [e["id"]] + [_fmt(e.get("cpu_us", {}).get(n), ".1f") for n in CPU_VARIANTS]
         for e in report["rows"]
