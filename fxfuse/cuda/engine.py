@@ -344,7 +344,12 @@ def group_norm_rounds_stats(device: torch.device) -> bool:
 def inductor_chain(program: Program, x, weight, bias, params) -> Callable[[], torch.Tensor]:
     """A call of the chain on these inputs as Inductor compiles it on its own: the eager
     reference traced to a graph and compiled by Inductor (its cuBLAS GEMM, then the kernels it
-    generates for the epilogue), what the chain costs when fxfuse leaves it to Inductor."""
+    generates for the epilogue), what the chain costs when fxfuse leaves it to Inductor.
+
+    It is compiled and run outside the tracing and compile contexts of the graph being compiled
+    (the backend measures while Dynamo compiles the user's frame): inside them Inductor would take
+    that frame's fake mode and shape environment and leave symbols without sources in its guards."""
+    from torch._guards import compile_context, tracing
     from torch._inductor import compile as inductor_compile
     from torch.fx.experimental.proxy_tensor import make_fx
 
@@ -354,8 +359,12 @@ def inductor_chain(program: Program, x, weight, bias, params) -> Callable[[], to
         b, ps = (rest[0], rest[1:]) if bias is not None else (None, rest)
         return reference.op_forward(program, x, weight, b, list(ps), False)[0]
 
-    compiled = inductor_compile(make_fx(chain)(*inputs), inputs)
-    return lambda: compiled(*inputs)
+    def isolated(fn):
+        with tracing(None), compile_context(None):
+            return fn()
+
+    compiled = isolated(lambda: inductor_compile(make_fx(chain)(*inputs), inputs))
+    return lambda: isolated(lambda: compiled(*inputs))
 
 
 def interleaved_medians(calls: dict[str, Callable[[], object]], time_once: Callable[[Callable], float],
