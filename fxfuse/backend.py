@@ -149,7 +149,7 @@ def _with_path(chain: Chain, against_inductor: bool = False) -> Chain:
         m = math.prod(size_hint(s) for s in x.shape[:-1])
         shapes = tuple(tuple(size_hint(s) for s in example_value(p).shape) for p in chain.params)
         selection = cuda.select(chain.program, chain.dtype, _param_dtypes(chain), (m, n, k),
-                                chain.bias is not None, shapes, against_inductor)
+                                chain.bias is not None, shapes, against_inductor, chain.weight_is_kn)
     except Exception as error:  # noqa: BLE001 - the row path serves; say why
         return replace(chain, path=f"cuBLAS + row pass (selection failed: {type(error).__name__}: {error})")
     if selection is None:

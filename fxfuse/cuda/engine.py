@@ -174,11 +174,14 @@ class Engine:
     def select(self, program: Program, dtype: torch.dtype, param_dtypes: tuple[torch.dtype, ...],
                shape: tuple[int, int, int], device: torch.device, has_bias: bool,
                param_shapes: tuple[tuple[int, ...], ...] | None = None,
-               against_inductor: bool = False) -> Selection | None:
+               against_inductor: bool = False, weight_is_kn: bool = False) -> Selection | None:
         """Time the row path and each GEMM configuration on an (m, n, k) problem of random data
         (or take the measurement cached on disk), route (bucket of m, n, k) to the fastest, and return
         the selection; None where the program has no GEMM module (the row path serves).
-        ``against_inductor``: Inductor's kernels for the chain are timed too (in the same rounds)."""
+        ``against_inductor``: Inductor's kernels for the chain are timed too (in the same rounds);
+        ``weight_is_kn``: the calls' weight is a (K, N) tensor read transposed (GPT-2's Conv1D),
+        which the GEMM configurations do not read (their B is the (N, K) weight): the row path and
+        Inductor are timed with that layout."""
         module = self.prepare_gemm(program, dtype, param_dtypes, device)
         if module is None:
             return None
@@ -186,34 +189,36 @@ class Engine:
         runtime = self._runtime_module
         bucket = runtime.bucket_of(m)
         key = (program.to_string(), dtype, _index(device))
-        skey = (key, tuple(param_dtypes), n, k, bucket)
+        skey = (key, tuple(param_dtypes), n, k, bucket, weight_is_kn)
         selection = self.selections.get(skey)
         if selection is not None and (selection.inductor_is_faster() is not None or not against_inductor):
             return selection
-        disk = _selection_file(module.key, shape, bucket, device)
+        disk = _selection_file(module.key + (" kn" if weight_is_kn else ""), shape, bucket, device)
         selection = _read_selection(disk)
         if selection is None or (against_inductor and selection.inductor_is_faster() is None):
             selection = self._measure(program, dtype, param_dtypes, shape, device, has_bias, module, param_shapes,
-                                      against_inductor)
+                                      against_inductor, weight_is_kn)
             _write_selection(disk, selection)
         runtime.choose(key[0], DTYPE_CODES[dtype], key[2], m, n, k, selection.config)
         self.selections[skey] = selection
         return selection
 
     def _measure(self, program, dtype, param_dtypes, shape, device, has_bias, module, param_shapes,
-                 against_inductor: bool) -> Selection:
+                 against_inductor: bool, weight_is_kn: bool) -> Selection:
         m, n, k = shape
         handle = self._handles[(program.to_string(), dtype, _index(device))]
         g = torch.Generator(device=device).manual_seed(0)
         x = torch.randn(m, k, device=device, dtype=dtype, generator=g)
-        weight = torch.randn(n, k, device=device, dtype=dtype, generator=g) * k ** -0.5
+        weight = torch.randn(*((k, n) if weight_is_kn else (n, k)), device=device, dtype=dtype, generator=g) * k ** -0.5
+        weight = weight.t() if weight_is_kn else weight
         bias = torch.randn(n, device=device, dtype=dtype, generator=g) if has_bias else None
         shapes = param_shapes or tuple((n,) if kind == "col" else () for kind in program.params)
         params = [torch.rand(s, device=device, dtype=d, generator=g) + 0.5 for s, d in zip(shapes, param_dtypes)]
         runtime = self._runtime_module
         candidates = {ROW_PATH: -1}
         for config, name in enumerate(module.config_names):
-            candidates[name] = config
+            if not weight_is_kn:
+                candidates[name] = config
         calls = {}
         for name, config in candidates.items():
             if config < 0 or module.supports(m, n, k, config):

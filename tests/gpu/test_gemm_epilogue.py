@@ -235,6 +235,19 @@ def test_by_default_the_selection_times_inductors_kernels_and_the_faster_runs(mo
     assert_under_rule(out, eager, exact)
 
 
+def test_a_weight_read_transposed_is_timed_as_the_calls_read_it(modules):
+    """GPT-2's Conv1D keeps its weight (K, N): the GEMM configurations read an (N, K) weight, so the
+    selection times the row path (cuBLAS reads either layout) against Inductor, with that layout."""
+    program = program_of("full_residual")
+    selection = fxcuda.select(program, torch.bfloat16, (torch.bfloat16,), (512, 1032, 520), True, ((512, 1032),),
+                              against_inductor=True, weight_is_kn=True)
+    assert selection.config == -1 and set(selection.times_us) == {"row", "Inductor"}
+    x, w, b, params = draw(program, torch.bfloat16, 512, 1032, 520, seed=10)
+    w_kn = w.t().contiguous()
+    out = torch.ops.fxfuse.linear_epilogue(program.to_string(), x, w_kn.t(), b, params, False)[0]
+    assert_under_rule(out, reference.op_forward(program, x, w, b, params, False)[0], truth(program, x, w, b, params))
+
+
 def test_supported_programs_are_the_pointwise_and_group_norm_ones():
     assert unsupported_reason(PROGRAMS["s01_scale_leaky"], torch.bfloat16) is None
     assert unsupported_reason(PROGRAMS["s01_scale_leaky"], torch.float32) is not None
