@@ -197,6 +197,8 @@ def test_where_the_selection_timed_inductor_its_measurement_decides():
     from fxfuse.cuda.engine import INDUCTOR, Selection
 
     won = Selection("row", -1, {"row": 100.0, INDUCTOR: 110.0})
+    assert _unfused_if_slower(_residual_chain(Selection("row", -1, {"row": 100.0, INDUCTOR: 101.0})),
+                              after_selection=True).status == "not_fused"  # a tie goes to Inductor
     assert _unfused_if_slower(_residual_chain(won), after_selection=True).status == "fused"
     lost = Selection("cooperative", 0, {"row": 120.0, "cooperative": 105.0, INDUCTOR: 100.0})
     left = _unfused_if_slower(_residual_chain(lost), after_selection=True)

@@ -46,6 +46,10 @@ Key = tuple  # (program string, dtype, device index)
 DTYPE_CODES = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}  # FxDtype, csrc/fx_abi.h
 ROW_PATH = "row"  # the name of the cuBLAS + row-pass path in selections
 INDUCTOR = "Inductor"  # the name of the chain as Inductor compiles it, where a selection timed it
+# How much faster than Inductor's kernels fxfuse's fastest path must measure for the chain to stay
+# fused: the selection times the chain alone, where in the model Inductor may fuse the chain's
+# neighbours too (S25's gelu_new chain won by 0.4 % alone and ran 1.06x Inductor's graph, H100)
+INDUCTOR_MARGIN = 0.03
 
 
 @dataclass(frozen=True)
@@ -59,10 +63,11 @@ class Selection:
     times_us: dict[str, float]
 
     def inductor_is_faster(self) -> bool | None:
-        """Whether Inductor's kernels beat fxfuse's fastest path (None: Inductor was not timed)."""
+        """Whether Inductor's kernels beat fxfuse's fastest path, or come within INDUCTOR_MARGIN of
+        it (None: Inductor was not timed)."""
         if INDUCTOR not in self.times_us:
             return None
-        return self.times_us[INDUCTOR] < self.times_us[self.path]
+        return self.times_us[INDUCTOR] < self.times_us[self.path] * (1 + INDUCTOR_MARGIN)
 
     def describe(self) -> str:
         times = ", ".join(f"{name} {t:.1f} us" for name, t in sorted(self.times_us.items(), key=lambda kv: kv[1]))

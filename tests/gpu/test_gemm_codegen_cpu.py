@@ -299,5 +299,6 @@ def test_a_selection_names_whether_inductor_was_faster():
 
     assert Selection("row", -1, {"row": 12.5}).inductor_is_faster() is None
     assert Selection("row", -1, {"row": 12.5, INDUCTOR: 13.0}).inductor_is_faster() is False
+    assert Selection("row", -1, {"row": 12.5, INDUCTOR: 12.6}).inductor_is_faster() is True  # within the margin
     faster = Selection("cfg", 0, {"row": 12.5, "cfg": 11.0, INDUCTOR: 10.0})
     assert faster.inductor_is_faster() is True and "Inductor 10.0 us" in faster.describe()

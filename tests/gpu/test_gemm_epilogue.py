@@ -52,6 +52,12 @@ def program_of(name: str) -> Program:
 
 
 @pytest.fixture(scope="module")
+def hopper():
+    """Skips without a Hopper GPU, nvcc or CUTLASS (tests that build their own modules)."""
+    build_modules({})
+
+
+@pytest.fixture(scope="module")
 def modules():
     return build_modules({(name, dtype): (program_of(name), dtype) for name, dtype in CASES})
 
@@ -205,7 +211,7 @@ def test_a_compiled_residual_block_measures_the_in_gemm_path_and_equals_eager(mo
     assert_under_rule(out, eager, exact)
 
 
-def test_by_default_the_selection_times_inductors_kernels_and_the_faster_runs(modules):
+def test_by_default_the_selection_times_inductors_kernels_and_the_faster_runs(hopper):
     """The default policy: at the chain's shape the selection times Inductor's own kernels for the
     chain beside fxfuse's paths; the chain stays fused only where one of fxfuse's paths won, and
     the report says which and the times either way."""
@@ -235,7 +241,7 @@ def test_by_default_the_selection_times_inductors_kernels_and_the_faster_runs(mo
     assert_under_rule(out, eager, exact)
 
 
-def test_a_weight_read_transposed_is_timed_as_the_calls_read_it(modules):
+def test_a_weight_read_transposed_is_timed_as_the_calls_read_it(hopper):
     """GPT-2's Conv1D keeps its weight (K, N): the GEMM configurations read an (N, K) weight, so the
     selection times the row path (cuBLAS reads either layout) against Inductor, with that layout."""
     program = program_of("full_residual")
