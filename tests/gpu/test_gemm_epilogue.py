@@ -90,6 +90,14 @@ def test_three_dimensional_input(modules, name, dtype):
     assert_under_rule(out, eager, truth(program, x, w, b, params))
 
 
+def assert_every_kernel_puts_nan_and_inf_where_eager_does(module, program, x, w, b, params) -> None:
+    eager = reference.op_forward(program, x, w, b, params, False)[0]
+    for config in kernels(module):
+        out = run_config(module, program, x, w, b, params, config)
+        assert torch.equal(out.isnan(), eager.isnan())
+        assert torch.equal(out.isposinf(), eager.isposinf()) and torch.equal(out.isneginf(), eager.isneginf())
+
+
 @pytest.mark.parametrize("name", ["s01_scale_leaky", "s14_silu_div_clamp_tanh", "vocabulary_b"])
 def test_nan_and_inf_reach_eagers_positions(modules, name):
     program, module = program_of(name), modules[(name, torch.bfloat16)]
@@ -97,11 +105,7 @@ def test_nan_and_inf_reach_eagers_positions(modules, name):
     x[3, 5] = math.nan
     x[7, :] = math.inf
     x[9, 2] = -math.inf
-    eager = reference.op_forward(program, x, w, b, params, False)[0]
-    for config in kernels(module):
-        out = run_config(module, program, x, w, b, params, config)
-        assert torch.equal(out.isnan(), eager.isnan())
-        assert torch.equal(out.isposinf(), eager.isposinf()) and torch.equal(out.isneginf(), eager.isneginf())
+    assert_every_kernel_puts_nan_and_inf_where_eager_does(module, program, x, w, b, params)
 
 
 def test_nan_and_inf_in_an_operand_of_the_output_shape_reach_eagers_positions(modules):
@@ -112,11 +116,7 @@ def test_nan_and_inf_in_an_operand_of_the_output_shape_reach_eagers_positions(mo
     params[1][9, 2] = -math.inf
     params[1][11, 4] = 0.0
     params[0][11, 4] = math.inf  # gelu(inf) * 0: NaN
-    eager = reference.op_forward(program, x, w, b, params, False)[0]
-    for config in kernels(module):
-        out = run_config(module, program, x, w, b, params, config)
-        assert torch.equal(out.isnan(), eager.isnan())
-        assert torch.equal(out.isposinf(), eager.isposinf()) and torch.equal(out.isneginf(), eager.isneginf())
+    assert_every_kernel_puts_nan_and_inf_where_eager_does(module, program, x, w, b, params)
 
 
 def test_an_operand_view_off_16_byte_alignment_is_read_from_an_aligned_copy(modules):
