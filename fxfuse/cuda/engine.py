@@ -221,9 +221,8 @@ class Engine:
         params = [torch.rand(s, device=device, dtype=d, generator=g) + 0.5 for s, d in zip(shapes, param_dtypes)]
         runtime = self._runtime_module
         candidates = {ROW_PATH: -1}
-        for config, name in enumerate(module.config_names):
-            if not weight_is_kn:
-                candidates[name] = config
+        if not weight_is_kn:
+            candidates.update({name: config for config, name in enumerate(module.config_names)})
         calls = {}
         for name, config in candidates.items():
             if config < 0 or module.supports(m, n, k, config):
