@@ -161,6 +161,7 @@ class _Matcher:
         self.batch_norm_update: BatchNormUpdate | None = None
         self.has_batch_norm_training = False
         self.reduced = False  # a row reduction changed the shape
+        self.keeps_reduced_dim = False  # the reduced value keeps its feature dim, of size 1
         self.snapshots: list[_Snapshot] = []
         self._downstream: set[Node] | None = None
         self.dtype: torch.dtype | None = None  # the GEMM's output dtype: the chain's element type
@@ -337,15 +338,13 @@ class _Matcher:
             expr = self._segment_value(op.input)
         elif isinstance(op, PointwiseOp):
             expr = self._rounded(self._pointwise(node, op))
-        elif isinstance(op, NormOp):
-            self._close_segment(op.input, self._norm(op))
-        elif isinstance(op, DropoutOp):
-            self._close_segment(op.input, self._dropout(node, op))
-        else:
-            self._close_segment(op.input, self._reduce(op))
-            is_tuple = op.tuple_output
-        if isinstance(op, (NormOp, ReduceOp, DropoutOp)):
-            self.segment = {}
+        elif isinstance(op, ReduceOp) and self._reduces_one_value(op):
+            expr, is_tuple = self._one_value(op), op.tuple_output
+        else:  # a norm, dropout or reduction: the next segment reads its result
+            stage = self._norm(op) if isinstance(op, NormOp) else (
+                self._dropout(node, op) if isinstance(op, DropoutOp) else self._reduce(op))
+            self._close_segment(op.input, stage)
+            self.segment, is_tuple = {}, isinstance(op, ReduceOp) and op.tuple_output
         self.segment[node] = expr
         if node is self.keep:
             self._keep_here(node, expr, value)
@@ -545,6 +544,23 @@ class _Matcher:
             raise Stop("dropout after a row reduction")
         return Dropout(op.p, self._param(DropoutSeed(node), "seed"))
 
+    def _reduces_one_value(self, op: ReduceOp) -> bool:
+        """A reduction over the size-1 feature dim a row reduction with keepdim left: each row
+        reduces its one value (a softmax of one value is 1, or NaN: not taken)."""
+        dims = op.dim if isinstance(op.dim, (list, tuple)) else (op.dim,)
+        return (self.keeps_reduced_dim and op.kind not in ("softmax", "log_softmax") and len(dims) == 1
+                and isinstance(dims[0], int) and dims[0] % self.ndim == self.ndim - 1)
+
+    def _one_value(self, op: ReduceOp) -> sympy.Expr:
+        """The sum, mean, max, min or logsumexp of one value: the value. Without keepdim it drops
+        the size-1 dim, which the row reduction before it then drops instead."""
+        if not op.keepdim:
+            index = max(i for i, stage in enumerate(self.stages) if isinstance(stage, Reduce))
+            self.stages[index] = replace(self.stages[index], keepdim=False)
+            self.ndim -= 1
+            self.keeps_reduced_dim = False
+        return self._segment_value(op.input)
+
     def _reduce(self, op: ReduceOp) -> Reduce:
         if self.reduced:
             raise Stop(f"{op.kind} after a row reduction")
@@ -558,6 +574,7 @@ class _Matcher:
         if stage.changes_shape:
             self.reduced = True
             self.ndim -= 0 if op.keepdim else 1
+            self.keeps_reduced_dim = op.keepdim
         return stage
 
     def _is_downstream(self, node) -> bool:

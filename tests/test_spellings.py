@@ -146,6 +146,12 @@ REDUCTIONS = [
     ("log_softmax", lambda m, y: F.log_softmax(y, dim=-1), "log_softmax()"),
     ("pointwise-after-reduction", lambda m, y: torch.logsumexp(y, 1, keepdim=True) * m.one - 1.0,
      "logsumexp(keepdim=True) | pointwise((x * p0) - 1.0)"),
+    # reductions over the size-1 dim a keepdim reduction left reduce one value each: the value
+    ("reductions-in-a-row", lambda m, y: torch.logsumexp(torch.logsumexp(torch.mean(torch.max(
+        torch.sum(y, 1, keepdim=True), 1, keepdim=True)[0], 1, keepdim=True), 1, keepdim=True), 1, keepdim=True),
+     "linear(bias=True) | sum(keepdim=True)"),
+    ("size-1-reduction-drops-the-dim", lambda m, y: (y.amax(1, keepdim=True) * 2.0).sum(1),
+     "max(keepdim=False) | pointwise(x * 2.0)"),
 ]
 
 GEMMS = [
@@ -278,3 +284,16 @@ def test_detach_is_the_value_itself_where_autograd_records_nothing():
     report = check_against_eager(lambda: Chain(training), _inputs(), grads=True)
     (row,) = report.rows
     assert row.status != "fused" and row.chain[-1] == "detach"  # growth stopped at the detach
+
+
+def test_reductions_over_the_size_one_dim_a_reduction_left_are_the_value_with_gradients():
+    """KernelBench's reductions in a row: after sum(keepdim=True) each further reduction over that
+    dim reduces one value per row; 3-D inputs, gradients to x, W and b."""
+    def epilogue(m, y):
+        s = torch.sum(y, -1, keepdim=True)
+        s = torch.max(s, -1, keepdim=True)[0]
+        return torch.logsumexp(torch.mean(s, -1, keepdim=True), -1) * 2.0
+
+    report = check_against_eager(lambda: Chain(epilogue), _inputs((2, 3, K)), grads=True)
+    (row,) = report.rows
+    assert row.status == "fused" and row.program == "linear(bias=True) | sum(keepdim=False) | pointwise(x * 2.0)"
