@@ -8,7 +8,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#define FX_ABI_VERSION 12
+#define FX_ABI_VERSION 13
 
 // Widest row the row kernel holds in registers (64 floats a thread, 512 threads a row).
 #define FX_MAX_N 32768
@@ -18,7 +18,13 @@ enum FxDtype : int32_t { FX_F32 = 0, FX_BF16 = 1, FX_F16 = 2 };
 // What a program parameter is: one value, a per-column vector of N values, a tensor of the
 // output's shape (M x N row-major: a residual, a gate), read at each element's own position, or a
 // dropout stage's seed (two int64 values, drawn per call; FxParam.dtype is unused for it).
-enum FxParamKind : int32_t { FX_PARAM_SCALAR = 0, FX_PARAM_COL = 1, FX_PARAM_FULL = 2, FX_PARAM_SEED = 3 };
+enum FxParamKind : int32_t {
+  FX_PARAM_SCALAR = 0,
+  FX_PARAM_COL = 1,
+  FX_PARAM_FULL = 2,
+  FX_PARAM_SEED = 3,
+  FX_PARAM_ROW = 4,  // one value per row (M values): a per-row scale, an (M, 1) operand
+};
 
 // FxLaunch.flags: how the eager implementation of this torch build rounds, where builds differ.
 enum FxFlags : int32_t {

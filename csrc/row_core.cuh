@@ -123,6 +123,12 @@ struct Row {
     return load_param(a.pptr[K], a.pdtype[K], 0);
   }
 
+  // Row parameter K (M values, one a row: a per-row scale) at this row; zero for inactive rows.
+  template <int K>
+  FX_DEVICE float row_param() const {
+    return active ? load_param(a.pptr[K], a.pdtype[K], row) : 0.0f;
+  }
+
   // Column parameter K at chunk i's VEC columns, clamped to the row like map()'s columns: one or
   // two 16-byte loads when the row is aligned (the runtime aligns parameters to 16 bytes).
   template <int K>

@@ -31,8 +31,9 @@ import torch
 from . import expr as E
 
 # a per-column vector of N values, one value, a tensor of the output's shape (a residual, a gate),
-# or a dropout stage's seed (two int64 values drawn from torch's generator on every call)
-ParamKind = Literal["col", "scalar", "full", "seed"]
+# one value per row (an (M, 1) operand: a per-row scale, or read after a row reduction), or a
+# dropout stage's seed (two int64 values drawn from torch's generator on every call)
+ParamKind = Literal["col", "scalar", "full", "row", "seed"]
 NormKind = Literal["group", "layer", "rms", "batch"]
 ReduceKind = Literal["sum", "mean", "max", "min", "logsumexp", "softmax", "log_softmax"]
 

@@ -465,9 +465,9 @@ class _Matcher:
         return E.param(self._param(operand, self._value_kind(operand)))
 
     def _value_kind(self, node: Node) -> str:
-        """"col", "scalar" or "full" (the chain value's own shape: a residual, a gate) for a tensor
-        that broadcasts against the chain value without changing its shape, dtype or device; Stop
-        otherwise."""
+        """"col", "scalar", "full" (the chain value's own shape: a residual, a gate) or "row" (one
+        value per row of it: (M, 1), (B, T, 1)) for a tensor that broadcasts against the chain
+        value without changing its shape, dtype or device; Stop otherwise."""
         if self._is_downstream(node):
             raise Stop(f"operand {describe(node)} is computed from the chain's value")
         value = example_value(node)
@@ -484,8 +484,10 @@ class _Matcher:
             return "col"
         if not self.reduced and shape == self.shape:
             return "full"
-        raise Stop(f"operand {describe(node)} of shape {shape} is not a per-column vector, a scalar or of the "
-                   "output's shape")
+        if (not self.reduced or self.keeps_reduced_dim) and shape == (*self.shape[:-1], 1):
+            return "row"
+        raise Stop(f"operand {describe(node)} of shape {shape} is not a per-column vector, a scalar, one value per "
+                   "row or of the output's shape")
 
     def _param(self, node: Node, kind: str) -> int:
         if node in self.params:

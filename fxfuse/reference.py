@@ -64,7 +64,7 @@ def epilogue_and_kept(program: Program, y: torch.Tensor,
     kept = y.new_empty((0,))
     n = y.shape[-1]
     opmath = torch.float64 if dtype == torch.float64 else torch.float32
-    shapes = {"col": (n,), "scalar": (), "full": y.shape}
+    shapes = {"col": (n,), "scalar": (), "full": y.shape, "row": (*y.shape[:-1], 1)}
     values = [p if kind == "seed" else p.to(opmath).reshape(shapes[kind]) for p, kind in zip(params, program.params)]
     stats = y.new_empty(EMPTY_STATS_SHAPE, dtype=torch.float32)
     with _no_autocast(y):

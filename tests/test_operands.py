@@ -89,6 +89,47 @@ def test_a_residual_read_twice_is_one_operand():
     assert row.status == "fused" and row.program.split("||")[1].split() == ["full"]
 
 
+class PerRow(nn.Module):
+    """One value per row: a per-row scale inside the chain, and after a row reduction an (M, 1)
+    tensor combined with the reduced value."""
+
+    def __init__(self):
+        super().__init__()
+        self.proj = nn.Linear(K, N)
+
+    def forward(self, x, scale, shift):
+        return (torch.sigmoid(F.gelu(self.proj(x)) * scale).sum(-1, keepdim=True) - shift) * scale
+
+
+def per_row(dtype=torch.float32, lead=(B, T)):
+    return lambda: [torch.randn(*lead, K), torch.rand(*lead, 1) + 0.5, torch.randn(*lead, 1)]
+
+
+@pytest.mark.parametrize("lead", [(B, T), (B * T,)], ids=["3d", "2d"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_operands_of_one_value_per_row_fuse_before_and_after_a_row_reduction(dtype, lead):
+    report = check_against_eager(PerRow, per_row(dtype, lead), dtype=dtype, grads=True)
+    (row,) = report.rows
+    assert row.status == "fused", row.reason
+    assert row.program.split("||")[1].split() == ["row", "row"]
+    assert "sum(keepdim=True)" in row.program
+
+
+def test_a_per_sample_operand_broadcasting_over_rows_stops_the_chain():
+    """(B, 1, 1) against (B, T, N) (timm's drop-path mask) is not one value per row yet."""
+    class PerSample(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.proj = nn.Linear(K, N)
+
+        def forward(self, x, mask):
+            return torch.relu(self.proj(x)) * mask
+
+    report = check_against_eager(PerSample, lambda: [torch.randn(B, T, K), torch.rand(B, 1, 1)])
+    (row,) = report.rows
+    assert row.status == "partial" and "of shape (2, 1, 1)" in row.reason
+
+
 def test_an_operand_that_would_broadcast_the_output_stops_the_chain():
     class Broadcasting(nn.Module):
         def __init__(self):

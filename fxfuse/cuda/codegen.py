@@ -32,7 +32,7 @@ ELEMENT_TYPES = {
 }
 
 PARAM_KINDS = {"scalar": "FX_PARAM_SCALAR", "col": "FX_PARAM_COL", "full": "FX_PARAM_FULL",
-               "seed": "FX_PARAM_SEED"}  # fx_abi.h
+               "seed": "FX_PARAM_SEED", "row": "FX_PARAM_ROW"}  # fx_abi.h
 _OUT_KIND = {None: "FX_OUT_ROWS", False: "FX_OUT_REDUCED", True: "FX_OUT_REDUCED_KEEP"}
 _REDUCTIONS = {
     "sum": "reduce_sum",
@@ -564,7 +564,9 @@ def _param_indices(program: Program, used: set[int], kind: str) -> list[int]:
 
 
 def _scalar_decls(program: Program, used: set[int]) -> list[str]:
-    return [f"const float p{i} = r.template scalar_param<{i}>();" for i in _param_indices(program, used, "scalar")]
+    """The scalar and per-row parameters an expression reads: one value each for the whole row."""
+    return ([f"const float p{i} = r.template scalar_param<{i}>();" for i in _param_indices(program, used, "scalar")]
+            + [f"const float p{i} = r.template row_param<{i}>();" for i in _param_indices(program, used, "row")])
 
 
 def _emit_map(program: Program, stage: Pointwise) -> list[str]:
@@ -594,7 +596,7 @@ def _emit_map(program: Program, stage: Pointwise) -> list[str]:
 
 def _emit_scalar_pointwise(program: Program, stage: Pointwise) -> list[str]:
     printed = print_expr(stage.expr)
-    if any(i < len(program.params) and program.params[i] != "scalar" for i in printed.params):
+    if any(i < len(program.params) and program.params[i] not in ("scalar", "row") for i in printed.params):
         raise UnsupportedProgram("a column or full parameter after a reduction")
     return [
         "{",

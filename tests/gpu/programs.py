@@ -187,6 +187,11 @@ PROGRAMS: dict[str, Program] = {
         ("seed", "full", "col", "col"),
     ),
     "gelu_dropout": Program(Gemm(True), (pw(call("gelu", X)), Dropout(0.5, 0)), ("seed",)),
+    # one value per row: a per-row scale inside the chain, and an (M, 1) operand after a row
+    # reduction (the reduced value and another tensor of its shape)
+    "row_scale_gelu": Program(Gemm(True), (pw(E.mul(call("gelu", X), p(0))),), ("row",)),
+    "row_after_sum": Program(Gemm(True), (pw(call("sigmoid", X)), Reduce("sum", keepdim=True),
+                                          pw(E.add(E.mul(X, p(0)), p(1)))), ("row", "scalar")),
     "minus_and_negation": Program(Gemm(True), (pw(E.sub(E.neg(X), E.sub(c(2.0), E.mul(c(3.0), X)))),)),
     # chains that widen to float32 as autocast's do (the output is float32; a no-op in float32)
     "widen_s08_silu_vec_group": Program(
@@ -253,7 +258,8 @@ LOW_PRECISION = ["s01_scale_leaky", "s04_group_silu_vec_silu", "s03_batch_train_
                  "s22_batch_eval_relu",
                  "s16_sigmoid_sum", "s21_rms_silu", "group_odd", "s05_traced_bf16", "s11_traced_bf16",
                  "full_residual_layer", "full_gate_silu", "keep_residual_layer", "narrow_traced_bf16",
-                 "dropout_residual_layer", "gelu_dropout", "dropout_traced_bf16"] + [
+                 "dropout_residual_layer", "gelu_dropout", "dropout_traced_bf16", "row_scale_gelu",
+                 "row_after_sum"] + [
                      name for name in PROGRAMS if name.startswith("widen_")]
 TRACED_IN_BF16 = ["s05_traced_bf16", "s11_traced_bf16", "narrow_traced_bf16", "dropout_traced_bf16"]  # their rounding points are a bf16 chain's
 
@@ -269,11 +275,11 @@ def dtypes_of(name: str) -> list[torch.dtype]:
 def make_params(program: Program, n: int, dtype=torch.float32, device="cpu", generator=None,
                 lead: tuple[int, ...] | None = None) -> list[torch.Tensor]:
     """Parameters for ``program``: column vectors of N values, scalars as 0-d tensors, full ones
-    of the output's shape ``(*lead, N)`` (``lead``: x's leading dims). Variance-like parameters
+    of the output's shape ``(*lead, N)``, row ones of ``(*lead, 1)`` (``lead``: x's leading dims). Variance-like parameters
     (BatchNorm running_var) are positive. A program that widens gets float32 ones, as autocast's
     float32 model has (a float32 norm of bf16 parameters is an error in eager)."""
-    if "full" in program.params and lead is None:
-        raise ValueError("a program with a full parameter needs the output's leading dims (lead=)")
+    if ("full" in program.params or "row" in program.params) and lead is None:
+        raise ValueError("a program with a full or row parameter needs the output's leading dims (lead=)")
     positive = {s.running_var for s in program.stages if isinstance(s, Norm) and s.running_var is not None}
     dtype = torch.float32 if program.widens else dtype
     out = []
@@ -281,7 +287,7 @@ def make_params(program: Program, n: int, dtype=torch.float32, device="cpu", gen
         if kind == "seed":  # a dropout stage's seed: two int64 values, as the rewrite draws them
             out.append(torch.randint(0, SEED_HIGH, (2,), generator=generator, dtype=torch.int64, device=device))
             continue
-        shape = {"col": (n,), "scalar": (), "full": (*(lead or ()), n)}[kind]
+        shape = {"col": (n,), "scalar": (), "full": (*(lead or ()), n), "row": (*(lead or ()), 1)}[kind]
         t = torch.randn(shape, generator=generator, dtype=torch.float32)
         if i in positive:
             t = t.abs() + 0.5
