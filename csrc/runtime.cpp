@@ -100,19 +100,25 @@ bool on_kernel_device(const Tensor& t) {
 }
 
 // A parameter as the kernels read it: 1 (scalar), N (column), M (row: one value a row, its last dim
-// 1) or M x N (full: the output's shape, N its last dim) contiguous values of a float type, on x's device. nullopt where the reference
-// would raise (wrong size or device).
+// 1; one a sample expands) or M x N (full: the output's shape, N its last dim) contiguous values of
+// a float type, on x's device. nullopt where the reference would raise (wrong size or device).
 std::optional<Tensor> kernel_param(const Tensor& p, int32_t kind, int64_t m, int64_t n, const Tensor& x) {
   if (kind == FX_PARAM_SEED) {  // two int64 values on x's device, read as they are
     if (p.numel() != 2 || p.scalar_type() != at::kLong || p.device() != x.device()) return std::nullopt;
     return p.reshape({2}).contiguous();
   }
+  Tensor q = p;
+  if (kind == FX_PARAM_ROW && p.numel() != m) {  // one value a sample: expand it to one a row
+    std::vector<int64_t> rows(x.sizes().begin(), x.sizes().end() - 1);
+    rows.push_back(1);
+    if (p.dim() != static_cast<int64_t>(rows.size()) || !at::is_expandable_to(p.sizes(), rows)) return std::nullopt;
+    q = p.expand(rows);
+  }
   const int64_t numel = kind == FX_PARAM_FULL ? m * n : kind == FX_PARAM_COL ? n : kind == FX_PARAM_ROW ? m : 1;
-  if (p.numel() != numel || (kind == FX_PARAM_FULL && (p.dim() < 1 || p.size(-1) != n)) ||
-      (kind == FX_PARAM_ROW && (p.dim() < 1 || p.size(-1) != 1))) {
+  if (q.numel() != numel || (kind == FX_PARAM_FULL && (q.dim() < 1 || q.size(-1) != n)) ||
+      (kind == FX_PARAM_ROW && (q.dim() < 1 || q.size(-1) != 1))) {
     return std::nullopt;
   }
-  Tensor q = p;
   if (q.device() != x.device()) {
     if (!(q.is_cpu() && q.numel() == 1)) return std::nullopt;  // a CPU scalar, as eager allows
     q = q.to(x.device());

@@ -315,6 +315,7 @@ class _Matcher:
         self.n = w.shape[1] if self.op.weight_is_kn else w.shape[0]
         self.ndim = x.dim()
         self.shape = (*x.shape[:-1], self.n)  # the chain value's shape (a view regroups its rows)
+        self.rows = tuple(x.shape[:-1])  # the fused op's rows, as x's leading dims
 
     # -- absorbing one node -------------------------------------------------------------------
 
@@ -484,10 +485,21 @@ class _Matcher:
             return "col"
         if not self.reduced and shape == self.shape:
             return "full"
-        if (not self.reduced or self.keeps_reduced_dim) and shape == (*self.shape[:-1], 1):
+        if (not self.reduced or self.keeps_reduced_dim) and self._is_per_row(shape):
             return "row"
         raise Stop(f"operand {describe(node)} of shape {shape} is not a per-column vector, a scalar, one value per "
                    "row or of the output's shape")
+
+    def _is_per_row(self, shape: tuple) -> bool:
+        """One value per row of the chain value: (*rows, 1), or a shape that broadcasts to it along
+        the leading dims ((B, 1, 1) against (B, T, N): a per-sample scale) where the op's rows are
+        the chain's (no view regrouped them)."""
+        lead = tuple(self.shape[:-1])
+        if len(shape) != len(lead) + 1 or shape[-1] != 1:
+            return False
+        if tuple(shape[:-1]) == lead:
+            return True
+        return lead == self.rows and all(d == 1 or d == s for d, s in zip(shape[:-1], lead))
 
     def _param(self, node: Node, kind: str) -> int:
         if node in self.params:

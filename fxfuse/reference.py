@@ -9,6 +9,8 @@ over one row, say) are eager's.
 
 from __future__ import annotations
 
+import math
+
 import torch
 import torch.nn.functional as F
 
@@ -55,6 +57,19 @@ def epilogue(program: Program, y: torch.Tensor, params: list[torch.Tensor]) -> t
     return out, stats
 
 
+def _as_operand(p: torch.Tensor, kind: str, shape) -> torch.Tensor:
+    """A parameter in the shape it broadcasts from against a value of ``shape``: (N,), (), the
+    value's own shape, or (*rows, 1) — a per-row operand of fewer values (one per sample) expands."""
+    if kind == "col":
+        return p.reshape(shape[-1])
+    if kind == "scalar":
+        return p.reshape(())
+    if kind == "full":
+        return p.reshape(shape)
+    rows = (*shape[:-1], 1)
+    return p.reshape(rows) if p.numel() == math.prod(rows) else p.expand(rows)
+
+
 def epilogue_and_kept(program: Program, y: torch.Tensor,
                       params: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """``(out, batch_stats, kept)``: kept is the value at the ``keep()`` stage in its dtype (empty
@@ -64,8 +79,7 @@ def epilogue_and_kept(program: Program, y: torch.Tensor,
     kept = y.new_empty((0,))
     n = y.shape[-1]
     opmath = torch.float64 if dtype == torch.float64 else torch.float32
-    shapes = {"col": (n,), "scalar": (), "full": y.shape, "row": (*y.shape[:-1], 1)}
-    values = [p if kind == "seed" else p.to(opmath).reshape(shapes[kind]) for p, kind in zip(params, program.params)]
+    values = [p if kind == "seed" else _as_operand(p.to(opmath), kind, y.shape) for p, kind in zip(params, program.params)]
     stats = y.new_empty(EMPTY_STATS_SHAPE, dtype=torch.float32)
     with _no_autocast(y):
         v = y.to(opmath)

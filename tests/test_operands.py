@@ -115,17 +115,37 @@ def test_operands_of_one_value_per_row_fuse_before_and_after_a_row_reduction(dty
     assert "sum(keepdim=True)" in row.program
 
 
-def test_a_per_sample_operand_broadcasting_over_rows_stops_the_chain():
-    """(B, 1, 1) against (B, T, N) (timm's drop-path mask) is not one value per row yet."""
-    class PerSample(nn.Module):
+class PerSample(nn.Module):
+    """A (B, 1, 1) scale against (B, T, N): one value a sample (timm's drop-path mask)."""
+
+    def __init__(self):
+        super().__init__()
+        self.proj = nn.Linear(K, N)
+
+    def forward(self, x, mask):
+        return torch.relu(self.proj(x)) * mask + 1.0
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_a_per_sample_operand_is_one_value_per_row_expanded(dtype):
+    report = check_against_eager(PerSample, lambda: [torch.randn(B, T, K), torch.rand(B, 1, 1)], dtype=dtype,
+                                 grads=True)
+    (row,) = report.rows
+    assert row.status == "fused" and row.program.endswith("|| row"), row
+
+
+def test_a_per_sample_operand_of_a_chain_whose_rows_a_view_regrouped_stops_it():
+    """The op's rows are x's (B * T) where the chain's value was viewed (B, T, N): a (B, 1, 1)
+    operand cannot be expanded to them."""
+    class Viewed(nn.Module):
         def __init__(self):
             super().__init__()
             self.proj = nn.Linear(K, N)
 
         def forward(self, x, mask):
-            return torch.relu(self.proj(x)) * mask
+            return torch.relu(self.proj(x.view(-1, K)).view(B, T, N)) * mask
 
-    report = check_against_eager(PerSample, lambda: [torch.randn(B, T, K), torch.rand(B, 1, 1)])
+    report = check_against_eager(Viewed, lambda: [torch.randn(B, T, K), torch.rand(B, 1, 1)])
     (row,) = report.rows
     assert row.status == "partial" and "of shape (2, 1, 1)" in row.reason
 

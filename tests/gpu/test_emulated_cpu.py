@@ -216,6 +216,21 @@ def test_an_operand_of_the_outputs_shape_in_any_layout_is_read_at_each_elements_
     run_and_compare(engine, program, dtype, x, w, b, [residual, *cols])
 
 
+@pytest.mark.parametrize("shape", ["per_row", "per_sample", "per_row_float32"])
+def test_a_per_row_operand_is_read_once_a_row(engine, shape):
+    """One value a row of a 3-D x's (2, m) rows: (2, m, 1), or (2, 1, 1) one a sample, which the
+    runtime expands; in the kernels' dtype or float32 beside a bfloat16 GEMM; before and after a
+    row reduction."""
+    for name in ("row_scale_gelu", "row_after_sum"):
+        program = PROGRAMS[name]
+        x, w, b, (per_row, *rest) = inputs(program, torch.bfloat16, 5, 40, 16, 4, "3d")
+        if shape == "per_sample":
+            per_row = per_row[:, :1]
+        elif shape == "per_row_float32":
+            per_row = per_row.float()
+        run_and_compare(engine, program, torch.bfloat16, x, w, b, [per_row, *rest])
+
+
 def test_all_minus_inf_rows(engine):
     """logsumexp of a row of -inf is -inf; max of it -inf; softmax of it NaN (as torch)."""
     for name in ["reduce_logsumexp_drop", "reduce_max_keep", "s11_gelu_softmax"]:
