@@ -1,7 +1,8 @@
 """Step 1: give every node of a Dynamo graph its canonical meaning, and functionalize in-place ops.
 
 Norms written out op by op (transformers' RMSNorms) become the norm op first
-(fxfuse/patterns/written_norms.py).
+(fxfuse/patterns/written_norms.py), and ops that read only a value's dtype and device
+(``new_empty``: timm's drop-path mask) factories that read nothing (fxfuse/patterns/shape_reads.py).
 
 Dynamo records ``y.mul_(3)`` as a node whose later readers still name ``y``: the mutation is
 implicit in the node order. Where ``y`` is a fresh temporary, readers after the in-place node are
@@ -15,7 +16,7 @@ from __future__ import annotations
 from torch.fx import Graph, Node
 
 from . import patterns
-from .patterns import written_norms
+from .patterns import shape_reads, written_norms
 from .canonical import AliasOp, CanonicalOp, GemmOp, NormOp, PointwiseOp, ReduceOp, Rejected, ReshapeOp
 
 FRESH_VALUE_OPS = (GemmOp, PointwiseOp, NormOp, ReduceOp)  # they produce new tensors, not views
@@ -25,6 +26,7 @@ def canonicalize(graph: Graph) -> dict[Node, CanonicalOp]:
     """Canonical op of every node fxfuse has a spelling for (rewires in-place readers in place,
     and rewrites norms written out op by op into the norm op they compute)."""
     written_norms.recognise(graph)
+    shape_reads.detach_from_values(graph)
     order = {node: i for i, node in enumerate(graph.nodes)}
     rejected: dict[Node, Rejected] = {}
     for node in graph.nodes:  # in order, so chains of in-place ops rewire one after another

@@ -150,6 +150,55 @@ def test_a_per_sample_operand_of_a_chain_whose_rows_a_view_regrouped_stops_it():
     assert row.status == "partial" and "of shape (2, 1, 1)" in row.reason
 
 
+class DropPathBlock(nn.Module):
+    """timm's Mlp and DropPath around a residual: ``x + drop_path(fc2(gelu(fc1(h))))``, where the
+    mask is ``y.new_empty((B, 1, 1)).bernoulli_(keep) / keep`` (``sampled``) or, to compare with
+    eager, a given per-sample tensor built through ``y.new_ones`` / ``new_zeros``."""
+
+    def __init__(self, sampled: bool):
+        super().__init__()
+        self.fc1, self.fc2, self.sampled, self.keep = nn.Linear(K, N), nn.Linear(N, N), sampled, 0.75
+
+    def forward(self, x, h, given):
+        y = self.fc2(F.gelu(self.fc1(h)))
+        shape = (y.shape[0],) + (1,) * (y.ndim - 1)
+        if self.sampled:
+            mask = y.new_empty(shape).bernoulli_(self.keep).div_(self.keep)
+        else:
+            mask = y.new_ones(shape) * given + y.new_zeros(shape, dtype=torch.float32)
+        return x + y * mask
+
+
+def drop_path_inputs():
+    return [torch.randn(B, T, N), torch.randn(B, T, K), torch.rand(B, 1, 1)]
+
+
+def test_a_drop_path_mask_reads_only_the_shape_of_the_value_it_drops():
+    """new_ones / new_zeros read the value's dtype and device, not its values: fc2's chain goes on
+    through the per-sample mask and the residual, gradients equal eager's."""
+    report = check_against_eager(lambda: DropPathBlock(sampled=False), drop_path_inputs, grads=True)
+    fc2 = report.rows[-1]
+    assert fc2.status == "fused", fc2.reason
+    assert fc2.program.endswith("|| row full"), fc2.program
+
+
+def test_a_sampled_drop_path_mask_fuses_and_drops_whole_samples():
+    torch.manual_seed(0)
+    model = DropPathBlock(sampled=True).train()
+    x, h, _ = drop_path_inputs()
+    h = h.repeat(8, 1, 1)
+    x = x.repeat(8, 1, 1)
+    fxfuse.reset_report()
+    out = compile_fxfuse(model)(x, h, None)
+    fc2 = fxfuse.last_report().rows[-1]
+    assert fc2.status == "fused" and fc2.program.endswith("|| row full"), fc2
+    with torch.no_grad():
+        y = model.fc2(F.gelu(model.fc1(h)))
+    kept = torch.isclose(out, x + y / model.keep, atol=1e-5).all(dim=(1, 2))
+    dropped = torch.isclose(out, x, atol=1e-6).all(dim=(1, 2))
+    assert bool((kept | dropped).all()) and bool(kept.any()) and bool(dropped.any())
+
+
 def test_an_operand_that_would_broadcast_the_output_stops_the_chain():
     class Broadcasting(nn.Module):
         def __init__(self):
