@@ -83,3 +83,34 @@ def test_under_bf16_autocast_the_float32_weight_multiply_fuses_too(model):
     report = check_against_eager(model, inputs, autocast=torch.bfloat16, grads=True)
     (row,) = report.rows
     assert row.status == "fused" and row.program.startswith("linear(bias=True) | float32() | rms_norm(")
+
+
+class InstanceNormOfRows(nn.Module):
+    """KernelBench's spelling: an instance norm of the GEMM's rows viewed as (B, 1, 1, N) (one
+    channel, so Dynamo keeps it in the graph), viewed back, then a residual-style tail."""
+
+    def __init__(self, affine: bool = False):
+        super().__init__()
+        self.proj = nn.Linear(K, N)
+        self.norm = nn.InstanceNorm2d(1, eps=1e-4, affine=affine)
+
+    def forward(self, x, y):
+        h = self.norm(self.proj(x).unsqueeze(1).unsqueeze(1)).squeeze(1).squeeze(1)
+        return (h + y) * y
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_an_instance_norm_of_rows_viewed_as_images_fuses_as_layer_norm(dtype):
+    report = check_against_eager(InstanceNormOfRows, lambda: [torch.randn(6, K), torch.randn(6, N)], dtype=dtype,
+                                 grads=True)
+    (row,) = report.rows
+    assert row.status == "fused", row.reason
+    assert "layer_norm(eps=0.0001)" in row.program and row.program.endswith("|| full")
+
+
+def test_an_affine_instance_norm_stays_as_written():
+    """Its weight is per channel (one value here), not per feature: not the layer norm's."""
+    report = check_against_eager(lambda: InstanceNormOfRows(affine=True),
+                                 lambda: [torch.randn(6, K), torch.randn(6, N)], grads=True)
+    (row,) = report.rows
+    assert row.status != "fused" and "layer_norm" not in (row.program or "")

@@ -6,6 +6,9 @@ transformers' LlamaRMSNorm, Qwen2RMSNorm and T5LayerNorm compute an RMS norm by 
     r = torch.rsqrt(v.pow(2).mean(-1, keepdim=True) + eps)
     out = v * r            # T5: h * r, where h promotes to float32 against r
 
+Likewise an instance norm of rows viewed as (B, 1, 1, N) (KernelBench) is the layer norm of the
+rows it computes.
+
 A row statistic read back against the row is no pointwise op and no single reduction, so the
 matcher would stop at it. Here the product node becomes one ``torch.rms_norm(v, (N,), None, eps)``
 node (the same float32 arithmetic: mean of squares, plus eps, reciprocal square root, times the
@@ -19,6 +22,7 @@ from __future__ import annotations
 import operator
 
 import torch
+import torch.nn.functional as F
 from torch.fx import Graph, Node
 
 from ..canonical import example_value
@@ -32,8 +36,9 @@ _TO_FLOAT = {"to", "float"}
 
 
 def recognise(graph: Graph) -> int:
-    """Rewrite every written-out RMS norm of ``graph`` into a ``torch.rms_norm`` node; how many."""
-    found = 0
+    """Rewrite every written-out RMS norm of ``graph`` into a ``torch.rms_norm`` node, and every
+    instance norm of rows in disguise into a ``layer_norm``; how many."""
+    found = _instance_norms_of_rows(graph)
     for node in list(graph.nodes):
         match = _written_rms_norm(node)
         if match is None:
@@ -48,6 +53,63 @@ def recognise(graph: Graph) -> int:
             graph.erase_node(dead)
         found += 1
     return found
+
+
+_VIEWS = {"unsqueeze", "squeeze", "view", "reshape", torch.unsqueeze, torch.squeeze, torch.reshape}
+_INSTANCE_NORM_ARGS = ("input", "running_mean", "running_var", "weight", "bias", "use_input_stats", "momentum", "eps")
+
+
+def _instance_norms_of_rows(graph: Graph) -> int:
+    """KernelBench's ``instance_norm(y.unsqueeze(1).unsqueeze(1)).squeeze(1).squeeze(1)``: an
+    instance norm (no affine, no running statistics) of rows viewed as (B, 1, 1, N) normalises each
+    row over its N values with biased variance — a layer norm of the rows. Where the views in and
+    out are read by nothing else and the result is viewed back to the rows' shape, the views and
+    the norm become ``F.layer_norm(y, (N,), eps=eps)``."""
+    found = 0
+    for node in list(graph.nodes):
+        match = _instance_norm_of_rows(node)
+        if match is None:
+            continue
+        row, eps, out, dead = match
+        with graph.inserting_before(out):
+            norm = graph.call_function(F.layer_norm, (row, (int(example_value(row).shape[-1]),), None, None, eps))
+        norm.meta = dict(out.meta)
+        out.replace_all_uses_with(norm)
+        for node_ in dead:  # from the last view back: each then has no readers left
+            graph.erase_node(node_)
+        found += 1
+    return found
+
+
+def _instance_norm_of_rows(node: Node) -> tuple[Node, float, Node, list[Node]] | None:
+    """``(rows, eps, the view back to the rows' shape, the nodes it replaces, last first)``."""
+    if not _is(node, {F.instance_norm}) or len(node.args) > len(_INSTANCE_NORM_ARGS):
+        return None
+    args = {"running_mean": None, "running_var": None, "weight": None, "bias": None, "use_input_stats": True,
+            "eps": 1e-5, **dict(zip(_INSTANCE_NORM_ARGS, node.args)), **node.kwargs}
+    if any(args[k] is not None for k in ("running_mean", "running_var", "weight", "bias")):
+        return None
+    if args["use_input_stats"] is not True or not isinstance(args["eps"], (int, float)):
+        return None
+    views_in, row = [], args["input"]
+    while _is(row, _VIEWS) and len(row.users) == 1:
+        views_in.append(row)
+        row = row.args[0]
+    value, viewed = example_value(row), example_value(args["input"])
+    if not views_in or not isinstance(value, torch.Tensor) or value.dim() not in (2, 3):
+        return None
+    if viewed.dim() < 3 or viewed.shape[-1] != value.shape[-1] or any(d != 1 for d in viewed.shape[2:-1]):
+        return None  # each (sample, channel) must hold one row of N values
+    views_out, out = [], node
+    while tuple(example_value(out).shape) != tuple(value.shape):
+        users = list(out.users)
+        if len(users) != 1 or not _is(users[0], _VIEWS):
+            return None
+        out = users[0]
+        views_out.append(out)
+    if not views_out:
+        return None
+    return row, float(args["eps"]), out, [*reversed(views_out), node, *views_in]
 
 
 def _is(node, targets: set) -> bool:
