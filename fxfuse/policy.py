@@ -23,8 +23,10 @@ times fxfuse's paths and Inductor's own kernels for the chain at the chain's sha
 and leaves the chain to Inductor where Inductor is faster (fxfuse/cuda/engine.py). What the rules
 below found is why that matters: a separate pass over M x N costs a share of the GEMM that grows
 as 1/K — S08's in-tile group norm (K = 1024) measured 0.86x Inductor's GPU time, S02 and S04 (K =
-8192) 1.00-1.03x (BENCHMARKS.md section 10) — and a GEMM reading a residual or a gate in its
-epilogue won or lost against Inductor's pass depending on K and on the chain's math (section 12).
+8192) 1.00-1.03x (BENCHMARKS.md section 10) — and S26's GEMMs reading the gate and the residual
+in their epilogues measured 0.90-0.92x Inductor's kernels for those chains (section 13). A chain
+must win by a margin (engine.INDUCTOR_MARGIN): S25's chain won by 0.4 % alone and lost 6 % in the
+model, where Inductor fuses around it.
 
 A pointwise chain reading an operand of the output's shape (a residual, a gate) reads it once
 more than the chain's output; Inductor's pointwise kernel reads it too, and S26 (Llama's MLP: the
