@@ -221,6 +221,58 @@ class Program:
         return Program(gemm, tuple(_parse_stage(s) for s in stage_texts), tuple(params.split()))
 
 
+# -- analyses ---------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class RowSplit:
+    """A row program as ``pre | middle | post``: pre and post pointwise (each the composition of
+    its stages; None when empty), the middle a group, layer or RMS norm or an eval-mode BatchNorm,
+    a row reduction or a row map; ``widened`` when the middle computes in float32 (a Widen stage
+    before it). The form the generated backward kernels take."""
+
+    pre: sympy.Expr | None
+    middle: Norm | Reduce
+    post: sympy.Expr | None
+    widened: bool
+
+    @property
+    def norm(self) -> Norm | None:
+        return self.middle if isinstance(self.middle, Norm) else None
+
+    @property
+    def reduce(self) -> Reduce | None:
+        return self.middle if isinstance(self.middle, Reduce) else None
+
+
+def row_split(program: Program) -> RowSplit | None:
+    """The program as ``pre | middle | post``; None where it is not of that form (a training
+    BatchNorm, whose statistics are over all rows; two norms or reductions, or none; a stage pre
+    and post cannot compose: a second output, a cast back, a dropout)."""
+    middles = [i for i, s in enumerate(program.stages) if isinstance(s, (Norm, Reduce))]
+    if len(middles) != 1:
+        return None
+    at = middles[0]
+    middle = program.stages[at]
+    if isinstance(middle, Norm) and middle.training:
+        return None
+    before, after = program.stages[:at], program.stages[at + 1 :]
+    if not all(isinstance(s, (Pointwise, Widen)) for s in before + after):
+        return None
+    widened = any(isinstance(s, Widen) for s in before)
+    return RowSplit(composed(before), middle, composed(after), widened)
+
+
+def composed(stages: tuple[Stage, ...]) -> sympy.Expr | None:
+    """The pointwise stages as one expression (Widen stages only change where later ones round,
+    which their expressions already say); None when there are none."""
+    expression = None
+    for stage in stages:
+        if isinstance(stage, Pointwise):
+            expression = stage.expr if expression is None else E.substitute(stage.expr, {E.X: expression})
+    return expression
+
+
 def _widened_after(stages) -> bool:
     """Whether the chain computes in float32 after ``stages``: the last of its Widen and Narrow
     stages is a Widen."""

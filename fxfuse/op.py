@@ -29,7 +29,7 @@ import os
 import torch
 
 from . import reference
-from .ir import Program
+from .ir import Program, row_split
 
 Tensor = torch.Tensor
 
@@ -112,7 +112,7 @@ def uses_generated_backward(program: Program, cuda: bool) -> bool:
     setting = os.environ.get(GENERATED_BACKWARD_ENV)
     if setting == "0":
         return False
-    from .cuda.codegen import has_generated_backward, row_split
+    from .cuda.codegen import has_generated_backward
 
     if not has_generated_backward(program):
         return False

@@ -48,7 +48,7 @@ import math
 
 import torch
 
-from .ir import Norm, Program, Reduce
+from .ir import Norm, Program, Reduce, row_split
 
 POLICIES = ("fastest", "always")
 LARGE_ELEMENTS = 1 << 20  # M x N from which the chains below measured slower than Inductor
@@ -91,7 +91,7 @@ def inductor_is_faster(program: Program, gemm_out: torch.Tensor, stopped_at: str
 
 def _trains_faster(program: Program, gemm_out: torch.Tensor) -> bool:
     """A group norm program with row-local kernels and the generated backward (module docstring)."""
-    from .cuda.codegen import ELEMENT_TYPES, chunk_elements, group_in_lanes, row_split
+    from .cuda.codegen import ELEMENT_TYPES, chunk_elements, group_in_lanes
     from .op import uses_generated_backward
 
     split = row_split(program)

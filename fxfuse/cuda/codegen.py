@@ -18,7 +18,7 @@ import torch
 
 from .. import expr as E
 from .. import masks
-from ..ir import Dropout, Keep, Narrow, Norm, Pointwise, Program, Reduce, Stage, Widen
+from ..ir import Dropout, Keep, Narrow, Norm, Pointwise, Program, Reduce, RowSplit, Stage, Widen, composed, row_split
 from ..vocabulary import ROUNDING, call, is_rounding
 from .gradient import print_gradient
 from .printer import UnsupportedExpression, float_literal, print_expr
@@ -298,58 +298,9 @@ _REDUCE_CODES = {
 }
 
 
-@dataclass(frozen=True)
-class RowSplit:
-    """A row program as its backward kernel sees it: ``pre | middle | post``, pre and post
-    pointwise (each the composition of its stages; None when empty), the middle a group, layer or
-    RMS norm or an eval-mode BatchNorm, a row reduction or a row map; ``widened`` when the middle
-    computes in float32 (a Widen stage before it)."""
-
-    pre: sympy.Expr | None
-    middle: Norm | Reduce
-    post: sympy.Expr | None
-    widened: bool
-
-    @property
-    def norm(self) -> Norm | None:
-        return self.middle if isinstance(self.middle, Norm) else None
-
-    @property
-    def reduce(self) -> Reduce | None:
-        return self.middle if isinstance(self.middle, Reduce) else None
-
-
-def row_split(program: Program) -> RowSplit | None:
-    """The program as ``pre | middle | post``; None where it is not of that form (a training
-    BatchNorm, two norms or reductions, none, or a stage pre and post cannot compose: a second
-    output, a cast back, a dropout)."""
-    middles = [i for i, s in enumerate(program.stages) if isinstance(s, (Norm, Reduce))]
-    if len(middles) != 1:
-        return None
-    at = middles[0]
-    middle = program.stages[at]
-    if isinstance(middle, Norm) and (middle.kind not in _NORM_CODES or middle.training):
-        return None
-    before, after = program.stages[:at], program.stages[at + 1 :]
-    if not all(isinstance(s, (Pointwise, Widen)) for s in before + after):
-        return None
-    widened = any(isinstance(s, Widen) for s in before)
-    return RowSplit(_composed(before), middle, _composed(after), widened)
-
-
-def _composed(stages: tuple[Stage, ...]) -> sympy.Expr | None:
-    """The pointwise stages as one expression (Widen stages only change where later ones round,
-    which their expressions already say); None when there are none."""
-    expression = None
-    for stage in stages:
-        if isinstance(stage, Pointwise):
-            expression = stage.expr if expression is None else E.substitute(stage.expr, {E.X: expression})
-    return expression
-
-
 def _pointwise_expression(program: Program) -> sympy.Expr:
     """A pointwise program's stages as one expression (the identity for none)."""
-    expression = _composed(program.stages)
+    expression = composed(program.stages)
     return E.X if expression is None else expression
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from fxfuse import expr as E
-from fxfuse.ir import Dropout, Gemm, Keep, Norm, Pointwise, Program, Reduce, Widen
+from fxfuse.ir import Dropout, Gemm, Keep, Norm, Pointwise, Program, Reduce, Widen, row_split
 from fxfuse.masks import SEED_HIGH
 from fxfuse.vocabulary import POINTWISE, call
 
@@ -312,7 +312,7 @@ def backward_covers(program: Program, dtype: torch.dtype, n: int) -> bool:
     group norms of groups whose chunks a warp's lanes hold; others fall back to the reference)."""
     from fxfuse.cuda import codegen
 
-    split = codegen.row_split(program)
+    split = row_split(program)
     if split is None or split.norm is None or split.norm.kind != "group":
         return True
     return codegen.group_in_lanes(n, split.norm.groups, codegen.chunk_elements(program, dtype))

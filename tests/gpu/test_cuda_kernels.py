@@ -16,7 +16,7 @@ import torch
 import fxfuse.cuda as fxcuda
 from fxfuse import reference
 from fxfuse.cuda import codegen
-from fxfuse.ir import Gemm, Norm, Program
+from fxfuse.ir import Gemm, Norm, Program, row_split
 from programs import LOW_PRECISION, PROGRAMS, assert_backward_close, dtypes_of, grad_cases, make_params, poison
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
@@ -329,7 +329,7 @@ def test_fused_op_gradients_equal_eager(name, dtype, monkeypatch):
     monkeypatch.setenv("FXFUSE_GENERATED_BACKWARD", "1")
     program = PROGRAMS[name]
     text = program.to_string()
-    n = 1024 if codegen.row_split(program) else 1000  # 1024: whole 16-byte chunks a group
+    n = 1024 if row_split(program) else 1000  # 1024: whole 16-byte chunks a group
     x, w, b, params = inputs(program, dtype, 64, n, 96, 0)
     leaves = [t.detach().requires_grad_() for t in (x, w, b, *params) if t is not None]
     out, *_ = torch.ops.fxfuse.linear_epilogue(text, *leaves[:2], leaves[2] if b is not None else None,
