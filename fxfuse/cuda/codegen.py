@@ -514,7 +514,7 @@ def _param_indices(program: Program, used: set[int], kind: str) -> list[int]:
     return [i for i in sorted(used) if program.params[i] == kind]
 
 
-def _scalar_decls(program: Program, used: set[int]) -> list[str]:
+def _once_a_row_decls(program: Program, used: set[int]) -> list[str]:
     """The scalar and per-row parameters an expression reads: one value each for the whole row."""
     return ([f"const float p{i} = r.template scalar_param<{i}>();" for i in _param_indices(program, used, "scalar")]
             + [f"const float p{i} = r.template row_param<{i}>();" for i in _param_indices(program, used, "row")])
@@ -528,7 +528,7 @@ def _emit_map(program: Program, stage: Pointwise) -> list[str]:
     fulls = _param_indices(program, printed.params, "full")
     return [
         "{",
-        *_indent(_scalar_decls(program, printed.params), 2),
+        *_indent(_once_a_row_decls(program, printed.params), 2),
         "  r.map_chunks([&](auto& v, int i) {",
         "    (void)i;",
         *[line for k in cols for line in (f"    float p{k}v[R::VEC];", f"    r.template col_chunk<{k}>(i, p{k}v);")],
@@ -552,7 +552,7 @@ def _emit_scalar_pointwise(program: Program, stage: Pointwise) -> list[str]:
     return [
         "{",
         "  const float x = s;",
-        *_indent(_scalar_decls(program, printed.params), 2),
+        *_indent(_once_a_row_decls(program, printed.params), 2),
         *_indent(printed.lines, 2),
         f"  s = {printed.result};",
         "}",
