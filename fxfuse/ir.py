@@ -174,11 +174,6 @@ class Program:
         return torch.promote_types(dtype, torch.float32) if _widened_after(self.stages[:at]) else dtype
 
     @property
-    def dropout(self) -> "Dropout | None":
-        """The program's dropout stage, if any: its masks are random, drawn per call."""
-        return next((s for s in self.stages if isinstance(s, Dropout)), None)
-
-    @property
     def widens(self) -> bool:
         return any(isinstance(s, Widen) for s in self.stages)
 
