@@ -7,8 +7,9 @@ program module's pass) and each configuration of the program's GEMM module, as G
 from CUDA-graph replays of 20 calls, median of repeats, inputs rotated over 4 sets. ``identity``
 is the bare GEMM through CUTLASS (no epilogue but the store): the "bare GEMM first" comparison.
 Programs are the suite's pointwise and group-norm rows as fxfuse matches them (tests/gpu/programs.py
-spells them; S08 is meant for its own shape, 32768,4096,1024; S26gate for 8192,11008,4096 and
-S26down for 8192,4096,11008).
+spells them; S08 is meant for its own shape, 32768,4096,1024; S26gate and S26dual for
+8192,11008,4096 and S26down for 8192,4096,11008). A program with a second GEMM (S26dual) is
+measured against both GEMMs' ``F.linear``.
 """
 
 from __future__ import annotations
@@ -59,6 +60,8 @@ def programs() -> dict:
         # S26 (Llama's MLP): the gate chain reads the up projection's output, the down chain the residual
         "S26gate": Program(Gemm(False), (Pointwise(E.mul(call("silu", X), E.param(0))),), ("full",)),
         "S26down": Program(Gemm(False), (Pointwise(E.add(X, E.param(0))),), ("full",)),
+        # the same gate chain with the up projection as its second GEMM: both GEMMs in one op
+        "S26dual": Program(Gemm(False), (Pointwise(E.mul(call("silu", X), E.param(0))),), ("gemm",)),
     }
 
 
@@ -117,8 +120,11 @@ def main(argv=None) -> int:
                     x = torch.rand(m, k, generator=g).to(device, dtype)
                     w = (torch.rand(n, k, generator=g) * 2 - 1).div(k ** 0.5).to(device, dtype)
                     b = torch.rand(n, generator=g).to(device, dtype)
-                    sets.append((x, w, b, make_params(prog, n, dtype=dtype, device=device, generator=g, lead=(m,))))
-                times = {"F.linear": graph_us(lambda i: F.linear(sets[i][0], sets[i][1], sets[i][2]), args.repeats)}
+                    sets.append((x, w, b, make_params(prog, n, dtype=dtype, device=device, generator=g, lead=(m,),
+                                                      k=k)))
+                seconds = prog.second_gemms  # a gated pair's floor: both GEMMs
+                times = {"F.linear": graph_us(lambda i: [F.linear(sets[i][0], sets[i][1], sets[i][2])] + [
+                    F.linear(sets[i][0], sets[i][3][j]) for j in seconds], args.repeats)}
                 times["row"] = graph_us(lambda i: fxcuda.engine.call(
                     text, sets[i][0], sets[i][1], sets[i][2] if prog.gemm.bias else None, sets[i][3]), args.repeats)
                 for config, cname in enumerate(module.config_names):

@@ -8,7 +8,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#define FX_ABI_VERSION 13
+#define FX_ABI_VERSION 14
 
 // Widest row the row kernel holds in registers (64 floats a thread, 512 threads a row).
 #define FX_MAX_N 32768
@@ -17,13 +17,16 @@ enum FxDtype : int32_t { FX_F32 = 0, FX_BF16 = 1, FX_F16 = 2 };
 
 // What a program parameter is: one value, a per-column vector of N values, a tensor of the
 // output's shape (M x N row-major: a residual, a gate), read at each element's own position, or a
-// dropout stage's seed (two int64 values, drawn per call; FxParam.dtype is unused for it).
+// dropout stage's seed (two int64 values, drawn per call; FxParam.dtype is unused for it), or a
+// second GEMM's (N, K) weight: the runtime computes x @ weight.T and the kernels read that output
+// as they read a tensor of the output's shape (a gated MLP's up projection).
 enum FxParamKind : int32_t {
   FX_PARAM_SCALAR = 0,
   FX_PARAM_COL = 1,
   FX_PARAM_FULL = 2,
   FX_PARAM_SEED = 3,
   FX_PARAM_ROW = 4,  // one value per row (M values): a per-row scale, an (M, 1) operand
+  FX_PARAM_GEMM = 5,
 };
 
 // FxLaunch.flags: how the eager implementation of this torch build rounds, where builds differ.
@@ -108,7 +111,8 @@ struct FxProgramInfo {
 // fastest for the call's shape bucket.
 struct FxGemmLaunch {
   const void* x;          // (m, k) row-major, 16-byte aligned
-  const void* weight;     // (n, k) row-major, 16-byte aligned
+  const void* weight;     // (n, k) row-major, 16-byte aligned; a gated module's: the interleaved
+                          // (2 * round_up(n, gated_block), k) weight of its two GEMMs
   const void* bias;       // n values of x's dtype, or null without a bias
   void* out;              // (m, n) row-major output, 16-byte aligned
   const FxParam* params;  // num_params entries, in program order, of the module's param_dtypes
@@ -127,8 +131,11 @@ struct FxGemmInfo {
   int32_t dtype;                // FxDtype of x and weight (and the bias)
   int32_t out_dtype;            // FxDtype of the output
   int32_t num_params;
-  const int32_t* param_kinds;   // num_params FxParamKind codes (scalar, column or full)
+  const int32_t* param_kinds;   // num_params FxParamKind codes (scalar, column, full or second GEMM)
   const int32_t* param_dtypes;  // num_params FxDtype codes the module reads its parameters as
+  // 0, or (a gated module: its second GEMM runs in the same kernel) the rows of each block of the
+  // weight and the second GEMM's weight interleaved: gate block 0, up block 0, gate block 1, ...
+  int32_t gated_block;
   int32_t num_configs;
   const char* const* config_names;
   // 1 when configuration `config` computes an (m, n, k) problem (sizes and alignment)

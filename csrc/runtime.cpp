@@ -18,6 +18,7 @@
 #include <torch/extension.h>
 #include <torch/library.h>
 
+#include <algorithm>
 #include <array>
 #include <mutex>
 #include <optional>
@@ -103,6 +104,7 @@ bool on_kernel_device(const Tensor& t) {
 // 1; one a sample expands) or M x N (full: the output's shape, N its last dim) contiguous values of
 // a float type, on x's device. nullopt where the reference would raise (wrong size or device).
 std::optional<Tensor> kernel_param(const Tensor& p, int32_t kind, int64_t m, int64_t n, const Tensor& x) {
+  if (kind == FX_PARAM_GEMM) kind = FX_PARAM_FULL;  // by now its GEMM's output (second_gemm_outputs)
   if (kind == FX_PARAM_SEED) {  // two int64 values on x's device, read as they are
     if (p.numel() != 2 || p.scalar_type() != at::kLong || p.device() != x.device()) return std::nullopt;
     return p.reshape({2}).contiguous();
@@ -132,11 +134,17 @@ std::optional<Tensor> kernel_param(const Tensor& p, int32_t kind, int64_t m, int
 // The program's parameters as its kernels read them (kept alive in `kept`); false where one does
 // not fit (the caller then leaves the call to the reference or the row path). `dtypes`, where
 // given, are the FxDtype codes a module compiled its parameter loads for (a GEMM module's).
+// `unread`: a parameter the kernels do not read (a gated module's second weight), passed as null.
 bool kernel_params(at::TensorList params, const int32_t* kinds, const int32_t* dtypes, int64_t m, int64_t n,
-                   const Tensor& like, std::vector<Tensor>& kept, std::vector<FxParam>& fx_params) {
+                   const Tensor& like, std::vector<Tensor>& kept, std::vector<FxParam>& fx_params,
+                   int64_t unread = -1) {
   kept.reserve(params.size());
   fx_params.reserve(params.size());
   for (size_t i = 0; i < params.size(); ++i) {
+    if (static_cast<int64_t>(i) == unread) {
+      fx_params.push_back(FxParam{nullptr, dtypes != nullptr ? dtypes[i] : FX_F32, 0});
+      continue;
+    }
     std::optional<Tensor> q = kernel_param(params[i], kinds[i], m, n, like);
     if (!q) return false;
     const int32_t code = kinds[i] == FX_PARAM_SEED ? FX_F32 : *code_of(q->scalar_type());  // unused for a seed
@@ -147,10 +155,94 @@ bool kernel_params(at::TensorList params, const int32_t* kinds, const int32_t* d
   return true;
 }
 
+// The GEMM in x's dtype, as the reference: no autocast re-dispatch inside the op.
+Tensor gemm_of(const Tensor& x, const Tensor& weight, const std::optional<Tensor>& bias) {
+  const c10::impl::ExcludeDispatchKeyGuard no_autocast(c10::autocast_dispatch_keyset);
+  return at::linear(x, weight, bias);
+}
+
+// The parameters with each second GEMM's weight (FX_PARAM_GEMM: (N, K), x's dtype and device)
+// replaced by x @ weight.T; with `stacked` (the op's saved GEMM output: (1 + G, *rows, N)) the
+// outputs are written into stacked[1], stacked[2], ... nullopt where a weight does not fit x (the
+// reference then raises eager's error).
+std::optional<std::vector<Tensor>> second_gemm_outputs(at::TensorList params, const int32_t* kinds, const Tensor& x,
+                                                       int64_t n, const Tensor* stacked) {
+  std::vector<Tensor> values(params.begin(), params.end());
+  int64_t j = 0;
+  for (size_t i = 0; i < values.size(); ++i) {
+    if (kinds[i] != FX_PARAM_GEMM) continue;
+    const Tensor& w = values[i];
+    if (w.dim() != 2 || w.size(0) != n || w.size(1) != x.size(-1) || w.scalar_type() != x.scalar_type() ||
+        w.device() != x.device()) {
+      return std::nullopt;
+    }
+    const c10::impl::ExcludeDispatchKeyGuard no_autocast(c10::autocast_dispatch_keyset);
+    if (stacked != nullptr) {
+      Tensor into = stacked->select(0, ++j);
+      at::linear_out(into, x, w);
+      values[i] = into;
+    } else {
+      values[i] = at::linear(x, w);
+    }
+  }
+  return values;
+}
+
+int64_t count_second_gemms(const int32_t* kinds, int64_t num_params) {
+  return std::count(kinds, kinds + num_params, static_cast<int32_t>(FX_PARAM_GEMM));
+}
+
 using Outputs = std::tuple<Tensor, Tensor, Tensor, Tensor>;  // (out, batch_stats, gemm, kept), as the op's schema
 using Result = std::optional<Outputs>;
 
 bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
+
+// A gated module's weight: the GEMM's weight and its second GEMM's, interleaved in blocks of
+// `block` rows (gate block 0, up block 0, gate block 1, ...; the last blocks padded with zero
+// rows), so that one GEMM computes both and each epilogue subtile holds matching columns. Built
+// once per pair of weights and kept while both live and neither changes (their version counters):
+// the cost is a copy of the two weights in device memory. nullopt for inference tensors (no
+// version counter to tell a change).
+std::optional<Tensor> gated_weight(const Tensor& gate, const Tensor& up, int64_t block) {
+  if (gate.is_inference() || up.is_inference()) return std::nullopt;
+  struct Entry {
+    c10::weak_intrusive_ptr<c10::TensorImpl> gate, up;
+    int64_t gate_version, up_version, block;
+    Tensor value;
+  };
+  static std::mutex mutex;
+  static std::vector<Entry> entries;
+  const std::lock_guard<std::mutex> lock(mutex);
+  for (auto it = entries.begin(); it != entries.end();) {
+    if (it->gate.expired() || it->up.expired()) {
+      it = entries.erase(it);
+      continue;
+    }
+    if (it->gate.lock().get() == gate.unsafeGetTensorImpl() && it->up.lock().get() == up.unsafeGetTensorImpl() &&
+        it->gate_version == gate._version() && it->up_version == up._version() && it->block == block) {
+      return it->value;
+    }
+    ++it;
+  }
+  const int64_t n = gate.size(0), k = gate.size(1), blocks = (n + block - 1) / block;
+  Tensor value = at::zeros({blocks, 2, block, k}, gate.options());
+  const at::AutoDispatchBelowADInplaceOrView below_autograd;
+  for (int64_t half = 0; half < 2; ++half) {
+    Tensor rows = value.select(1, half).reshape({blocks * block, k}).narrow(0, 0, n);
+    rows.copy_(half == 0 ? gate : up);
+  }
+  value = value.reshape({2 * blocks * block, k});
+  entries.erase(std::remove_if(entries.begin(), entries.end(),
+                               [&](const Entry& e) {
+                                 return e.gate.lock().get() == gate.unsafeGetTensorImpl() &&
+                                        e.up.lock().get() == up.unsafeGetTensorImpl();
+                               }),
+                entries.end());  // an older version of the same pair
+  entries.push_back(Entry{c10::weak_intrusive_ptr<c10::TensorImpl>(gate.getIntrusivePtr()),
+                          c10::weak_intrusive_ptr<c10::TensorImpl>(up.getIntrusivePtr()), gate._version(),
+                          up._version(), block, value});
+  return value;
+}
 
 // The in-GEMM path: the program's GEMM module runs configuration `config` on the call (no GEMM
 // output is kept: a call that must save it for the backward takes the row path). nullopt where
@@ -178,9 +270,31 @@ Result run_gemm(const FxGemmInfo* gemm, int32_t config, const Tensor& x, const T
 #if !defined(FX_EMULATE)
   const c10::cuda::OptionalCUDAGuard device_guard(x.device());
 #endif
+  // A gated module runs its second GEMM itself, over the interleaved weight; otherwise the second
+  // GEMMs' outputs are computed here and read as operands of the output's shape.
+  Tensor gemm_weight = weight;
   std::vector<Tensor> kept;
   std::vector<FxParam> fx_params;
-  if (!kernel_params(params, gemm->param_kinds, gemm->param_dtypes, m, n, x, kept, fx_params)) return std::nullopt;
+  if (gemm->gated_block > 0) {
+    const int64_t second = std::find(gemm->param_kinds, gemm->param_kinds + gemm->num_params,
+                                     static_cast<int32_t>(FX_PARAM_GEMM)) - gemm->param_kinds;
+    if (second >= gemm->num_params) return std::nullopt;
+    const Tensor& up = params[second];
+    if (up.sizes() != weight.sizes() || up.scalar_type() != weight.scalar_type() || up.device() != weight.device() ||
+        !up.is_contiguous()) {
+      return std::nullopt;
+    }
+    const std::optional<Tensor> interleaved = gated_weight(weight, up, gemm->gated_block);
+    if (!interleaved) return std::nullopt;
+    gemm_weight = *interleaved;
+    if (!kernel_params(params, gemm->param_kinds, gemm->param_dtypes, m, n, x, kept, fx_params, second)) {
+      return std::nullopt;
+    }
+  } else {
+    const std::optional<std::vector<Tensor>> values = second_gemm_outputs(params, gemm->param_kinds, x, n, nullptr);
+    if (!values) return std::nullopt;
+    if (!kernel_params(*values, gemm->param_kinds, gemm->param_dtypes, m, n, x, kept, fx_params)) return std::nullopt;
+  }
   const int device = x.device().is_cpu() ? 0 : x.get_device();
   const DeviceFacts facts = device_facts(device);
   std::vector<int64_t> shape(x.sizes().begin(), x.sizes().end() - 1);
@@ -196,7 +310,7 @@ Result run_gemm(const FxGemmInfo* gemm, int32_t config, const Tensor& x, const T
 
   FxGemmLaunch launch{};
   launch.x = x.data_ptr();
-  launch.weight = weight.data_ptr();
+  launch.weight = gemm_weight.data_ptr();
   launch.bias = bias ? bias->data_ptr() : nullptr;
   launch.out = out.data_ptr();
   launch.params = fx_params.data();
@@ -251,16 +365,29 @@ Result run(int64_t info_address, const Tensor& x, const Tensor& weight, const st
   const DeviceFacts facts = device_facts(x.device().is_cpu() ? 0 : x.get_device());
   if (!info->supports(m, n, facts.smem_optin)) return std::nullopt;
 
+  // With second GEMMs and save_gemm, the GEMM outputs are computed into one stacked tensor: the op
+  // saves it for the backward as it is (otherwise apart: an output written over y frees the rest).
+  Tensor y, stacked;
+  const bool stacks = save_gemm && count_second_gemms(info->param_kinds, info->num_params) > 0;
+  if (stacks) {
+    const int64_t seconds = count_second_gemms(info->param_kinds, info->num_params);
+    if (weight.size(1) != x.size(-1) || weight.scalar_type() != x.scalar_type()) return std::nullopt;
+    std::vector<int64_t> stacked_shape{1 + seconds};
+    stacked_shape.insert(stacked_shape.end(), x.sizes().begin(), x.sizes().end() - 1);
+    stacked_shape.push_back(n);
+    stacked = at::empty(stacked_shape, x.options());
+    y = stacked.select(0, 0);
+    const c10::impl::ExcludeDispatchKeyGuard no_autocast(c10::autocast_dispatch_keyset);
+    at::linear_out(y, x, weight, bias);
+  } else {
+    y = gemm_of(x, weight, bias);
+  }
+  const std::optional<std::vector<Tensor>> values =
+      second_gemm_outputs(params, info->param_kinds, x, n, stacks ? &stacked : nullptr);
+  if (!values) return std::nullopt;
   std::vector<Tensor> kept;
   std::vector<FxParam> fx_params;
-  if (!kernel_params(params, info->param_kinds, nullptr, m, n, x, kept, fx_params)) return std::nullopt;
-
-  Tensor y;
-  {
-    // The GEMM runs in x's dtype, as the reference: no autocast re-dispatch inside the kernel.
-    const c10::impl::ExcludeDispatchKeyGuard no_autocast(c10::autocast_dispatch_keyset);
-    y = at::linear(x, weight, bias);
-  }
+  if (!kernel_params(*values, info->param_kinds, nullptr, m, n, x, kept, fx_params)) return std::nullopt;
   if (!y.is_contiguous()) y = y.contiguous();
   if (y.scalar_type() != x.scalar_type()) return std::nullopt;
 
@@ -305,7 +432,8 @@ Result run(int64_t info_address, const Tensor& x, const Tensor& weight, const st
   launch.flags = static_cast<int32_t>(flags);
   const char* error = info->launch(&launch, current_stream(x));
   TORCH_CHECK(error == nullptr, "fxfuse: epilogue kernel launch failed: ", error);
-  return std::make_tuple(out, stats, save_gemm ? y : at::empty({0}, y.options()), kept_value);
+  return std::make_tuple(out, stats, save_gemm ? (stacks ? stacked : y) : at::empty({0}, y.options()),
+                         kept_value);
 }
 
 using GradOutputs = std::tuple<Tensor, Tensor>;  // (dgemm, sums), as fxfuse::epilogue_backward

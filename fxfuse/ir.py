@@ -31,9 +31,11 @@ import torch
 from . import expr as E
 
 # a per-column vector of N values, one value, a tensor of the output's shape (a residual, a gate),
-# one value per row (an (M, 1) operand: a per-row scale, or read after a row reduction), or a
-# dropout stage's seed (two int64 values drawn from torch's generator on every call)
-ParamKind = Literal["col", "scalar", "full", "row", "seed"]
+# one value per row (an (M, 1) operand: a per-row scale, or read after a row reduction), a
+# dropout stage's seed (two int64 values drawn from torch's generator on every call), or the (N, K)
+# weight of a second GEMM on the op's input, whose output the epilogue reads (a gated MLP's up
+# projection: ``silu(x @ Wg.T) * (x @ Wu.T)`` is one op)
+ParamKind = Literal["col", "scalar", "full", "row", "seed", "gemm"]
 NormKind = Literal["group", "layer", "rms", "batch"]
 ReduceKind = Literal["sum", "mean", "max", "min", "logsumexp", "softmax", "log_softmax"]
 
@@ -164,6 +166,18 @@ class Program:
         )
 
     @property
+    def second_gemms(self) -> tuple[int, ...]:
+        """The parameters that are a second GEMM's weight (kind "gemm"), in order: the op computes
+        ``x @ weight.T`` for each, in the GEMM's dtype, and the epilogue reads that value."""
+        return tuple(i for i, kind in enumerate(self.params) if kind == "gemm")
+
+    @property
+    def operand_kinds(self) -> tuple[ParamKind, ...]:
+        """How the epilogue reads each parameter: a second GEMM's output is an operand of the
+        output's shape, like a residual."""
+        return tuple(read_as(kind) for kind in self.params)
+
+    @property
     def keeps(self) -> bool:
         """Whether the op returns a kept value (a ``keep()`` stage)."""
         return any(isinstance(s, Keep) for s in self.stages)
@@ -217,6 +231,12 @@ class Program:
 
 
 # -- analyses ---------------------------------------------------------------------------------------
+
+
+def read_as(kind: ParamKind) -> ParamKind:
+    """How the epilogue reads a parameter of ``kind`` (a second GEMM's weight: its output, of the
+    output's shape)."""
+    return "full" if kind == "gemm" else kind
 
 
 @dataclass(frozen=True)

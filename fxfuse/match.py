@@ -83,6 +83,7 @@ class Chain:
     kept: Node | None = None  # a chain value also read outside the chain: the op returns it too
     kept_view: Node | None = None  # the last view before ``kept`` (its rows regrouped as the op's are not)
     without_keep: "Chain | None" = None  # the chain ending at ``kept``, for a back end without second outputs
+    second_gemms: list[Node] = field(default_factory=list)  # GEMMs on the same x the op runs too ("gemm" params)
     path: str | None = None  # the GPU path its shape measured fastest on, and the times (fxfuse.cuda.select)
     selection: "Selection | None" = None  # the measurement behind ``path`` (fxfuse.cuda.engine), if one was taken
 
@@ -115,19 +116,22 @@ def _autocast_casts_to(gemm: Node, device_type: str, dtype: torch.dtype) -> bool
 
 def match_all(graph, canon: dict[Node, CanonicalOp], allow_cpu: bool) -> list[Chain]:
     """The chain of every GEMM, in graph order. A node goes to one chain only: where two GEMMs'
-    values meet in one op (``silu(gate(x)) * up(x)``, each the other's operand of the output's
-    shape), the earlier GEMM's chain takes it and the later one stops there."""
+    values meet in one op, the earlier GEMM's chain takes it. A later GEMM on the same input that
+    only that op reads (``silu(gate(x)) * up(x)``: a gated MLP) joins the earlier one's op as its
+    second GEMM (``Chain.second_gemms``, no chain of its own); otherwise the later one stops there."""
     order = {node: i for i, node in enumerate(graph.nodes)}
     claimed: set[Node] = set()
     chains = []
     gemm_like = (n for n, op in canon.items() if isinstance(op, (GemmOp, RejectedGemm)))
     for node in sorted(gemm_like, key=order.__getitem__):
+        if node in claimed:  # an earlier chain's second GEMM
+            continue
         op = canon[node]
         if isinstance(op, RejectedGemm):  # a row of its own: the report covers every GEMM
             chains.append(Chain(node, "not_fused", [describe(node)], [], op.reason))
             continue
         chain = _Matcher(node, op, canon, order, allow_cpu, claimed).run()
-        claimed.update(chain.nodes)
+        claimed.update(chain.nodes, chain.second_gemms)
         chains.append(chain)
     return chains
 
@@ -157,6 +161,7 @@ class _Matcher:
         self.stages: list[Stage] = []
         self.params: list[Node] = []
         self.param_kinds: list[str] = []
+        self.second_gemms: dict[int, Node] = {}  # a "gemm" parameter's index -> the GEMM it runs
         self.bias: Node | None = op.bias
         self.batch_norm_update: BatchNormUpdate | None = None
         self.has_batch_norm_training = False
@@ -241,6 +246,7 @@ class _Matcher:
             kept=kept,
             kept_view=None if kept is None else next(
                 (n for n in reversed(nodes[: nodes.index(kept) + 1]) if isinstance(self.canon.get(n), ReshapeOp)), None),
+            second_gemms=[g for i, g in self.second_gemms.items() if i < best.n_params],
         )
 
     def _longest_closed_prefix(self) -> tuple[_Snapshot | None, str | None]:
@@ -463,7 +469,25 @@ class _Matcher:
             return E.const(operand)
         if operand in self.segment or operand in self.region:
             return self._segment_value(operand)
+        if self._is_second_gemm(operand):
+            index = self._param(self.canon[operand].weight, "gemm")
+            self.second_gemms[index] = operand
+            return E.param(index)
         return E.param(self._param(operand, self._value_kind(operand)))
+
+    def _is_second_gemm(self, node: Node) -> bool:
+        """Whether ``node`` is a bias-free GEMM on this chain's input, of this GEMM's output shape
+        and dtypes, read only by the node being absorbed: the op runs it too (a gated MLP's up
+        projection), instead of reading its output as an operand."""
+        op = self.canon.get(node)
+        if not isinstance(op, GemmOp) or node in self.claimed or len(node.users) != 1 or self.reduced:
+            return False
+        if op.input is not self.op.input or op.bias is not None or op.weight_is_kn or self.op.weight_is_kn:
+            return False
+        w, mine, value = example_value(op.weight), example_value(self.op.weight), example_value(node)
+        return (isinstance(w, torch.Tensor) and isinstance(value, torch.Tensor) and w.shape == mine.shape
+                and w.dtype == mine.dtype and w.device == mine.device and value.dtype == self.dtype
+                and tuple(value.shape) == self.shape)
 
     def _value_kind(self, node: Node) -> str:
         """"col", "scalar", "full" (the chain value's own shape: a residual, a gate) or "row" (one

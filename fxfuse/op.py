@@ -8,7 +8,9 @@ symbolic. The op returns ``(out, batch_stats, gemm, kept)``: batch_stats is the 
 unbiased variance of a training-mode BatchNorm stage, which the rewritten graph folds into the
 running statistics with ordinary ops (empty when the program has no such stage); gemm is the GEMM
 output when ``save_gemm`` asks for it (a graph that will run backward), else empty; kept is the
-value of a ``keep()`` stage (a chain value the graph also reads elsewhere), else empty.
+value of a ``keep()`` stage (a chain value the graph also reads elsewhere), else empty. A
+program's second GEMMs (a gated MLP's up projection: "gemm" parameters, their weights among the
+params) run inside the op on the same x; their outputs are saved stacked with the GEMM's.
 
 The backward starts from the saved GEMM output. Pointwise, norm and reduction programs have a
 generated backward, ``torch.ops.fxfuse.epilogue_backward``: one kernel that recomputes the forward
@@ -54,7 +56,7 @@ def _linear_epilogue_fake(program, x, weight, bias, params, save_gemm):
     n = weight.shape[0]
     out = x.new_empty(prog.output_shape(tuple(x.shape[:-1]), n), dtype=prog.output_dtype(x.dtype))
     stats_shape = (2, n) if prog.batch_norm_training else reference.EMPTY_STATS_SHAPE
-    gemm = x.new_empty((*x.shape[:-1], n) if save_gemm else (0,))
+    gemm = x.new_empty(reference.saved_gemm_shape(prog, (*x.shape[:-1], n)) if save_gemm else (0,))
     kept = (x.new_empty((*x.shape[:-1], n), dtype=prog.kept_dtype(x.dtype)) if prog.keeps
             else x.new_empty((0,)))
     return out, x.new_empty(stats_shape, dtype=torch.float32), gemm, kept
@@ -74,14 +76,15 @@ def _setup_context(ctx, inputs, output):
 
 def _backward(ctx, grad_out, grad_stats, grad_gemm, grad_kept):
     x, weight, saved, *params = ctx.saved_tensors
-    if ctx.gemm_saved:
-        y = saved
-    else:  # called without save_gemm: recompute the GEMM
-        y = reference.gemm(x, weight, saved if ctx.has_bias else None)
     program = Program.parse(ctx.program)
+    if ctx.gemm_saved:
+        y, seconds = reference.split_saved_gemm(program, saved)
+    else:  # called without save_gemm: recompute the GEMMs
+        y = reference.gemm(x, weight, saved if ctx.has_bias else None)
+        seconds = reference.second_gemm_outputs(program, x, params)
     if not uses_generated_backward(program, y.is_cuda):
         dx, dweight, dbias, dparams = reference.backward(program, grad_out, x, weight, y, ctx.has_bias, params,
-                                                         grad_kept)
+                                                         grad_kept, seconds)
         return None, dx, dweight, dbias, dparams, None
     dy, sums = epilogue_backward(ctx.program, grad_out, y, params)
     dx, dweight = reference.linear_grads(dy, x, weight)

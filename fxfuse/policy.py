@@ -122,7 +122,7 @@ def _measured_slower(program: Program) -> tuple[str, str] | None:
     slower than Inductor at large sizes (BENCHMARKS.md)."""
     if any(isinstance(s, Norm) for s in program.stages):
         return "norm epilogues", "1.0-1.2x Inductor's time on CUDA"
-    if "full" in program.params:
+    if "full" in program.operand_kinds:
         return ("pointwise epilogues reading an operand of the output's shape",
                 "1.04x Inductor's GPU time on CUDA, S26")
     if program.ends_widened and not any(isinstance(s, Reduce) for s in program.stages):

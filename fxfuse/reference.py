@@ -16,7 +16,7 @@ import torch.nn.functional as F
 
 from . import expr as E
 from . import masks
-from .ir import Dropout, Keep, Narrow, Norm, Pointwise, Program, Reduce, Widen
+from .ir import Dropout, Keep, Narrow, Norm, Pointwise, Program, Reduce, Widen, read_as
 
 EMPTY_STATS_SHAPE = (0,)
 
@@ -30,18 +30,49 @@ def forward(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Returns ``(out, batch_stats)``; batch_stats is ``(2, N)`` float32 (mean, unbiased variance)
     of the batch-norm stage in training mode, else an empty tensor."""
-    return epilogue(program, gemm(x, weight, bias), params)
+    seconds = second_gemm_outputs(program, x, params)
+    return epilogue(program, gemm(x, weight, bias), epilogue_values(program, params, seconds))
 
 
 def op_forward(program: Program, x, weight, bias, params, save_gemm: bool):
     """The fused op's outputs ``(out, batch_stats, gemm, kept)``: gemm is the GEMM output when
-    ``save_gemm`` (never the same tensor as out), else empty; kept the value of the program's
-    ``keep()`` stage, else empty."""
+    ``save_gemm`` (never the same tensor as out; with second GEMMs, all their outputs stacked:
+    ``saved_gemm``), else empty; kept the value of the program's ``keep()`` stage, else empty."""
     y = gemm(x, weight, bias)
-    out, stats, kept = epilogue_and_kept(program, y, params)
+    seconds = second_gemm_outputs(program, x, params)
+    out, stats, kept = epilogue_and_kept(program, y, epilogue_values(program, params, seconds))
     if not save_gemm:
         return out, stats, y.new_empty((0,)), kept
+    if seconds:
+        return out, stats, torch.stack([y, *seconds]), kept
     return (out.clone() if out.data_ptr() == y.data_ptr() else out), stats, y, kept
+
+
+def second_gemm_outputs(program: Program, x: torch.Tensor, params) -> list[torch.Tensor]:
+    """``x @ weight.T`` for each second GEMM's weight (a "gemm" parameter), in x's dtype."""
+    return [gemm(x, params[i], None) for i in program.second_gemms]
+
+
+def epilogue_values(program: Program, params, seconds) -> list[torch.Tensor]:
+    """The parameters as the epilogue reads them: each second GEMM's weight replaced by its output."""
+    values = list(params)
+    for i, value in zip(program.second_gemms, seconds):
+        values[i] = value
+    return values
+
+
+def saved_gemm_shape(program: Program, gemm_shape: tuple) -> tuple:
+    """The shape of the op's saved GEMM output (its third output, for the backward): the GEMM's,
+    or with second GEMMs all their outputs stacked in front, ``(1 + G, *gemm_shape)``."""
+    count = len(program.second_gemms)
+    return (1 + count, *gemm_shape) if count else tuple(gemm_shape)
+
+
+def split_saved_gemm(program: Program, saved: torch.Tensor) -> tuple[torch.Tensor, list[torch.Tensor]]:
+    """The saved GEMM output and the second GEMMs' (``saved_gemm_shape``'s inverse)."""
+    if not program.second_gemms:
+        return saved, []
+    return saved[0], list(saved[1:])
 
 
 def gemm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
@@ -64,7 +95,7 @@ def _as_operand(p: torch.Tensor, kind: str, shape) -> torch.Tensor:
         return p.reshape(shape[-1])
     if kind == "scalar":
         return p.reshape(())
-    if kind == "full":
+    if read_as(kind) == "full":
         return p.reshape(shape)
     rows = (*shape[:-1], 1)
     return p.reshape(rows) if p.numel() == math.prod(rows) else p.expand(rows)
@@ -73,7 +104,7 @@ def _as_operand(p: torch.Tensor, kind: str, shape) -> torch.Tensor:
 def epilogue_and_kept(program: Program, y: torch.Tensor,
                       params: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """``(out, batch_stats, kept)``: kept is the value at the ``keep()`` stage in its dtype (empty
-    without one). ``dtype`` is the dtype eager's op of each stage sees: the GEMM's, float32 from a
+    without one); ``params`` as the epilogue reads them (``epilogue_values``). ``dtype`` is the dtype eager's op of each stage sees: the GEMM's, float32 from a
     Widen stage on."""
     dtype = y.dtype
     kept = y.new_empty((0,))
@@ -180,15 +211,21 @@ def backward(
     has_bias: bool,
     params: list[torch.Tensor],
     grad_kept: torch.Tensor | None = None,
+    seconds: list[torch.Tensor] = (),
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, list[torch.Tensor | None]]:
     """``(dx, dweight, dbias, dparams)`` of ``out = epilogue(linear(x, weight, bias))`` given the
-    GEMM output ``y``: dY by autograd through the epilogue (``epilogue_grads``), then the linear's
-    gradients as eager's addmm/matmul backward computes them. Plain torch ops throughout, so
-    AOTAutograd traces them into the backward graph. None for a running statistic. ``grad_kept``:
-    the gradient of the kept value (a ``keep()`` stage), which joins the chain's there."""
-    dy, dparams = epilogue_grads(program, grad_out, y, params, grad_kept)
+    GEMM output ``y`` (and ``seconds``, the second GEMMs' outputs): dY by autograd through the
+    epilogue (``epilogue_grads``), then the linear's gradients as eager's addmm/matmul backward
+    computes them, a second GEMM's too (its weight's gradient, and its share of dx). Plain torch ops
+    throughout, so AOTAutograd traces them into the backward graph. None for a running statistic.
+    ``grad_kept``: the gradient of the kept value (a ``keep()`` stage), which joins the chain's there."""
+    values = epilogue_values(program, params, seconds)
+    dy, dparams = epilogue_grads(program, grad_out, y, values, grad_kept)
     dx, dweight = linear_grads(dy, x, weight)
     dbias = dy.reshape(-1, dy.shape[-1]).sum(0) if has_bias else None
+    for i in program.second_gemms:
+        dx_i, dparams[i] = linear_grads(dparams[i], x, params[i])
+        dx = dx + dx_i
     return dx, dweight, dbias, dparams
 
 

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 
 import tabulate
 
+from .describe import describe
 from .match import Chain
 
 STATUSES = ("fused", "partial", "not_fused")
@@ -37,6 +38,17 @@ class Row:
             dtype=None if chain.dtype is None else str(chain.dtype).removeprefix("torch."),
             path=chain.path,
         )
+
+    @staticmethod
+    def all_of(graph: int, chain: Chain) -> list["Row"]:
+        """The chain's row, then one for each second GEMM its op runs (a gated MLP's up
+        projection): that GEMM is fused, or not, with the chain."""
+        row = Row.of(graph, chain)
+        rows = [row]
+        for gemm in chain.second_gemms:
+            joined = [describe(gemm), f"second GEMM of {row.gemm}'s op"]
+            rows.append(replace(row, gemm=joined[0], chain=joined, fused=joined if row.fused else []))
+        return rows
 
 
 @dataclass
@@ -74,7 +86,7 @@ class Collector:
         self.graphs = 0
 
     def add_graph(self, chains: list[Chain]) -> None:
-        self.report.rows.extend(Row.of(self.graphs, c) for c in chains)
+        self.report.rows.extend(row for c in chains for row in Row.all_of(self.graphs, c))
         self.graphs += 1
 
 

@@ -39,6 +39,8 @@ def _replace(graph: Graph, chain: Chain, replaced: dict[Node, Node]) -> Node:
         if chain.casts_operands:  # autocast's casts of the GEMM operands, made explicit
             x, weight, bias = (None if a is None else graph.call_method("to", (a, chain.dtype))
                                for a in (x, weight, bias))
+            params = [graph.call_method("to", (p, chain.dtype)) if i in chain.program.second_gemms else p
+                      for i, p in enumerate(params)]
         save_gemm = records_backward(chain.gemm)
         fused = graph.call_function(FUSED_OP, (chain.program.to_string(), x, weight, bias, params),
                                     {"save_gemm": save_gemm})
@@ -50,8 +52,11 @@ def _replace(graph: Graph, chain: Chain, replaced: dict[Node, Node]) -> Node:
             chain.kept.replace_all_uses_with(kept)
             replaced[chain.kept] = kept
     last.replace_all_uses_with(out)
-    maybe_dead = {a for n in chain.nodes for a in n.all_input_nodes} - set(chain.nodes)
+    gone = [*chain.nodes, *chain.second_gemms]  # the op runs the second GEMMs
+    maybe_dead = {a for n in gone for a in n.all_input_nodes} - set(gone)
     for node in reversed(chain.nodes):
+        graph.erase_node(node)
+    for node in chain.second_gemms:
         graph.erase_node(node)
     for node in maybe_dead:  # W.t() / W.T views that only the GEMM read
         if not node.users and transposed_weight(node) is not None:

@@ -47,7 +47,7 @@ def test_gradients_match_finite_differences(name, generated, monkeypatch):
     w = (torch.randn(n, 5, generator=g, dtype=torch.float64) / 2).requires_grad_()
     b = torch.randn(n, generator=g, dtype=torch.float64).requires_grad_() if program.gemm.bias else None
     params = [p.double().requires_grad_(i not in program.constant_params) if p.is_floating_point() else p
-              for i, p in enumerate(make_params(program, n, generator=g, lead=(6,)))]  # a dropout's seed: as is
+              for i, p in enumerate(make_params(program, n, generator=g, lead=(6,), k=5))]  # a dropout's seed: as is
 
     def fused(x, w, b, *params):
         return torch.ops.fxfuse.linear_epilogue(text, x, w, b, list(params), True)[0]

@@ -23,25 +23,22 @@ BASE_ROWS = [r for r in suite.ROWS if not r.id.startswith("S23")]
 
 def _recorded_calls(row, dtype=torch.float32):
     """(program, x, weight, bias, params) of every fused-op call of a compiled suite model."""
-    calls, gemm_args = [], []
-    gemm, epilogue = reference.gemm, reference.epilogue_and_kept
+    calls = []
+    op_forward = reference.op_forward
 
-    def recording_gemm(x, weight, bias):
-        gemm_args.append((x.clone(), weight.clone(), None if bias is None else bias.clone()))
-        return gemm(x, weight, bias)
-
-    def recording_epilogue(program, y, params):
-        calls.append((program.to_string(), *gemm_args.pop(), [p.clone() for p in params]))
-        return epilogue(program, y, params)
+    def recording_op_forward(program, x, weight, bias, params, save_gemm):
+        calls.append((program.to_string(), x.clone(), weight.clone(), None if bias is None else bias.clone(),
+                      [p.clone() for p in params]))
+        return op_forward(program, x, weight, bias, params, save_gemm)
 
     mod = suite.load(row)
     model = mod.Model(*mod.get_init_inputs("small")).to(dtype).train(not row.eval_mode)
-    reference.gemm, reference.epilogue_and_kept = recording_gemm, recording_epilogue
+    reference.op_forward = recording_op_forward
     try:
         with torch.no_grad():
             compile_fxfuse(model)(*[t.to(dtype) for t in mod.get_inputs("small")])
     finally:
-        reference.gemm, reference.epilogue_and_kept = gemm, epilogue
+        reference.op_forward = op_forward
     return calls
 
 

@@ -81,14 +81,16 @@ FUSED = {
     # block; c_proj + residual, the sum returned too (keep()) for the next block and normalised by
     # the next LayerNorm in the same op; the attention's c_attn feeds a split
     "gpt2": {"eval": (6, 8), "train": (6, 8)},
-    # SwiGLU: silu(gate(x)) * up(x) fuses into the gate's chain; o_proj and down_proj + residual,
-    # the sum kept and the next hand-written RMSNorm (recognised as rms_norm) and its weight fused
-    "llama": {"eval": (6, 14), "train": (6, 14)},
-    "qwen2": {"eval": (6, 14), "train": (6, 14)},
-    # the FFN's wi + ReLU (or gated GELU); the attention's o and the FFN's wo + residual, kept, and
-    # the next T5LayerNorm (a hand-written RMS norm); the q/k/v projections split into heads
+    # SwiGLU: silu(gate(x)) * up(x) is one op running both GEMMs (up is its second GEMM); o_proj
+    # and down_proj + residual, the sum kept and the next hand-written RMSNorm (recognised as
+    # rms_norm) and its weight fused
+    "llama": {"eval": (8, 14), "train": (8, 14)},
+    "qwen2": {"eval": (8, 14), "train": (8, 14)},
+    # the FFN's wi + ReLU (or gated GELU: wi_0 and wi_1 one op); the attention's o and the FFN's wo
+    # + residual, kept, and the next T5LayerNorm (a hand-written RMS norm); the q/k/v projections
+    # split into heads
     "t5": {"eval": (6, 12), "train": (6, 12)},
-    "t5_gated_gelu": {"eval": (6, 14), "train": (6, 14)},
+    "t5_gated_gelu": {"eval": (8, 14), "train": (8, 14)},
     # the intermediate's GELU and the pooler; the attention output + residual, kept and normalised
     # by layernorm_after in the same op, and the FFN output + residual + the next LayerNorm
     "vit": {"eval": (5, 13), "train": (5, 13)},

@@ -40,9 +40,9 @@ EXPECTED_FUSED = {
     # the next Conv1D; c_proj, its dropout and the residual
     "S25": [["addmm", "view", "mul(0.5)", "pow(3.0)", "mul(0.044715)", "add", "mul(0.7978845608028654)", "tanh",
              "add(1.0)", "mul", "view(-1, 128)"], ["addmm", "view", "dropout(0.1)", "add"]],
-    # the gate's chain takes the up projection's output as an operand of its shape; the down
-    # projection's chain the residual
-    "S26": [["linear", "silu", "mul"], [], ["linear", "add"]],
+    # one op runs the gate and up projections (up its second GEMM) and the SwiGLU product; the
+    # down projection's chain takes the residual
+    "S26": [["linear", "silu", "mul"], ["linear", "second GEMM of linear's op"], ["linear", "add"]],
     # h is returned and normalised: the op returns it too (keep())
     "S27": [["linear", "add", "rms_norm"]],
 }

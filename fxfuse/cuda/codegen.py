@@ -32,7 +32,7 @@ ELEMENT_TYPES = {
 }
 
 PARAM_KINDS = {"scalar": "FX_PARAM_SCALAR", "col": "FX_PARAM_COL", "full": "FX_PARAM_FULL",
-               "seed": "FX_PARAM_SEED", "row": "FX_PARAM_ROW"}  # fx_abi.h
+               "seed": "FX_PARAM_SEED", "row": "FX_PARAM_ROW", "gemm": "FX_PARAM_GEMM"}  # fx_abi.h
 _OUT_KIND = {None: "FX_OUT_ROWS", False: "FX_OUT_REDUCED", True: "FX_OUT_REDUCED_KEEP"}
 _REDUCTIONS = {
     "sum": "reduce_sum",
@@ -511,7 +511,7 @@ def _param_indices(program: Program, used: set[int], kind: str) -> list[int]:
     for index in used:
         if index >= len(program.params):
             raise UnsupportedExpression(f"p{index} is not a parameter of the program")
-    return [i for i in sorted(used) if program.params[i] == kind]
+    return [i for i in sorted(used) if program.operand_kinds[i] == kind]
 
 
 def _once_a_row_decls(program: Program, used: set[int]) -> list[str]:

@@ -217,9 +217,11 @@ class Engine:
         weight = torch.randn(*((k, n) if weight_is_kn else (n, k)), device=device, dtype=dtype, generator=g) * k ** -0.5
         weight = weight.t() if weight_is_kn else weight
         bias = torch.randn(n, device=device, dtype=dtype, generator=g) if has_bias else None
-        kind_shapes = {"col": (n,), "full": (m, n), "row": (m, 1)}  # scalars: ()
+        kind_shapes = {"col": (n,), "full": (m, n), "row": (m, 1), "gemm": (n, k)}  # scalars: ()
         shapes = param_shapes or tuple(kind_shapes.get(kind, ()) for kind in program.params)
-        params = [torch.rand(s, device=device, dtype=d, generator=g) + 0.5 for s, d in zip(shapes, param_dtypes)]
+        params = [torch.randn(s, device=device, dtype=d, generator=g) * k ** -0.5 if kind == "gemm"
+                  else torch.rand(s, device=device, dtype=d, generator=g) + 0.5
+                  for s, d, kind in zip(shapes, param_dtypes, program.params)]
         runtime = self._runtime_module
         candidates = {ROW_PATH: -1}
         if not weight_is_kn:

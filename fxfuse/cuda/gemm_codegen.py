@@ -10,6 +10,11 @@ eager's rounding: the expression runs in float32 on the float32 accumulator (the
 there), the rounding points a bfloat16/float16 chain carries are dropped, and the result is
 rounded once, at the store.
 
+A program with a second GEMM (a gated MLP: ``silu(x @ Wg.T) * (x @ Wu.T)``) is one GEMM over the two
+weights interleaved in blocks of 32 rows, its tree an ``fxg::Gated`` node that combines each gate
+column with the matching up column (the expression, with the up value as its "gemm" parameter)
+and stores the (M, N) output; the runtime keeps the interleaved weight per pair of weights.
+
 A module is built per (program, dtype, parameter dtypes): the tree's leaves read each parameter in
 its own type. One unit per GEMM configuration (``fxg::Config<i>``) so that ninja compiles them in
 parallel.
@@ -28,7 +33,7 @@ from ..vocabulary import ROUNDING
 from .codegen import PARAM_KINDS, UnsupportedProgram
 from .printer import UnsupportedExpression, print_expr
 
-GEMM_CODEGEN_VERSION = "4"
+GEMM_CODEGEN_VERSION = "5"
 NUM_KERNELS = 3  # fxg::kNumKernels, csrc/gemm_epilogue.cuh: one unit each
 
 # element types the in-GEMM path takes for x and weight (float32 would be TF32: not built yet)
@@ -38,6 +43,8 @@ _ELEMENTS = {"FX_F32": "float", "FX_BF16": "cutlass::bfloat16_t", "FX_F16": "cut
 
 # fxg::GroupNorm's epilogue subtile: groups of 8, 16, 32 or 64 columns lie inside it
 GROUP_NORM_SUBTILE = 64
+# fxg::Gated's: 32 gate columns, then the 32 up columns of the same output columns
+GATED_SUBTILE = 64
 
 
 @dataclass(frozen=True)
@@ -94,14 +101,21 @@ def unsupported_reason(program: Program, dtype: torch.dtype) -> str | None:
         return "norms other than GroupNorm are not in the in-GEMM epilogue yet"
     if len(norms) > 1:
         return "more than one norm in a chain is not in the in-GEMM epilogue yet"
-    if any(kind not in ("col", "scalar", "full") for kind in program.params):
-        return f"{', '.join(sorted(set(program.params) - {'col', 'scalar', 'full'}))} parameters are not in the in-GEMM epilogue"
+    if any(kind not in ("col", "scalar", "full") for kind in program.operand_kinds):
+        return f"{', '.join(sorted(set(program.operand_kinds) - {'col', 'scalar', 'full'}))} parameters are not in the in-GEMM epilogue"
+    if program.second_gemms:
+        if len(program.second_gemms) > 1:
+            return "more than one second GEMM is not in the in-GEMM epilogue"
+        if norms:
+            return "a norm after a gated pair of GEMMs is not in the in-GEMM epilogue yet"
+        if "full" in program.params:
+            return "an operand of the output's shape beside a second GEMM is not in the in-GEMM epilogue yet"
     epilogue = Epilogue.of(program)
     try:
         print_expr(epilogue.pre)
         if epilogue.norm is not None:
             after = print_expr(epilogue.affine_post())
-            if any(program.params[i] == "full" for i in after.params):
+            if any(program.operand_kinds[i] == "full" for i in after.params):
                 return "an operand of the output's shape after an in-tile group norm is not in the in-GEMM epilogue yet"
     except UnsupportedExpression as error:
         return str(error)
@@ -168,7 +182,7 @@ def _program_header(program: Program, dtype: torch.dtype, param_dtypes: tuple[to
         if program.params[index] == "col":
             leaves.append(f"fxg::Col<Frame, {leaf_type}>")
             leaf_args.append(f"fxg::col_args<fxg::Col<Frame, {leaf_type}>>(a.params[{index}].ptr)")
-        elif program.params[index] == "full":
+        elif program.operand_kinds[index] == "full":
             leaves.append(f"fxg::Full<Frame, {leaf_type}>")
             leaf_args.append(f"fxg::full_args<fxg::Full<Frame, {leaf_type}>>(a.params[{index}].ptr, a.m, a.n)")
         else:
@@ -189,6 +203,12 @@ def _program_header(program: Program, dtype: torch.dtype, param_dtypes: tuple[to
         tree_args = (f"{{{chain_args}, {{static_cast<int32_t>(a.n / kGroups), {float(epilogue.norm.eps)!r}f, "
                      f"Post::args(a)}}}}")
         subtile = GROUP_NORM_SUBTILE
+    gated_block = 0
+    if program.second_gemms:  # the two GEMMs in one: the tree stores the combined output
+        post = _gate_struct(epilogue, codes, program.params, program.gemm.bias, element)
+        tree = f"fxg::Tree<fxg::Gated<Gate, {GATED_SUBTILE}, Out>, fxg::Acc>"
+        tree_args = "{fxg::acc_args(), {static_cast<Out*>(a.out), a.m, a.n, Gate::args(a)}}"
+        subtile, gated_block = GATED_SUBTILE, GATED_SUBTILE // 2
     supports = "n % 8 == 0 && k % 8 == 0"
     if epilogue.norm is not None:
         supports += (f" && n % kGroups == 0 && (n / kGroups) % 8 == 0 && {GROUP_NORM_SUBTILE} % (n / kGroups) == 0")
@@ -226,6 +246,7 @@ def _program_header(program: Program, dtype: torch.dtype, param_dtypes: tuple[to
         f"  static constexpr int32_t kParamKinds[{max(1, len(codes))}] = {{{', '.join(kinds) or 'FX_PARAM_SCALAR'}}};",
         f"  static constexpr int32_t kParamDtypes[{max(1, len(codes))}] = {{{', '.join(codes) or 'FX_F32'}}};",
         f"  static constexpr int kEpilogueN = {subtile};",
+        f"  static constexpr int kGatedBlock = {gated_block};",
         *([f"  static constexpr int64_t kGroups = {epilogue.norm.groups};"] if epilogue.norm is not None else []),
         "",
         "  // 16-byte rows for TMA (x, weight, out) and for the column inputs' vector loads"
@@ -245,6 +266,46 @@ def _program_header(program: Program, dtype: torch.dtype, param_dtypes: tuple[to
         f"}}  // namespace {namespace}",
         "",
     ])
+
+
+def _gate_struct(epilogue: Epilogue, codes: list[str], kinds: tuple[str, ...], bias: bool, element: str) -> list[str]:
+    """fxg::Gated's Gate: the program's expression on the gate GEMM's value (its bias added) and
+    the second GEMM's (its "gemm" parameter), reading column parameters at the output column and
+    scalars once a subtile."""
+    printed = print_expr(epilogue.pre, x_name="x", prefix="u")
+    cols = [i for i in sorted(printed.params) if kinds[i] == "col"]
+    scalars = [i for i in sorted(printed.params) if kinds[i] == "scalar"]
+    ups = [i for i in sorted(printed.params) if kinds[i] == "gemm"]
+    return [
+        "// the gate GEMM's value and the second GEMM's, through the program's stages",
+        "struct Gate {",
+        f"  struct Arguments {{ const void* ptr[{max(1, len(codes))}]; const void* bias; }};",
+        "  static Arguments args(const FxGemmLaunch& a) {",
+        "    Arguments out{};",
+        "    for (int i = 0; i < a.num_params; ++i) out.ptr[i] = a.params[i].ptr;",
+        "    out.bias = a.bias;",
+        "    return out;",
+        "  }",
+        "  struct Scalars { " + "".join(f"float p{i}; " for i in scalars) + "};",
+        "  CUTLASS_DEVICE static Scalars scalars(const Arguments& a) {",
+        "    (void)a;",
+        "    return {" + ", ".join(f"fxg::load_param<{_ELEMENTS[codes[i]]}>(a.ptr[{i}], 0)" for i in scalars) + "};",
+        "  }",
+        "  CUTLASS_DEVICE static float apply(const Arguments& a, const Scalars& s, int64_t n, float gate, float up) {",
+        "    (void)a;",
+        "    (void)s;",
+        "    (void)n;",
+        "    (void)up;",
+        f"    const float x = {f'gate + fxg::load_param<{element}>(a.bias, n)' if bias else 'gate'};",
+        *[f"    const float p{i} = fxg::load_param<{_ELEMENTS[codes[i]]}>(a.ptr[{i}], n);" for i in cols],
+        *[f"    const float p{i} = s.p{i};" for i in scalars],
+        *[f"    const float p{i} = up;" for i in ups],
+        *["    " + line for line in printed.lines],
+        f"    return {printed.result};",
+        "  }",
+        "};",
+        "",
+    ]
 
 
 def _post_struct(epilogue: Epilogue, codes: list[str], kinds: tuple[str, ...]) -> list[str]:

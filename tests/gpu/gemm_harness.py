@@ -52,7 +52,7 @@ def draw(program: Program, dtype: torch.dtype, m: int, n: int, k: int, seed: int
     w = (torch.randn(n, k, generator=g) / math.sqrt(k)).to(DEVICE, dtype)
     b = torch.randn(n, generator=g).to(DEVICE, dtype) if program.gemm.bias else None
     params = make_params(program, n, dtype=torch.float32 if program.widens else dtype, generator=g, device=DEVICE,
-                         lead=(*batch, m))
+                         lead=(*batch, m), k=k)
     return x, w, b, params
 
 

@@ -170,6 +170,11 @@ PROGRAMS: dict[str, Program] = {
         Gemm(True), (pw(E.add(X, p(0))), Norm("layer", 1e-12, weight=1, bias=2)), ("full", "col", "col")
     ),
     "full_gate_silu": Program(Gemm(False), (pw(E.mul(call("silu", X), p(0))),), ("full",)),
+    # a gated MLP as one op: the up projection is a second GEMM on the same x (Llama's SwiGLU; T5's
+    # gated GELU with a scale after it)
+    "gemm_gate_silu": Program(Gemm(False), (pw(E.mul(call("silu", X), p(0))),), ("gemm",)),
+    "gemm_gate_gelu_scaled": Program(Gemm(True), (pw(E.mul(E.mul(call("gelu_tanh", X), p(0)), p(1))),),
+                                     ("gemm", "col")),
     "full_residual_batch_train": Program(
         Gemm(True), (pw(E.add(X, p(0))), Norm("batch", 1e-5, weight=1, bias=2, training=True)), ("full", "col", "col")
     ),
@@ -259,7 +264,7 @@ LOW_PRECISION = ["s01_scale_leaky", "s04_group_silu_vec_silu", "s03_batch_train_
                  "s16_sigmoid_sum", "s21_rms_silu", "group_odd", "s05_traced_bf16", "s11_traced_bf16",
                  "full_residual_layer", "full_gate_silu", "keep_residual_layer", "narrow_traced_bf16",
                  "dropout_residual_layer", "gelu_dropout", "dropout_traced_bf16", "row_scale_gelu",
-                 "row_after_sum"] + [
+                 "row_after_sum", "gemm_gate_silu", "gemm_gate_gelu_scaled"] + [
                      name for name in PROGRAMS if name.startswith("widen_")]
 TRACED_IN_BF16 = ["s05_traced_bf16", "s11_traced_bf16", "narrow_traced_bf16", "dropout_traced_bf16"]  # their rounding points are a bf16 chain's
 
@@ -273,19 +278,26 @@ def dtypes_of(name: str) -> list[torch.dtype]:
 
 
 def make_params(program: Program, n: int, dtype=torch.float32, device="cpu", generator=None,
-                lead: tuple[int, ...] | None = None) -> list[torch.Tensor]:
+                lead: tuple[int, ...] | None = None, k: int | None = None) -> list[torch.Tensor]:
     """Parameters for ``program``: column vectors of N values, scalars as 0-d tensors, full ones
-    of the output's shape ``(*lead, N)``, row ones of ``(*lead, 1)`` (``lead``: x's leading dims). Variance-like parameters
+    of the output's shape ``(*lead, N)``, row ones of ``(*lead, 1)`` (``lead``: x's leading dims),
+    a second GEMM's (N, K) weight in the GEMM's dtype (``k``: x's last dim). Variance-like parameters
     (BatchNorm running_var) are positive. A program that widens gets float32 ones, as autocast's
     float32 model has (a float32 norm of bf16 parameters is an error in eager)."""
     if ("full" in program.params or "row" in program.params) and lead is None:
         raise ValueError("a program with a full or row parameter needs the output's leading dims (lead=)")
+    if "gemm" in program.params and k is None:
+        raise ValueError("a program with a second GEMM needs its K (k=)")
     positive = {s.running_var for s in program.stages if isinstance(s, Norm) and s.running_var is not None}
-    dtype = torch.float32 if program.widens else dtype
+    gemm_dtype, dtype = dtype, torch.float32 if program.widens else dtype
     out = []
     for i, kind in enumerate(program.params):
         if kind == "seed":  # a dropout stage's seed: two int64 values, as the rewrite draws them
             out.append(torch.randint(0, SEED_HIGH, (2,), generator=generator, dtype=torch.int64, device=device))
+            continue
+        if kind == "gemm":
+            weight = torch.randn(n, k, generator=generator, dtype=torch.float32) / k ** 0.5
+            out.append(weight.to(dtype=gemm_dtype, device=device))
             continue
         shape = {"col": (n,), "scalar": (), "full": (*(lead or ()), n), "row": (*(lead or ()), 1)}[kind]
         t = torch.randn(shape, generator=generator, dtype=torch.float32)

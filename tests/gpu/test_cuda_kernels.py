@@ -61,7 +61,7 @@ def inputs(program, dtype, m, n, k, seed, layout="contiguous"):
         x = x.t()  # a non-contiguous view
     w = (torch.randn(n, k, generator=g) / math.sqrt(k)).to(device=DEVICE, dtype=dtype)
     b = torch.randn(n, generator=g).to(device=DEVICE, dtype=dtype) if program.gemm.bias else None
-    params = make_params(program, n, dtype=dtype, generator=g, device=DEVICE, lead=tuple(x.shape[:-1]))
+    params = make_params(program, n, dtype=dtype, generator=g, device=DEVICE, lead=tuple(x.shape[:-1]), k=k)
     return x, w, b, params
 
 

@@ -69,7 +69,7 @@ def inputs(program, dtype, m, n, k, seed, layout="contiguous"):
         x = torch.randn(m, k, generator=g)
     w = torch.randn(n, k, generator=g) / math.sqrt(k)
     b = torch.randn(n, generator=g) if program.gemm.bias else None
-    params = make_params(program, n, dtype=dtype, generator=g, lead=tuple(x.shape[:-1]))
+    params = make_params(program, n, dtype=dtype, generator=g, lead=tuple(x.shape[:-1]), k=k)
     cast = (lambda t: None if t is None else t.to(dtype))
     return cast(x), cast(w), cast(b), params
 

@@ -71,6 +71,31 @@ def test_an_operand_of_the_output_shape_is_a_full_leaf_read_in_its_own_type():
     assert "fxg::Full<Frame, float>" in residual and "const float x = acc[e] + in_bias[e];" in residual
 
 
+def test_a_gated_pair_is_one_gemm_whose_tree_combines_matching_columns_and_stores_them():
+    """silu(x Wg^T) * (x Wu^T): one GEMM over the interleaved weights (blocks of 32 rows), a
+    64-column subtile (32 gate columns, then their up columns), the Gated node at the root; the
+    second GEMM's value is the expression's parameter, column parameters and the bias are read at
+    the output column."""
+    text = header(PROGRAMS["gemm_gate_gelu_scaled"])
+    tree = next(line for line in text.splitlines() if "using Tree" in line)
+    assert tree.strip() == "using Tree = fxg::Tree<fxg::Gated<Gate, 64, Out>, fxg::Acc>;"
+    assert "static constexpr int kGatedBlock = 32;" in text and "static constexpr int kEpilogueN = 64;" in text
+    assert "kParamKinds[2] = {FX_PARAM_GEMM, FX_PARAM_COL}" in text
+    assert "const float x = gate + fxg::load_param<cutlass::bfloat16_t>(a.bias, n);" in text
+    assert "const float p0 = up;" in text and "fxg::load_param<cutlass::bfloat16_t>(a.ptr[1], n)" in text
+    plain = header(PROGRAMS["full_gate_silu"])
+    assert "static constexpr int kGatedBlock = 0;" in plain
+
+
+def test_what_a_gated_pair_takes_into_the_gemm():
+    normed = Program.parse("linear(bias=False) | pointwise(silu(x) * p0) | group_norm(eps=1e-05, groups=4) || gemm")
+    assert "a norm after a gated pair" in gemm_codegen.unsupported_reason(normed, torch.bfloat16)
+    residual = Program.parse("linear(bias=False) | pointwise(silu(x) * p0 + p1) || gemm full")
+    assert "beside a second GEMM" in gemm_codegen.unsupported_reason(residual, torch.bfloat16)
+    two = Program.parse("linear(bias=False) | pointwise(silu(x) * p0 * p1) || gemm gemm")
+    assert "more than one second GEMM" in gemm_codegen.unsupported_reason(two, torch.bfloat16)
+
+
 def test_an_operand_of_the_output_shape_before_an_in_tile_group_norm_is_taken_after_it_is_not():
     before = Program.parse("linear(bias=True) | pointwise(x + p0) | group_norm(eps=1e-05, groups=256) || full")
     assert gemm_codegen.unsupported_reason(before, torch.bfloat16) is None

@@ -40,10 +40,11 @@ EXTRA = {
                                 ("full", "full", "col", "scalar")),
 }
 NAMES = ["identity", "s01_scale_leaky", "s10_div_gelu", "s13_sub_mul_relu", "s14_silu_div_clamp_tanh",
-         "full_residual", "full_gate_silu", *EXTRA]
+         "full_residual", "full_gate_silu", "gemm_gate_silu", "gemm_gate_gelu_scaled", *EXTRA]
 CASES = [(name, torch.bfloat16) for name in NAMES] + [("s01_scale_leaky", torch.float16),
                                                       ("scalar_and_col", torch.float16),
-                                                      ("full_gate_silu", torch.float16)]
+                                                      ("full_gate_silu", torch.float16),
+                                                      ("gemm_gate_silu", torch.float16)]
 SHAPES = [(1, 136, 72), (7, 520, 264), (300, 1032, 520), (1024, 2048, 512)]
 
 
@@ -80,7 +81,7 @@ def test_every_schedule_of_every_kernel(modules):
 
 
 @pytest.mark.parametrize("name,dtype", [("s01_scale_leaky", torch.bfloat16), ("scalar_and_col", torch.float16),
-                                        ("full_two_and_col", torch.bfloat16)])
+                                        ("full_two_and_col", torch.bfloat16), ("gemm_gate_gelu_scaled", torch.bfloat16)])
 def test_three_dimensional_input(modules, name, dtype):
     program, module = program_of(name), modules[(name, dtype)]
     x, w, b, params = draw(program, dtype, 37, 264, 136, seed=3, batch=(3,))
@@ -117,6 +118,30 @@ def test_nan_and_inf_in_an_operand_of_the_output_shape_reach_eagers_positions(mo
     params[1][11, 4] = 0.0
     params[0][11, 4] = math.inf  # gelu(inf) * 0: NaN
     assert_every_kernel_puts_nan_and_inf_where_eager_does(module, program, x, w, b, params)
+
+
+def test_nan_and_inf_through_either_gemm_of_a_gated_pair_reach_eagers_positions(modules):
+    program, module = program_of("gemm_gate_silu"), modules[("gemm_gate_silu", torch.bfloat16)]
+    x, w, b, params = draw(program, torch.bfloat16, 200, 264, 72, seed=7)
+    x[3, 5] = math.nan
+    w[40, :] = math.inf  # the gate GEMM's column 40: silu(inf) * up
+    params[0][41, :] = -math.inf  # the second GEMM's column 41: silu(gate) * -inf
+    params[0][42, 0] = math.nan
+    assert_every_kernel_puts_nan_and_inf_where_eager_does(module, program, x, w, b, params)
+
+
+def test_a_gated_pair_reads_its_weights_as_they_are_now(modules):
+    """The gated kernel runs over an interleaved copy of its two weights, built once per pair:
+    after an in-place update of either weight (an optimizer step) it computes with the new values."""
+    program, module = program_of("gemm_gate_silu"), modules[("gemm_gate_silu", torch.bfloat16)]
+    x, w, b, params = draw(program, torch.bfloat16, 96, 264, 136, seed=12)
+    for step in range(3):
+        eager = reference.op_forward(program, x, w, b, params, False)[0]
+        exact = truth(program, x, w, b, params)
+        for config in kernels(module):
+            assert_under_rule(run_config(module, program, x, w, b, params, config), eager, exact)
+        with torch.no_grad():
+            (w if step % 2 == 0 else params[0]).mul_(-1.5)
 
 
 def test_an_operand_view_off_16_byte_alignment_is_read_from_an_aligned_copy(modules):
