@@ -224,14 +224,17 @@ std::optional<Tensor> gated_weight(const Tensor& gate, const Tensor& up, int64_t
     }
     ++it;
   }
-  const int64_t n = gate.size(0), k = gate.size(1), blocks = (n + block - 1) / block;
+  const int64_t n = gate.size(0), k = gate.size(1), whole = n / block, rest = n % block;
+  const int64_t blocks = whole + (rest > 0);
   Tensor value = at::zeros({blocks, 2, block, k}, gate.options());
   const at::AutoDispatchBelowADInplaceOrView below_autograd;
-  for (int64_t half = 0; half < 2; ++half) {
-    Tensor rows = value.select(1, half).reshape({blocks * block, k}).narrow(0, 0, n);
-    rows.copy_(half == 0 ? gate : up);
+  for (int64_t half = 0; half < 2; ++half) {  // views of `value` throughout: copies land in it
+    const Tensor& rows = half == 0 ? gate : up;
+    Tensor into = value.select(1, half);  // (blocks, block, k)
+    if (whole > 0) into.narrow(0, 0, whole).copy_(rows.narrow(0, 0, whole * block).view({whole, block, k}));
+    if (rest > 0) into.select(0, whole).narrow(0, 0, rest).copy_(rows.narrow(0, whole * block, rest));
   }
-  value = value.reshape({2 * blocks * block, k});
+  value = value.view({2 * blocks * block, k});
   entries.erase(std::remove_if(entries.begin(), entries.end(),
                                [&](const Entry& e) {
                                  return e.gate.lock().get() == gate.unsafeGetTensorImpl() &&

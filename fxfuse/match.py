@@ -470,21 +470,32 @@ class _Matcher:
         if operand in self.segment or operand in self.region:
             return self._segment_value(operand)
         if self._is_second_gemm(operand):
-            index = self._param(self.canon[operand].weight, "gemm")
+            op = self.canon[operand]
+            index = self._param(op.weight, "gemm")
             self.second_gemms[index] = operand
-            return E.param(index)
+            if op.bias is None:
+                return E.param(index)
+            # its bias, added to its output and rounded as the GEMM's own output is
+            value = E.add(E.param(index), E.param(self._param(op.bias, "col")))
+            rounding = ROUNDING.get(self.dtype)
+            return value if rounding is None else call(rounding, value)
         return E.param(self._param(operand, self._value_kind(operand)))
 
     def _is_second_gemm(self, node: Node) -> bool:
-        """Whether ``node`` is a bias-free GEMM on this chain's input, of this GEMM's output shape
-        and dtypes, read only by the node being absorbed: the op runs it too (a gated MLP's up
-        projection), instead of reading its output as an operand."""
+        """Whether ``node`` is a GEMM on this chain's input, of this GEMM's output shape and
+        dtypes, read only by the node being absorbed: the op runs it too (a gated MLP's up
+        projection), instead of reading its output as an operand. Its bias, if any, is a column
+        parameter of the weight's dtype (not under an autocast that casts it)."""
         op = self.canon.get(node)
         if not isinstance(op, GemmOp) or node in self.claimed or len(node.users) != 1 or self.reduced:
             return False
-        if op.input is not self.op.input or op.bias is not None or op.weight_is_kn or self.op.weight_is_kn:
+        if op.input is not self.op.input or op.weight_is_kn or self.op.weight_is_kn:
             return False
         w, mine, value = example_value(op.weight), example_value(self.op.weight), example_value(node)
+        bias = example_value(op.bias) if op.bias is not None else None
+        if bias is not None and (not isinstance(bias, torch.Tensor) or tuple(bias.shape) != (self.n,)
+                                 or bias.dtype != getattr(w, "dtype", None) or self.casts_operands):
+            return False  # (under autocast its bias would need autocast's cast too)
         return (isinstance(w, torch.Tensor) and isinstance(value, torch.Tensor) and w.shape == mine.shape
                 and w.dtype == mine.dtype and w.device == mine.device and value.dtype == self.dtype
                 and tuple(value.shape) == self.shape)

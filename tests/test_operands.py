@@ -304,6 +304,53 @@ def test_a_second_gemm_read_elsewhere_too_is_an_operand_of_the_output_shape():
     assert up.status == "not_fused"
 
 
+class OneGemmGLU(nn.Module):
+    """The one-GEMM spelling of a gated MLP: one projection to 2N features split in halves."""
+
+    def __init__(self, spelling: str = "chunk", bias: bool = False):
+        super().__init__()
+        self.proj, self.spelling = nn.Linear(K, 2 * N, bias=bias), spelling
+
+    def forward(self, x):
+        y = self.proj(x)
+        if self.spelling == "chunk":
+            a, b = y.chunk(2, dim=-1)
+        elif self.spelling == "torch.chunk":
+            a, b = torch.chunk(y, 2, -1)
+        elif self.spelling == "split":
+            a, b = y.split(N, dim=-1)
+        else:
+            a, b = torch.split(y, [N, N], dim=-1)
+        return F.silu(a) * b
+
+
+@pytest.mark.parametrize("bias", [False, True], ids=["no_bias", "bias"])
+@pytest.mark.parametrize("spelling", ["chunk", "torch.chunk", "split", "split_sizes"])
+def test_a_gated_mlp_of_one_gemm_split_in_halves_is_the_same_op(spelling, bias):
+    """Each half is the GEMM of x with half of the weight's rows (and of the bias): the one GEMM
+    becomes two on views of the weight, and they fuse as a gated pair; the weight's gradient is
+    eager's."""
+    report = check_against_eager(lambda: OneGemmGLU(spelling, bias), lambda: [torch.randn(B, T, K)], grads=True)
+    gate, up = report.rows
+    assert gate.status == up.status == "fused"
+    assert gate.program.split(" || ")[1] == ("gemm col" if bias else "gemm")
+
+
+def test_a_split_into_unequal_parts_stays_one_gemm():
+    class Unequal(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.proj = nn.Linear(K, 2 * N)
+
+        def forward(self, x):
+            a, b = self.proj(x).split([N - 8, N + 8], dim=-1)
+            return a.relu(), b
+
+    report = check_against_eager(Unequal, lambda: [torch.randn(B, T, K)], grads=True)
+    (row,) = report.rows
+    assert row.status == "not_fused" and "split" in row.reason
+
+
 class Conv1DBlock(nn.Module):
     """GPT-2's MLP spelling: x.view(-1, K), addmm with a (K, N) weight, .view(B, T, N), gelu_new
     written out, and a residual of the viewed shape."""

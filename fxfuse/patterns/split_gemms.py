@@ -1,0 +1,87 @@
+"""A GEMM whose output is only read split in two halves along the features, made two GEMMs.
+
+The one-GEMM spelling of a gated MLP computes gate and up values with one weight and splits them:
+``a, b = proj(x).chunk(2, dim=-1); silu(a) * b`` (also ``torch.chunk``, ``split(N, -1)``,
+``split([N, N], -1)``). Each half is the GEMM of x with half of the weight's rows (and half of the
+bias), so the GEMM becomes two: ``linear(x, W.narrow(0, 0, N), b.narrow(0, 0, N))`` and the same
+from row N on. The halves are views of the one weight (gradients reach it as they reach the split's
+halves), and the matcher then takes them as a gated pair: one fused op running both GEMMs.
+"""
+
+from __future__ import annotations
+
+import operator
+
+import torch
+import torch.nn.functional as F
+from torch.fx import Graph, Node
+
+from ..canonical import GemmOp, example_value
+
+CHUNKS = {("call_method", "chunk"), ("call_function", torch.chunk)}
+SPLITS = {("call_method", "split"), ("call_function", torch.split)}
+
+
+def split_in_two(graph: Graph, gemms: dict[Node, GemmOp]) -> int:
+    """Rewrite every GEMM of ``gemms`` read only through a split into two halves of its features
+    into two GEMMs, one a half; how many."""
+    found = 0
+    for node, op in gemms.items():
+        halves = _halves(node, op)
+        if halves is None:
+            continue
+        n = example_value(node).shape[-1] // 2
+        with graph.inserting_before(node):
+            for index, reader in enumerate(halves):
+                weight = _narrowed(graph, op.weight, index * n, n)
+                bias = None if op.bias is None else _narrowed(graph, op.bias, index * n, n)
+                half = graph.call_function(F.linear, (op.input, weight, bias))
+                half.meta = dict(reader.meta)
+                reader.replace_all_uses_with(half)
+        split = next(iter(node.users))
+        for reader in list(split.users):
+            graph.erase_node(reader)
+        graph.erase_node(split)
+        graph.erase_node(node)
+        found += 1
+    return found
+
+
+def _halves(node: Node, op: GemmOp) -> tuple[Node, Node] | None:
+    """The readers of the two halves (``getitem(split, 0)`` and ``(split, 1)``) when ``node``'s
+    only reader splits it into two equal halves along its last dim and nothing reads the split
+    but those; else None."""
+    value = example_value(node)
+    if op.weight_is_kn or len(node.users) != 1 or not isinstance(value, torch.Tensor) or value.dim() < 2:
+        return None
+    split = next(iter(node.users))
+    n = value.shape[-1]
+    if not isinstance(n, int) or n % 2 or split.args[:1] != (node,):
+        return None
+    args = {**dict(zip(("self", "sections", "dim"), split.args)), **split.kwargs}
+    sections = args.get("sections", args.get("chunks", args.get("split_size", args.get("split_size_or_sections"))))
+    dim = args.get("dim", 0)
+    if (split.op, split.target) in CHUNKS:
+        two = sections == 2
+    elif (split.op, split.target) in SPLITS:
+        two = sections == n // 2 or (isinstance(sections, (list, tuple)) and list(sections) == [n // 2, n // 2])
+    else:
+        return None
+    if not two or dim not in (-1, value.dim() - 1):
+        return None
+    readers = {}
+    for user in split.users:
+        if user.op != "call_function" or user.target is not operator.getitem or user.args[1] not in (0, 1):
+            return None
+        if user.args[1] in readers:
+            return None
+        readers[user.args[1]] = user
+    return (readers[0], readers[1]) if len(readers) == 2 else None
+
+
+def _narrowed(graph: Graph, tensor: Node, start: int, length: int) -> Node:
+    view = graph.call_function(torch.narrow, (tensor, 0, start, length))
+    value = example_value(tensor)
+    if isinstance(value, torch.Tensor):
+        view.meta["example_value"] = value.narrow(0, start, length)
+    return view
