@@ -133,9 +133,11 @@ struct FxGemmInfo {
   int32_t num_params;
   const int32_t* param_kinds;   // num_params FxParamKind codes (scalar, column, full or second GEMM)
   const int32_t* param_dtypes;  // num_params FxDtype codes the module reads its parameters as
-  // 0, or (a gated module: its second GEMM runs in the same kernel) the rows of each block of the
-  // weight and the second GEMM's weight interleaved: gate block 0, up block 0, gate block 1, ...
+  // 0, or (a module with a gated kernel: its second GEMM runs in the same kernel) the rows of each
+  // block of the weight and the second GEMM's weight interleaved: gate block 0, up block 0, gate
+  // block 1, ...; configurations from first_gated_config on run that kernel.
   int32_t gated_block;
+  int32_t first_gated_config;
   int32_t num_configs;
   const char* const* config_names;
   // 1 when configuration `config` computes an (m, n, k) problem (sizes and alignment)

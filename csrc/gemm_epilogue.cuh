@@ -484,14 +484,15 @@ constexpr Schedule kSchedules[kNumSchedules] = {
 // A configuration index (FxGemmLaunch::config) is kernel * kNumSchedules + schedule.
 constexpr int kNumConfigs = kNumKernels * kNumSchedules;
 
-// "<kernel>, <schedule>" for every configuration, in index order
+// "<kernel>, <schedule>" for every configuration, in index order; a module with a gated tree beside
+// its plain one has twice the configurations, the second half "gated <kernel>, <schedule>".
 inline const char* const* config_names() {
-  static const char* names[kNumConfigs];
-  static char text[kNumConfigs][96];
+  static const char* names[2 * kNumConfigs];
+  static char text[2 * kNumConfigs][112];
   static const bool filled = [] {
-    for (int c = 0; c < kNumConfigs; ++c) {
-      snprintf(text[c], sizeof(text[c]), "%s, %s", kKernelNames[c / kNumSchedules],
-               kSchedules[c % kNumSchedules].name);
+    for (int c = 0; c < 2 * kNumConfigs; ++c) {
+      snprintf(text[c], sizeof(text[c]), "%s%s, %s", c >= kNumConfigs ? "gated " : "",
+               kKernelNames[c / kNumSchedules % kNumKernels], kSchedules[c % kNumSchedules].name);
       names[c] = text[c];
     }
     return true;
@@ -499,6 +500,13 @@ inline const char* const* config_names() {
   (void)filled;
   return names;
 }
+
+// A kernel unit's entry points (each unit is compiled on its own)
+struct Unit {
+  int32_t (*supports)(int64_t m, int64_t n, int64_t k);
+  int64_t (*workspace)(int64_t m, int64_t n, int64_t k, int32_t sms);
+  const char* (*launch)(const FxGemmLaunch* a, void* stream);
+};
 
 // -- the GEMM ----------------------------------------------------------------------------------------
 
@@ -596,56 +604,70 @@ struct GemmFor {
 }  // namespace fxg
 
 // The macros below expand inside the generated module's own namespace (NS).
-// One configuration's entry points (a unit of its own).
-#define FX_DEFINE_GEMM_CONFIG(PROG, INDEX)                                                              \
-  int32_t supports_##INDEX(int64_t m, int64_t n, int64_t k) {                                           \
+// One configuration's entry points (a unit of its own); NAME tells a module's trees apart.
+#define FX_DEFINE_GEMM_UNIT(PROG, INDEX, NAME)                                                          \
+  int32_t supports_##NAME(int64_t m, int64_t n, int64_t k) {                                            \
     return fxg::GemmFor<PROG, fxg::Config##INDEX>::supports(m, n, k) ? 1 : 0;                         \
   }                                                                                                    \
-  int64_t workspace_##INDEX(int64_t m, int64_t n, int64_t k, int32_t sms) {                             \
+  int64_t workspace_##NAME(int64_t m, int64_t n, int64_t k, int32_t sms) {                              \
     return fxg::GemmFor<PROG, fxg::Config##INDEX>::workspace_bytes(m, n, k, sms);                     \
   }                                                                                                    \
-  const char* launch_##INDEX(const FxGemmLaunch* a, void* stream) {                                    \
+  const char* launch_##NAME(const FxGemmLaunch* a, void* stream) {                                     \
     return fxg::GemmFor<PROG, fxg::Config##INDEX>::launch(*a, stream);                                \
   }
+#define FX_DEFINE_GEMM_CONFIG(PROG, INDEX) FX_DEFINE_GEMM_UNIT(PROG, INDEX, INDEX)
+#define FX_DEFINE_GATED_GEMM_CONFIG(PROG, INDEX) FX_DEFINE_GEMM_UNIT(PROG, INDEX, gated_##INDEX)
 
-// The module's FxGemmInfo, which dispatches over the configurations' units.
-#define FX_DECLARE_GEMM_CONFIG(INDEX)                                                                  \
-  int32_t supports_##INDEX(int64_t, int64_t, int64_t);                                                 \
-  int64_t workspace_##INDEX(int64_t, int64_t, int64_t, int32_t);                                       \
-  const char* launch_##INDEX(const FxGemmLaunch*, void*);
+#define FX_DECLARE_GEMM_UNIT(NAME)                                                                     \
+  int32_t supports_##NAME(int64_t, int64_t, int64_t);                                                  \
+  int64_t workspace_##NAME(int64_t, int64_t, int64_t, int32_t);                                        \
+  const char* launch_##NAME(const FxGemmLaunch*, void*);
+#define FX_GEMM_UNIT(NAME) fxg::Unit{&supports_##NAME, &workspace_##NAME, &launch_##NAME}
 
-#define FX_DEFINE_GEMM_MODULE(PROG, ENTRY)                                                              \
-  FX_DECLARE_GEMM_CONFIG(0)                                                                             \
-  FX_DECLARE_GEMM_CONFIG(1)                                                                             \
-  FX_DECLARE_GEMM_CONFIG(2)                                                                             \
-  static_assert(fxg::kNumKernels == 3, "one FX_DECLARE_GEMM_CONFIG a kernel");                         \
+// The module's FxGemmInfo, which dispatches a configuration to its unit (kUnits, in order).
+#define FX_DEFINE_GEMM_INFO(PROG, ENTRY, GATED_BLOCK)                                                  \
+  constexpr int kNumUnits = static_cast<int>(sizeof(kUnits) / sizeof(kUnits[0]));                      \
+  const fxg::Unit* unit_of(int32_t config) {                                                            \
+    return config < 0 || config >= kNumUnits * fxg::kNumSchedules ? nullptr                             \
+                                                                 : &kUnits[config / fxg::kNumSchedules]; \
+  }                                                                                                     \
   int32_t supports(int64_t m, int64_t n, int64_t k, int32_t config) {                                   \
-    if (m < 1 || config < 0 || !PROG::supports(n, k)) return 0;                                         \
-    switch (config / fxg::kNumSchedules) {                                                              \
-      case 0: return supports_0(m, n, k);                                                               \
-      case 1: return supports_1(m, n, k);                                                               \
-      case 2: return supports_2(m, n, k);                                                               \
-      default: return 0;                                                                                \
-    }                                                                                                   \
+    const fxg::Unit* unit = unit_of(config);                                                            \
+    return m >= 1 && unit != nullptr && PROG::supports(n, k) ? unit->supports(m, n, k) : 0;             \
   }                                                                                                     \
   int64_t workspace(int64_t m, int64_t n, int64_t k, int32_t sms, int32_t config) {                     \
-    switch (config < 0 ? -1 : config / fxg::kNumSchedules) {                                            \
-      case 0: return workspace_0(m, n, k, sms);                                                         \
-      case 1: return workspace_1(m, n, k, sms);                                                         \
-      case 2: return workspace_2(m, n, k, sms);                                                         \
-      default: return 0;                                                                                \
-    }                                                                                                   \
+    const fxg::Unit* unit = unit_of(config);                                                            \
+    return unit != nullptr ? unit->workspace(m, n, k, sms) : 0;                                         \
   }                                                                                                     \
   const char* launch(const FxGemmLaunch* a, void* stream) {                                             \
-    switch (a->config < 0 ? -1 : a->config / fxg::kNumSchedules) {                                      \
-      case 0: return launch_0(a, stream);                                                               \
-      case 1: return launch_1(a, stream);                                                               \
-      case 2: return launch_2(a, stream);                                                               \
-      default: return "fxfuse: no such GEMM configuration";                                             \
-    }                                                                                                   \
+    const fxg::Unit* unit = unit_of(a->config);                                                         \
+    return unit != nullptr ? unit->launch(a, stream) : "fxfuse: no such GEMM configuration";            \
   }                                                                                                     \
-  const FxGemmInfo kInfo = {FX_ABI_VERSION,      PROG::kDtype,      PROG::kOutDtype,                        \
-                            PROG::kNumParams,    PROG::kParamKinds, PROG::kParamDtypes,                     \
-                            PROG::kGatedBlock,   fxg::kNumConfigs,  fxg::config_names(),                    \
-                            &supports,           &workspace,        &launch};                               \
+  const FxGemmInfo kInfo = {FX_ABI_VERSION,   PROG::kDtype,                 PROG::kOutDtype,             \
+                            PROG::kNumParams, PROG::kParamKinds,            PROG::kParamDtypes,          \
+                            GATED_BLOCK,      fxg::kNumConfigs,             kNumUnits * fxg::kNumSchedules, \
+                            fxg::config_names(), &supports,                 &workspace,                  \
+                            &launch};                                                                   \
   extern "C" const FxGemmInfo* ENTRY() { return &kInfo; }
+
+#define FX_DEFINE_GEMM_MODULE(PROG, ENTRY)                                                              \
+  FX_DECLARE_GEMM_UNIT(0)                                                                               \
+  FX_DECLARE_GEMM_UNIT(1)                                                                               \
+  FX_DECLARE_GEMM_UNIT(2)                                                                               \
+  static_assert(fxg::kNumKernels == 3, "one unit a kernel");                                            \
+  const fxg::Unit kUnits[] = {FX_GEMM_UNIT(0), FX_GEMM_UNIT(1), FX_GEMM_UNIT(2)};                       \
+  FX_DEFINE_GEMM_INFO(PROG, ENTRY, 0)
+
+// A program with a second GEMM: PROG reads its output (computed by cuBLAS) as an operand of the
+// output's shape, GATED runs it in the kernel (fxg::Gated); the selection measures both.
+#define FX_DEFINE_DUAL_GEMM_MODULE(PROG, GATED, ENTRY)                                                  \
+  FX_DECLARE_GEMM_UNIT(0)                                                                               \
+  FX_DECLARE_GEMM_UNIT(1)                                                                               \
+  FX_DECLARE_GEMM_UNIT(2)                                                                               \
+  FX_DECLARE_GEMM_UNIT(gated_0)                                                                         \
+  FX_DECLARE_GEMM_UNIT(gated_1)                                                                         \
+  FX_DECLARE_GEMM_UNIT(gated_2)                                                                         \
+  static_assert(fxg::kNumKernels == 3, "one unit a kernel");                                            \
+  const fxg::Unit kUnits[] = {FX_GEMM_UNIT(0),       FX_GEMM_UNIT(1),       FX_GEMM_UNIT(2),             \
+                              FX_GEMM_UNIT(gated_0), FX_GEMM_UNIT(gated_1), FX_GEMM_UNIT(gated_2)};     \
+  FX_DEFINE_GEMM_INFO(PROG, ENTRY, GATED::kGatedBlock)

@@ -161,6 +161,19 @@ Tensor gemm_of(const Tensor& x, const Tensor& weight, const std::optional<Tensor
   return at::linear(x, weight, bias);
 }
 
+// The GEMM into `out` (contiguous, of the output's shape), as at::linear computes it for a
+// contiguous x: one addmm (the bias in cuBLAS's epilogue) over x's rows.
+void gemm_into(Tensor& out, const Tensor& x, const Tensor& weight, const std::optional<Tensor>& bias) {
+  const int64_t k = x.size(-1), n = weight.size(0);
+  Tensor rows = out.view({-1, n});
+  const Tensor x_rows = x.reshape({-1, k});
+  if (bias) {
+    at::addmm_out(rows, *bias, x_rows, weight.t());
+  } else {
+    at::mm_out(rows, x_rows, weight.t());
+  }
+}
+
 // The parameters with each second GEMM's weight (FX_PARAM_GEMM: (N, K), x's dtype and device)
 // replaced by x @ weight.T; with `stacked` (the op's saved GEMM output: (1 + G, *rows, N)) the
 // outputs are written into stacked[1], stacked[2], ... nullopt where a weight does not fit x (the
@@ -179,7 +192,7 @@ std::optional<std::vector<Tensor>> second_gemm_outputs(at::TensorList params, co
     const c10::impl::ExcludeDispatchKeyGuard no_autocast(c10::autocast_dispatch_keyset);
     if (stacked != nullptr) {
       Tensor into = stacked->select(0, ++j);
-      at::linear_out(into, x, w);
+      gemm_into(into, x, w, std::nullopt);
       values[i] = into;
     } else {
       values[i] = at::linear(x, w);
@@ -278,7 +291,7 @@ Result run_gemm(const FxGemmInfo* gemm, int32_t config, const Tensor& x, const T
   Tensor gemm_weight = weight;
   std::vector<Tensor> kept;
   std::vector<FxParam> fx_params;
-  if (gemm->gated_block > 0) {
+  if (gemm->gated_block > 0 && config >= gemm->first_gated_config) {
     const int64_t second = std::find(gemm->param_kinds, gemm->param_kinds + gemm->num_params,
                                      static_cast<int32_t>(FX_PARAM_GEMM)) - gemm->param_kinds;
     if (second >= gemm->num_params) return std::nullopt;
@@ -381,7 +394,7 @@ Result run(int64_t info_address, const Tensor& x, const Tensor& weight, const st
     stacked = at::empty(stacked_shape, x.options());
     y = stacked.select(0, 0);
     const c10::impl::ExcludeDispatchKeyGuard no_autocast(c10::autocast_dispatch_keyset);
-    at::linear_out(y, x, weight, bias);
+    gemm_into(y, x, weight, bias);
   } else {
     y = gemm_of(x, weight, bias);
   }

@@ -141,7 +141,9 @@ def canonical(program: Program) -> Program:
 def generate(program: Program, dtype: torch.dtype, param_dtypes: tuple[torch.dtype, ...], namespace: str,
              entry: str) -> dict[str, str]:
     """The sources of one GEMM module: file name -> text (``gemm_program.cuh``, ``main.cu`` with
-    the exported ``entry`` returning the module's FxGemmInfo, ``config_<i>.cu`` per kernel of the configuration menu)."""
+    the exported ``entry`` returning the module's FxGemmInfo, ``config_<i>.cu`` per kernel of the
+    configuration menu, and for a program with a second GEMM ``gated_<i>.cu`` per kernel running it
+    in the kernel beside those reading its cuBLAS output)."""
     reason = unsupported_reason(program, dtype)
     if reason is not None:
         raise UnsupportedProgram(reason)
@@ -149,14 +151,19 @@ def generate(program: Program, dtype: torch.dtype, param_dtypes: tuple[torch.dty
         raise UnsupportedProgram(f"{len(param_dtypes)} parameter dtypes for {len(program.params)} parameters")
     header = f"// fxfuse GEMM module (gemm codegen {GEMM_CODEGEN_VERSION}), {dtype}"
     sources = {"gemm_program.cuh": _program_header(program, dtype, param_dtypes, namespace)}
+    module = f"FX_DEFINE_DUAL_GEMM_MODULE(Prog, GatedProg, {entry})" if program.second_gemms else \
+        f"FX_DEFINE_GEMM_MODULE(Prog, {entry})"
     sources["main.cu"] = "\n".join([
-        header, '#include "gemm_program.cuh"', "", f"namespace {namespace} {{",
-        f"FX_DEFINE_GEMM_MODULE(Prog, {entry})", f"}}  // namespace {namespace}", "",
+        header, '#include "gemm_program.cuh"', "", f"namespace {namespace} {{", module,
+        f"}}  // namespace {namespace}", "",
     ])
-    for index in range(NUM_KERNELS):
-        sources[f"config_{index}.cu"] = "\n".join([
-            header, '#include "gemm_program.cuh"', "", f"namespace {namespace} {{",
-            f"FX_DEFINE_GEMM_CONFIG(Prog, {index})", f"}}  // namespace {namespace}", "",
+    units = [(f"config_{i}", f"FX_DEFINE_GEMM_CONFIG(Prog, {i})") for i in range(NUM_KERNELS)]
+    if program.second_gemms:
+        units += [(f"gated_{i}", f"FX_DEFINE_GATED_GEMM_CONFIG(GatedProg, {i})") for i in range(NUM_KERNELS)]
+    for name, unit in units:
+        sources[f"{name}.cu"] = "\n".join([
+            header, '#include "gemm_program.cuh"', "", f"namespace {namespace} {{", unit,
+            f"}}  // namespace {namespace}", "",
         ])
     return sources
 
@@ -203,15 +210,29 @@ def _program_header(program: Program, dtype: torch.dtype, param_dtypes: tuple[to
         tree_args = (f"{{{chain_args}, {{static_cast<int32_t>(a.n / kGroups), {float(epilogue.norm.eps)!r}f, "
                      f"Post::args(a)}}}}")
         subtile = GROUP_NORM_SUBTILE
-    gated_block = 0
-    if program.second_gemms:  # the two GEMMs in one: the tree stores the combined output
-        post = _gate_struct(epilogue, codes, program.params, program.gemm.bias, element)
-        tree = f"fxg::Tree<fxg::Gated<Gate, {GATED_SUBTILE}, Out>, fxg::Acc>"
-        tree_args = "{fxg::acc_args(), {static_cast<Out*>(a.out), a.m, a.n, Gate::args(a)}}"
-        subtile, gated_block = GATED_SUBTILE, GATED_SUBTILE // 2
     supports = "n % 8 == 0 && k % 8 == 0"
     if epilogue.norm is not None:
         supports += (f" && n % kGroups == 0 && (n / kGroups) % 8 == 0 && {GROUP_NORM_SUBTILE} % (n / kGroups) == 0")
+    facts = [
+        f"  using Element = {element};",
+        f"  using Out = {_ELEMENTS[out_code]};",
+        f"  static constexpr int32_t kDtype = {GEMM_DTYPES[dtype]};",
+        f"  static constexpr int32_t kOutDtype = {out_code};",
+        f"  static constexpr int32_t kNumParams = {len(program.params)};",
+        f"  static constexpr int32_t kParamKinds[{max(1, len(codes))}] = {{{', '.join(kinds) or 'FX_PARAM_SCALAR'}}};",
+        f"  static constexpr int32_t kParamDtypes[{max(1, len(codes))}] = {{{', '.join(codes) or 'FX_F32'}}};",
+        *([f"  static constexpr int64_t kGroups = {epilogue.norm.groups};"] if epilogue.norm is not None else []),
+        "",
+        "  // 16-byte rows for TMA (x, weight, out) and for the column inputs' vector loads"
+        + ("; groups inside the norm's subtile" if epilogue.norm is not None else ""),
+        f"  static bool supports(int64_t n, int64_t k) {{ return {supports}; }}",
+    ]
+    progs = _prog_struct("Prog", facts, tree, tree_args, subtile, 0)
+    if program.second_gemms:  # the same GEMM with its second GEMM in the kernel: the tree stores
+        post += _gate_struct(epilogue, codes, program.params, program.gemm.bias, element)
+        progs += _prog_struct("GatedProg", facts, f"fxg::Tree<fxg::Gated<Gate, {GATED_SUBTILE}, Out>, fxg::Acc>",
+                              "{fxg::acc_args(), {static_cast<Out*>(a.out), a.m, a.n, Gate::args(a)}}",
+                              GATED_SUBTILE, GATED_SUBTILE // 2)
     return "\n".join([
         f"// fxfuse GEMM program (gemm codegen {GEMM_CODEGEN_VERSION}), {dtype}",
         f"/* {comment} */",
@@ -237,21 +258,19 @@ def _program_header(program: Program, dtype: torch.dtype, param_dtypes: tuple[to
         "};",
         "",
         *post,
-        "struct Prog {",
-        f"  using Element = {element};",
-        f"  using Out = {_ELEMENTS[out_code]};",
-        f"  static constexpr int32_t kDtype = {GEMM_DTYPES[dtype]};",
-        f"  static constexpr int32_t kOutDtype = {out_code};",
-        f"  static constexpr int32_t kNumParams = {len(program.params)};",
-        f"  static constexpr int32_t kParamKinds[{max(1, len(codes))}] = {{{', '.join(kinds) or 'FX_PARAM_SCALAR'}}};",
-        f"  static constexpr int32_t kParamDtypes[{max(1, len(codes))}] = {{{', '.join(codes) or 'FX_F32'}}};",
+        *progs,
+        f"}}  // namespace {namespace}",
+        "",
+    ])
+
+
+def _prog_struct(name: str, facts: list[str], tree: str, tree_args: str, subtile: int, gated_block: int) -> list[str]:
+    """One Prog of csrc/gemm_epilogue.cuh's GemmFor: the module's facts, its subtile and tree."""
+    return [
+        f"struct {name} {{",
+        *facts,
         f"  static constexpr int kEpilogueN = {subtile};",
         f"  static constexpr int kGatedBlock = {gated_block};",
-        *([f"  static constexpr int64_t kGroups = {epilogue.norm.groups};"] if epilogue.norm is not None else []),
-        "",
-        "  // 16-byte rows for TMA (x, weight, out) and for the column inputs' vector loads"
-        + ("; groups inside the norm's subtile" if epilogue.norm is not None else ""),
-        f"  static bool supports(int64_t n, int64_t k) {{ return {supports}; }}",
         "",
         "  template <class Frame>",
         f"  using Tree = {tree};",
@@ -263,9 +282,7 @@ def _program_header(program: Program, dtype: torch.dtype, param_dtypes: tuple[to
         "  }",
         "};",
         "",
-        f"}}  // namespace {namespace}",
-        "",
-    ])
+    ]
 
 
 def _gate_struct(epilogue: Epilogue, codes: list[str], kinds: tuple[str, ...], bias: bool, element: str) -> list[str]:

@@ -185,6 +185,21 @@ def test_input_layouts(engine, name, layout):
     run_and_compare(engine, program, torch.float32, *inputs(program, torch.float32, 5, 1000, 12, 1, layout))
 
 
+@pytest.mark.parametrize("layout", ["contiguous", "3d"])
+@pytest.mark.parametrize("name", ["gemm_gate_silu", "gemm_gate_gelu_scaled"])
+def test_a_gated_pair_saves_both_gemm_outputs_for_the_backward(engine, name, layout):
+    """A call that keeps its GEMM output (training) computes the GEMM and the second GEMM into one
+    stacked tensor, (2, *rows, N), the op's saved output: the reference's, and the chain's output
+    from it."""
+    program = PROGRAMS[name]
+    x, w, b, params = inputs(program, torch.bfloat16, 5, 256, 16, 3, layout)
+    out, _, saved, _ = engine.call(program.to_string(), x, w, b, params, save_gemm=True)
+    ref_out, _, ref_saved, _ = reference.op_forward(program, x, w, b, params, True)
+    assert saved.shape == ref_saved.shape == (2, *x.shape[:-1], 256)
+    torch.testing.assert_close(saved, ref_saved, rtol=0, atol=0)
+    torch.testing.assert_close(out.float(), ref_out.float(), rtol=TOL[torch.bfloat16], atol=TOL[torch.bfloat16])
+
+
 @pytest.mark.parametrize(
     "name",
     ["s02_group_leaky_double", "s20_layer_silu", "s21_rms_silu", "s11_gelu_softmax", "log_softmax_then_pointwise",

@@ -71,20 +71,31 @@ def test_an_operand_of_the_output_shape_is_a_full_leaf_read_in_its_own_type():
     assert "fxg::Full<Frame, float>" in residual and "const float x = acc[e] + in_bias[e];" in residual
 
 
-def test_a_gated_pair_is_one_gemm_whose_tree_combines_matching_columns_and_stores_them():
-    """silu(x Wg^T) * (x Wu^T): one GEMM over the interleaved weights (blocks of 32 rows), a
-    64-column subtile (32 gate columns, then their up columns), the Gated node at the root; the
-    second GEMM's value is the expression's parameter, column parameters and the bias are read at
-    the output column."""
-    text = header(PROGRAMS["gemm_gate_gelu_scaled"])
-    tree = next(line for line in text.splitlines() if "using Tree" in line)
-    assert tree.strip() == "using Tree = fxg::Tree<fxg::Gated<Gate, 64, Out>, fxg::Acc>;"
-    assert "static constexpr int kGatedBlock = 32;" in text and "static constexpr int kEpilogueN = 64;" in text
+def test_a_program_with_a_second_gemm_gets_two_trees_for_the_selection_to_measure():
+    """silu(x Wg^T) * (x Wu^T) + a column scale. Prog reads the second GEMM's output (the runtime
+    computes it with cuBLAS) as an operand of the output's shape. GatedProg runs both GEMMs as one
+    over the interleaved weights (blocks of 32 rows), a 64-column subtile (32 gate columns, then
+    their up columns), the Gated node at the root; the second GEMM's value is the expression's
+    parameter, column parameters and the bias are read at the output column. Each tree's kernels
+    are units of their own, the module's configurations both sets."""
+    sources = gemm_codegen.generate(PROGRAMS["gemm_gate_gelu_scaled"], torch.bfloat16, (torch.bfloat16,) * 2,
+                                    "fxg_t", "fx_gemm_info_t")
+    text = sources["gemm_program.cuh"]
+    trees = [line.strip() for line in text.splitlines() if "using Tree" in line]
+    assert trees == [
+        "using Tree = fxg::Tree<fxg::Pointwise<Chain, Out>, fxg::Acc, fxg::Col<Frame, Element>, "
+        "fxg::Full<Frame, cutlass::bfloat16_t>, fxg::Col<Frame, cutlass::bfloat16_t>>;",
+        "using Tree = fxg::Tree<fxg::Gated<Gate, 64, Out>, fxg::Acc>;"]
+    gated = text[text.index("struct GatedProg"):]
+    assert "static constexpr int kGatedBlock = 32;" in gated and "static constexpr int kEpilogueN = 64;" in gated
     assert "kParamKinds[2] = {FX_PARAM_GEMM, FX_PARAM_COL}" in text
     assert "const float x = gate + fxg::load_param<cutlass::bfloat16_t>(a.bias, n);" in text
     assert "const float p0 = up;" in text and "fxg::load_param<cutlass::bfloat16_t>(a.ptr[1], n)" in text
+    assert "FX_DEFINE_DUAL_GEMM_MODULE(Prog, GatedProg, fx_gemm_info_t)" in sources["main.cu"]
+    assert sorted(sources) == ["config_0.cu", "config_1.cu", "config_2.cu", "gated_0.cu", "gated_1.cu",
+                               "gated_2.cu", "gemm_program.cuh", "main.cu"]
     plain = header(PROGRAMS["full_gate_silu"])
-    assert "static constexpr int kGatedBlock = 0;" in plain
+    assert "static constexpr int kGatedBlock = 0;" in plain and "GatedProg" not in plain
 
 
 def test_what_a_gated_pair_takes_into_the_gemm():
