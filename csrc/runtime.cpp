@@ -213,29 +213,39 @@ bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0;
 // A gated module's weight: the GEMM's weight and its second GEMM's, interleaved in blocks of
 // `block` rows (gate block 0, up block 0, gate block 1, ...; the last blocks padded with zero
 // rows), so that one GEMM computes both and each epilogue subtile holds matching columns. Built
-// once per pair of weights and kept while both live and neither changes (their version counters):
-// the cost is a copy of the two weights in device memory. nullopt for inference tensors (no
-// version counter to tell a change).
+// once per pair of weights and kept while both live and neither changes: a weight is known by its
+// storage (aliases and views of it, as a compiled graph may pass, share it), its offset there and
+// its version counter (shared by those aliases; an optimizer step bumps it). The cost is a copy of
+// the two weights in device memory. nullopt for inference tensors (no version counter).
 std::optional<Tensor> gated_weight(const Tensor& gate, const Tensor& up, int64_t block) {
   if (gate.is_inference() || up.is_inference()) return std::nullopt;
+  struct Weight {
+    c10::weak_intrusive_ptr<c10::StorageImpl> storage;
+    const void* data;
+    int64_t version;
+    bool is(const Tensor& t) const {
+      return !storage.expired() && storage.lock().get() == t.storage().unsafeGetStorageImpl() &&
+             data == t.data_ptr() && version == t._version();
+    }
+    bool alive() const { return !storage.expired(); }
+  };
   struct Entry {
-    c10::weak_intrusive_ptr<c10::TensorImpl> gate, up;
-    int64_t gate_version, up_version, block;
+    Weight gate, up;
+    int64_t block;
     Tensor value;
   };
   static std::mutex mutex;
   static std::vector<Entry> entries;
   const std::lock_guard<std::mutex> lock(mutex);
-  for (auto it = entries.begin(); it != entries.end();) {
-    if (it->gate.expired() || it->up.expired()) {
-      it = entries.erase(it);
-      continue;
-    }
-    if (it->gate.lock().get() == gate.unsafeGetTensorImpl() && it->up.lock().get() == up.unsafeGetTensorImpl() &&
-        it->gate_version == gate._version() && it->up_version == up._version() && it->block == block) {
-      return it->value;
-    }
-    ++it;
+  entries.erase(std::remove_if(entries.begin(), entries.end(),
+                               [&](const Entry& e) {
+                                 return !e.gate.alive() || !e.up.alive() ||
+                                        (e.gate.data == gate.data_ptr() && e.up.data == up.data_ptr() &&
+                                         !(e.gate.is(gate) && e.up.is(up)));  // an older version of this pair
+                               }),
+                entries.end());
+  for (const Entry& e : entries) {
+    if (e.block == block && e.gate.is(gate) && e.up.is(up)) return e.value;
   }
   const int64_t n = gate.size(0), k = gate.size(1), whole = n / block, rest = n % block;
   const int64_t blocks = whole + (rest > 0);
@@ -248,15 +258,11 @@ std::optional<Tensor> gated_weight(const Tensor& gate, const Tensor& up, int64_t
     if (rest > 0) into.select(0, whole).narrow(0, 0, rest).copy_(rows.narrow(0, whole * block, rest));
   }
   value = value.view({2 * blocks * block, k});
-  entries.erase(std::remove_if(entries.begin(), entries.end(),
-                               [&](const Entry& e) {
-                                 return e.gate.lock().get() == gate.unsafeGetTensorImpl() &&
-                                        e.up.lock().get() == up.unsafeGetTensorImpl();
-                               }),
-                entries.end());  // an older version of the same pair
-  entries.push_back(Entry{c10::weak_intrusive_ptr<c10::TensorImpl>(gate.getIntrusivePtr()),
-                          c10::weak_intrusive_ptr<c10::TensorImpl>(up.getIntrusivePtr()), gate._version(),
-                          up._version(), block, value});
+  const auto weight_of = [](const Tensor& t) {
+    return Weight{c10::weak_intrusive_ptr<c10::StorageImpl>(t.storage().getWeakStorageImpl()), t.data_ptr(),
+                  t._version()};
+  };
+  entries.push_back(Entry{weight_of(gate), weight_of(up), block, value});
   return value;
 }
 

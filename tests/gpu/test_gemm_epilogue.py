@@ -144,6 +144,22 @@ def test_a_gated_pair_reads_its_weights_as_they_are_now(modules):
             (w if step % 2 == 0 else params[0]).mul_(-1.5)
 
 
+def test_a_gated_pair_interleaves_its_weights_once_even_through_aliases(modules):
+    """A compiled graph may hand the op aliases of the parameters (detached views of the same
+    storage): the same weights, so the interleaved copy is made once, not on every call."""
+    program, module = program_of("gemm_gate_silu"), modules[("gemm_gate_silu", torch.bfloat16)]
+    x, w, b, params = draw(program, torch.bfloat16, 64, 264, 136, seed=13)
+    gated = next(c for c, name in enumerate(module.config_names) if name.startswith("gated"))
+    first = run_config(module, program, x, w, b, params, gated)
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as profile:
+        for _ in range(3):
+            again = run_config(module, program, x, w.detach(), b, [params[0].detach()], gated)
+        torch.cuda.synchronize()
+    kernels_run = [event.name for event in profile.events() if event.device_type == torch.autograd.DeviceType.CUDA]
+    assert not [name for name in kernels_run if "copy" in name.lower()], kernels_run
+    assert torch.equal(again, first)
+
+
 def test_an_operand_view_off_16_byte_alignment_is_read_from_an_aligned_copy(modules):
     """TMA needs a 16-byte aligned base: a residual sliced one element in is copied first."""
     program, module = program_of("full_residual"), modules[("full_residual", torch.bfloat16)]
