@@ -103,13 +103,6 @@ def unsupported_reason(program: Program, dtype: torch.dtype) -> str | None:
         return "more than one norm in a chain is not in the in-GEMM epilogue yet"
     if any(kind not in ("col", "scalar", "full") for kind in program.operand_kinds):
         return f"{', '.join(sorted(set(program.operand_kinds) - {'col', 'scalar', 'full'}))} parameters are not in the in-GEMM epilogue"
-    if program.second_gemms:
-        if len(program.second_gemms) > 1:
-            return "more than one second GEMM is not in the in-GEMM epilogue"
-        if norms:
-            return "a norm after a gated pair of GEMMs is not in the in-GEMM epilogue yet"
-        if "full" in program.params:
-            return "an operand of the output's shape beside a second GEMM is not in the in-GEMM epilogue yet"
     epilogue = Epilogue.of(program)
     try:
         print_expr(epilogue.pre)
@@ -119,6 +112,18 @@ def unsupported_reason(program: Program, dtype: torch.dtype) -> str | None:
                 return "an operand of the output's shape after an in-tile group norm is not in the in-GEMM epilogue yet"
     except UnsupportedExpression as error:
         return str(error)
+    return None
+
+
+def gated_unsupported_reason(program: Program) -> str | None:
+    """Why the kernel that runs a program's second GEMM itself (``fxg::Gated``) cannot take it
+    (None: it can); the module's other kernels still read that GEMM's cuBLAS output."""
+    if len(program.second_gemms) != 1:
+        return "the gated kernel runs one second GEMM"
+    if any(isinstance(s, Norm) for s in program.stages):
+        return "a norm after a gated pair of GEMMs is not in the gated kernel yet"
+    if "full" in program.params:
+        return "an operand of the output's shape beside a second GEMM is not in the gated kernel yet"
     return None
 
 
@@ -151,14 +156,14 @@ def generate(program: Program, dtype: torch.dtype, param_dtypes: tuple[torch.dty
         raise UnsupportedProgram(f"{len(param_dtypes)} parameter dtypes for {len(program.params)} parameters")
     header = f"// fxfuse GEMM module (gemm codegen {GEMM_CODEGEN_VERSION}), {dtype}"
     sources = {"gemm_program.cuh": _program_header(program, dtype, param_dtypes, namespace)}
-    module = f"FX_DEFINE_DUAL_GEMM_MODULE(Prog, GatedProg, {entry})" if program.second_gemms else \
-        f"FX_DEFINE_GEMM_MODULE(Prog, {entry})"
+    gated = bool(program.second_gemms) and gated_unsupported_reason(program) is None
+    module = f"FX_DEFINE_DUAL_GEMM_MODULE(Prog, GatedProg, {entry})" if gated else f"FX_DEFINE_GEMM_MODULE(Prog, {entry})"
     sources["main.cu"] = "\n".join([
         header, '#include "gemm_program.cuh"', "", f"namespace {namespace} {{", module,
         f"}}  // namespace {namespace}", "",
     ])
     units = [(f"config_{i}", f"FX_DEFINE_GEMM_CONFIG(Prog, {i})") for i in range(NUM_KERNELS)]
-    if program.second_gemms:
+    if gated:
         units += [(f"gated_{i}", f"FX_DEFINE_GATED_GEMM_CONFIG(GatedProg, {i})") for i in range(NUM_KERNELS)]
     for name, unit in units:
         sources[f"{name}.cu"] = "\n".join([
@@ -228,7 +233,8 @@ def _program_header(program: Program, dtype: torch.dtype, param_dtypes: tuple[to
         f"  static bool supports(int64_t n, int64_t k) {{ return {supports}; }}",
     ]
     progs = _prog_struct("Prog", facts, tree, tree_args, subtile, 0)
-    if program.second_gemms:  # the same GEMM with its second GEMM in the kernel: the tree stores
+    if program.second_gemms and gated_unsupported_reason(program) is None:  # the same GEMM with its
+        # second GEMM in the kernel: the tree stores
         post += _gate_struct(epilogue, codes, program.params, program.gemm.bias, element)
         progs += _prog_struct("GatedProg", facts, f"fxg::Tree<fxg::Gated<Gate, {GATED_SUBTILE}, Out>, fxg::Acc>",
                               "{fxg::acc_args(), {static_cast<Out*>(a.out), a.m, a.n, Gate::args(a)}}",

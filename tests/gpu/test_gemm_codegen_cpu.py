@@ -98,13 +98,19 @@ def test_a_program_with_a_second_gemm_gets_two_trees_for_the_selection_to_measur
     assert "static constexpr int kGatedBlock = 0;" in plain and "GatedProg" not in plain
 
 
-def test_what_a_gated_pair_takes_into_the_gemm():
+def test_what_the_gated_kernel_takes_the_other_kernels_read_from_cublas():
+    """A norm after the product, a residual beside the second GEMM or two second GEMMs: no gated
+    kernel, but the module's kernels that read the second GEMM's output still take the program."""
     normed = Program.parse("linear(bias=False) | pointwise(silu(x) * p0) | group_norm(eps=1e-05, groups=4) || gemm")
-    assert "a norm after a gated pair" in gemm_codegen.unsupported_reason(normed, torch.bfloat16)
     residual = Program.parse("linear(bias=False) | pointwise(silu(x) * p0 + p1) || gemm full")
-    assert "beside a second GEMM" in gemm_codegen.unsupported_reason(residual, torch.bfloat16)
     two = Program.parse("linear(bias=False) | pointwise(silu(x) * p0 * p1) || gemm gemm")
-    assert "more than one second GEMM" in gemm_codegen.unsupported_reason(two, torch.bfloat16)
+    for program, reason in [(normed, "a norm after a gated pair"), (residual, "beside a second GEMM"),
+                            (two, "one second GEMM")]:
+        assert reason in gemm_codegen.gated_unsupported_reason(program)
+        assert gemm_codegen.unsupported_reason(program, torch.bfloat16) is None
+        sources = gemm_codegen.generate(program, torch.bfloat16, (torch.bfloat16,) * len(program.params), "ns", "e")
+        assert "GatedProg" not in sources["gemm_program.cuh"] and "gated_0.cu" not in sources
+    assert gemm_codegen.gated_unsupported_reason(PROGRAMS["gemm_gate_silu"]) is None
 
 
 def test_an_operand_of_the_output_shape_before_an_in_tile_group_norm_is_taken_after_it_is_not():
