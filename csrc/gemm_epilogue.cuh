@@ -103,6 +103,48 @@ template <class T> CUTLASS_DEVICE float load_param(const void* ptr, int64_t i) {
   }
 }
 
+// What a node that works in registers declares to the epilogue: its arguments are its parameters,
+// no shared memory, no workspace, nothing for the producer warp to load.
+template <class Arguments_>
+struct RegisterNode {
+  using Arguments = Arguments_;
+  using Params = Arguments;
+  struct SharedStorage {};
+
+  template <class Problem>
+  static constexpr Params to_underlying_arguments(Problem const&, Arguments const& args, void*) {
+    return args;
+  }
+  template <class Problem>
+  static size_t get_workspace_size(Problem const&, Arguments const&) {
+    return 0;
+  }
+  template <class Problem>
+  static cutlass::Status initialize_workspace(Problem const&, Arguments const&, void*, cudaStream_t,
+                                              cutlass::CudaHostAdapter* = nullptr) {
+    return cutlass::Status::kSuccess;
+  }
+
+  CUTLASS_HOST_DEVICE RegisterNode() {}
+  CUTLASS_HOST_DEVICE RegisterNode(Params const& params, SharedStorage const&) : params(params) {}
+  Params params;
+
+  CUTLASS_DEVICE bool is_producer_load_needed() const { return false; }
+  CUTLASS_DEVICE bool is_C_load_needed() const { return false; }
+
+  template <class... Args>
+  CUTLASS_DEVICE auto get_producer_load_callbacks(fusion::ProducerLoadArgs<Args...> const&) {
+    return fusion::EmptyProducerLoadCallbacks{};
+  }
+};
+
+template <class Post>
+struct GroupNormArguments {
+  int32_t group = 0;  // columns of a group: a multiple of 8 dividing EpiN (N / groups)
+  float eps = 0.f;
+  typename Post::Arguments post{};
+};
+
 // GroupNorm of groups that lie inside the epilogue subtile (EpiN columns), on the float32 values
 // of the stages before it, then the rest of the chain (Post): per (row, group) mean and variance in
 // registers, two passes (mean, then squared deviations), one store.
@@ -119,47 +161,19 @@ template <class T> CUTLASS_DEVICE float load_param(const void* ptr, int64_t i) {
 // int64_t n, float x) -- the normalized value x at column n through the norm's affine parameters
 // and the stages after it.
 template <class Post, int EpiN>
-struct GroupNorm {
+struct GroupNorm : RegisterNode<GroupNormArguments<Post>> {
   static_assert(EpiN % 8 == 0, "the subtile is a whole number of 8-column blocks");
   static constexpr int kBlocks = EpiN / 8;
+  using Base = RegisterNode<GroupNormArguments<Post>>;
+  using typename Base::Arguments;
+  using typename Base::Params;
+  using Base::Base;
+  using Base::params;
 
-  struct SharedStorage {};
-  struct Arguments {
-    int32_t group = 0;  // columns of a group: a multiple of 8 dividing EpiN (N / groups)
-    float eps = 0.f;
-    typename Post::Arguments post{};
-  };
-  using Params = Arguments;
-
-  template <class Problem>
-  static constexpr Params to_underlying_arguments(Problem const&, Arguments const& args, void*) {
-    return args;
-  }
   template <class Problem>
   static bool can_implement(Problem const& problem, Arguments const& args) {
     const int n = get<1>(problem);
     return args.group >= 8 && args.group % 8 == 0 && EpiN % args.group == 0 && n % args.group == 0;
-  }
-  template <class Problem>
-  static size_t get_workspace_size(Problem const&, Arguments const&) {
-    return 0;
-  }
-  template <class Problem>
-  static cutlass::Status initialize_workspace(Problem const&, Arguments const&, void*, cudaStream_t,
-                                              cutlass::CudaHostAdapter* = nullptr) {
-    return cutlass::Status::kSuccess;
-  }
-
-  CUTLASS_HOST_DEVICE GroupNorm() {}
-  CUTLASS_HOST_DEVICE GroupNorm(Params const& params, SharedStorage const&) : params(params) {}
-  Params params;
-
-  CUTLASS_DEVICE bool is_producer_load_needed() const { return false; }
-  CUTLASS_DEVICE bool is_C_load_needed() const { return false; }
-
-  template <class... Args>
-  CUTLASS_DEVICE auto get_producer_load_callbacks(fusion::ProducerLoadArgs<Args...> const&) {
-    return fusion::EmptyProducerLoadCallbacks{};
   }
 
   template <class Coords>
@@ -297,53 +311,32 @@ struct GroupNorm {
 //
 // Gate (generated): Arguments, Scalars scalars(Arguments const&) and float apply(Arguments const&,
 // Scalars const&, int64_t n, float gate, float up) -- the output at column n.
+template <class Gate, class Out>
+struct GatedArguments {
+  Out* out = nullptr;  // (M, N) row-major
+  int64_t m = 0;
+  int64_t n = 0;  // output columns (the GEMM's are the interleaved weight's rows)
+  typename Gate::Arguments gate{};
+};
+
 template <class Gate, int EpiN, class Out>
-struct Gated {
+struct Gated : RegisterNode<GatedArguments<Gate, Out>> {
   static_assert(EpiN % 16 == 0, "the subtile is a whole number of 8-column blocks a half");
   static constexpr int kBlocks = EpiN / 8;
   static constexpr int kHalf = kBlocks / 2;
   using ElementAux = Out;  // the epilogue's element type where it has no D
+  using Base = RegisterNode<GatedArguments<Gate, Out>>;
+  using typename Base::Arguments;
+  using typename Base::Params;
+  using Base::Base;
+  using Base::params;
 
-  struct SharedStorage {};
-  struct Arguments {
-    Out* out = nullptr;  // (M, N) row-major
-    int64_t m = 0;
-    int64_t n = 0;  // output columns (the GEMM's are the interleaved weight's rows)
-    typename Gate::Arguments gate{};
-  };
-  using Params = Arguments;
-
-  template <class Problem>
-  static constexpr Params to_underlying_arguments(Problem const&, Arguments const& args, void*) {
-    return args;
-  }
   template <class Problem>
   static bool can_implement(Problem const& problem, Arguments const& args) {
     return args.n % 2 == 0 && get<1>(problem) == 2 * padded_columns(args.n);
   }
-  template <class Problem>
-  static size_t get_workspace_size(Problem const&, Arguments const&) {
-    return 0;
-  }
-  template <class Problem>
-  static cutlass::Status initialize_workspace(Problem const&, Arguments const&, void*, cudaStream_t,
-                                              cutlass::CudaHostAdapter* = nullptr) {
-    return cutlass::Status::kSuccess;
-  }
   // Output columns rounded up to whole blocks of the interleaved weight
   CUTLASS_HOST_DEVICE static int64_t padded_columns(int64_t n) { return (n + EpiN / 2 - 1) / (EpiN / 2) * (EpiN / 2); }
-
-  CUTLASS_HOST_DEVICE Gated() {}
-  CUTLASS_HOST_DEVICE Gated(Params const& params, SharedStorage const&) : params(params) {}
-  Params params;
-
-  CUTLASS_DEVICE bool is_producer_load_needed() const { return false; }
-  CUTLASS_DEVICE bool is_C_load_needed() const { return false; }
-
-  template <class... Args>
-  CUTLASS_DEVICE auto get_producer_load_callbacks(fusion::ProducerLoadArgs<Args...> const&) {
-    return fusion::EmptyProducerLoadCallbacks{};
-  }
 
   template <class Coords>
   struct ConsumerStoreCallbacks : fusion::EmptyConsumerStoreCallbacks {

@@ -293,15 +293,33 @@ def _prog_struct(name: str, facts: list[str], tree: str, tree_args: str, subtile
 
 def _gate_struct(epilogue: Epilogue, codes: list[str], kinds: tuple[str, ...], bias: bool, element: str) -> list[str]:
     """fxg::Gated's Gate: the program's expression on the gate GEMM's value (its bias added) and
-    the second GEMM's (its "gemm" parameter), reading column parameters at the output column and
-    scalars once a subtile."""
+    the second GEMM's (its "gemm" parameter), at the output column."""
     printed = print_expr(epilogue.pre, x_name="x", prefix="u")
+    ups = [i for i in sorted(printed.params) if kinds[i] == "gemm"]
+    gate = f"gate + fxg::load_param<{element}>(a.bias, n)" if bias else "gate"
+    return _column_struct("Gate", "the gate GEMM's value and the second GEMM's, through the program's stages",
+                          printed, codes, kinds, ["gate", "up"],
+                          [f"const float x = {gate};", *[f"const float p{i} = up;" for i in ups]])
+
+
+def _post_struct(epilogue: Epilogue, codes: list[str], kinds: tuple[str, ...]) -> list[str]:
+    """fxg::GroupNorm's Post: the normalized value through the norm's weight and bias and the
+    stages after it."""
+    printed = print_expr(epilogue.affine_post(), x_name="x", prefix="u")
+    return _column_struct("Post", "after the group norm: its weight and bias, then the stages after it",
+                          printed, codes, kinds, ["x"], [])
+
+
+def _column_struct(name: str, comment: str, printed, codes: list[str], kinds: tuple[str, ...], inputs: list[str],
+                   prelude: list[str]) -> list[str]:
+    """A node's generated stages at one output column: Arguments (the parameters' pointers and the
+    bias's), Scalars (the scalar parameters, read once a subtile) and ``apply(arguments, scalars, n,
+    *inputs)``: the prelude, column parameters read at column n, then the printed expression."""
     cols = [i for i in sorted(printed.params) if kinds[i] == "col"]
     scalars = [i for i in sorted(printed.params) if kinds[i] == "scalar"]
-    ups = [i for i in sorted(printed.params) if kinds[i] == "gemm"]
     return [
-        "// the gate GEMM's value and the second GEMM's, through the program's stages",
-        "struct Gate {",
+        f"// {comment}",
+        f"struct {name} {{",
         f"  struct Arguments {{ const void* ptr[{max(1, len(codes))}]; const void* bias; }};",
         "  static Arguments args(const FxGemmLaunch& a) {",
         "    Arguments out{};",
@@ -314,47 +332,10 @@ def _gate_struct(epilogue: Epilogue, codes: list[str], kinds: tuple[str, ...], b
         "    (void)a;",
         "    return {" + ", ".join(f"fxg::load_param<{_ELEMENTS[codes[i]]}>(a.ptr[{i}], 0)" for i in scalars) + "};",
         "  }",
-        "  CUTLASS_DEVICE static float apply(const Arguments& a, const Scalars& s, int64_t n, float gate, float up) {",
-        "    (void)a;",
-        "    (void)s;",
-        "    (void)n;",
-        "    (void)up;",
-        f"    const float x = {f'gate + fxg::load_param<{element}>(a.bias, n)' if bias else 'gate'};",
-        *[f"    const float p{i} = fxg::load_param<{_ELEMENTS[codes[i]]}>(a.ptr[{i}], n);" for i in cols],
-        *[f"    const float p{i} = s.p{i};" for i in scalars],
-        *[f"    const float p{i} = up;" for i in ups],
-        *["    " + line for line in printed.lines],
-        f"    return {printed.result};",
-        "  }",
-        "};",
-        "",
-    ]
-
-
-def _post_struct(epilogue: Epilogue, codes: list[str], kinds: tuple[str, ...]) -> list[str]:
-    """fxg::GroupNorm's Post: the normalized value through the norm's weight and bias and the
-    stages after it, reading column parameters at the value's column and scalars directly."""
-    printed = print_expr(epilogue.affine_post(), x_name="x", prefix="u")
-    cols = [i for i in sorted(printed.params) if kinds[i] == "col"]
-    scalars = [i for i in sorted(printed.params) if kinds[i] != "col"]
-    return [
-        "// after the group norm: its weight and bias, then the stages after it",
-        "struct Post {",
-        f"  struct Arguments {{ const void* ptr[{max(1, len(codes))}]; }};",
-        "  static Arguments args(const FxGemmLaunch& a) {",
-        "    Arguments out{};",
-        "    for (int i = 0; i < a.num_params; ++i) out.ptr[i] = a.params[i].ptr;",
-        "    return out;",
-        "  }",
-        "  struct Scalars { " + "".join(f"float p{i}; " for i in scalars) + "};",
-        "  CUTLASS_DEVICE static Scalars scalars(const Arguments& a) {",
-        "    (void)a;",
-        "    return {" + ", ".join(f"fxg::load_param<{_ELEMENTS[codes[i]]}>(a.ptr[{i}], 0)" for i in scalars) + "};",
-        "  }",
-        "  CUTLASS_DEVICE static float apply(const Arguments& a, const Scalars& s, int64_t n, float x) {",
-        "    (void)a;",
-        "    (void)s;",
-        "    (void)n;",
+        f"  CUTLASS_DEVICE static float apply(const Arguments& a, const Scalars& s, int64_t n, "
+        f"{', '.join(f'float {v}' for v in inputs)}) {{",
+        *[f"    (void){v};" for v in ["a", "s", "n", *inputs]],
+        *["    " + line for line in prelude],
         *[f"    const float p{i} = fxg::load_param<{_ELEMENTS[codes[i]]}>(a.ptr[{i}], n);" for i in cols],
         *[f"    const float p{i} = s.p{i};" for i in scalars],
         *["    " + line for line in printed.lines],
