@@ -10,10 +10,12 @@ eager's rounding: the expression runs in float32 on the float32 accumulator (the
 there), the rounding points a bfloat16/float16 chain carries are dropped, and the result is
 rounded once, at the store.
 
-A program with a second GEMM (a gated MLP: ``silu(x @ Wg.T) * (x @ Wu.T)``) is one GEMM over the two
-weights interleaved in blocks of 32 rows, its tree an ``fxg::Gated`` node that combines each gate
-column with the matching up column (the expression, with the up value as its "gemm" parameter)
-and stores the (M, N) output; the runtime keeps the interleaved weight per pair of weights.
+A program with a second GEMM (a gated MLP: ``silu(x @ Wg.T) * (x @ Wu.T)``) gets two trees in its
+module, measured against each other by the selection: ``Prog`` reads the second GEMM's output
+(computed by cuBLAS in the runtime) as an operand of the output's shape; ``GatedProg`` is one GEMM
+over the two weights interleaved in blocks of 32 rows, its tree an ``fxg::Gated`` node that
+combines each gate column with the matching up column (the expression, with the up value as its
+"gemm" parameter) and stores the (M, N) output; the runtime keeps the interleaved weight per pair.
 
 A module is built per (program, dtype, parameter dtypes): the tree's leaves read each parameter in
 its own type. One unit per GEMM configuration (``fxg::Config<i>``) so that ninja compiles them in
@@ -233,8 +235,7 @@ def _program_header(program: Program, dtype: torch.dtype, param_dtypes: tuple[to
         f"  static bool supports(int64_t n, int64_t k) {{ return {supports}; }}",
     ]
     progs = _prog_struct("Prog", facts, tree, tree_args, subtile, 0)
-    if program.second_gemms and gated_unsupported_reason(program) is None:  # the same GEMM with its
-        # second GEMM in the kernel: the tree stores
+    if program.second_gemms and gated_unsupported_reason(program) is None:  # both GEMMs in one kernel
         post += _gate_struct(epilogue, codes, program.params, program.gemm.bias, element)
         progs += _prog_struct("GatedProg", facts, f"fxg::Tree<fxg::Gated<Gate, {GATED_SUBTILE}, Out>, fxg::Acc>",
                               "{fxg::acc_args(), {static_cast<Out*>(a.out), a.m, a.n, Gate::args(a)}}",
