@@ -289,6 +289,32 @@ def test_a_gated_mlp_is_one_op_running_both_gemms(train, dtype):
     assert down.status == "not_fused"
 
 
+def test_a_gated_mlp_under_autocast_casts_both_weights_as_autocast_does():
+    report = check_against_eager(SwiGLU, lambda: [torch.randn(B, T, K)], autocast=torch.bfloat16, train=True,
+                                 grads=True)
+    gate, up, _ = report.rows
+    assert gate.status == up.status == "fused" and gate.program.endswith("|| gemm")
+
+
+class BiasedGeGLU(nn.Module):
+    """T5-style gated GELU with biases on both projections, then a scale."""
+
+    def __init__(self):
+        super().__init__()
+        self.wi_0, self.wi_1 = nn.Linear(K, N), nn.Linear(K, N)
+
+    def forward(self, x):
+        return F.gelu(self.wi_0(x), approximate="tanh") * self.wi_1(x) * 2.0
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_a_second_gemm_with_a_bias_adds_it_as_a_column_parameter_rounded_as_its_output(dtype):
+    report = check_against_eager(BiasedGeGLU, lambda: [torch.randn(B, T, K)], dtype=dtype, train=True, grads=True)
+    gate, up = report.rows
+    assert gate.status == up.status == "fused" and gate.program.endswith("|| gemm col")
+    assert ("bf16(p0 + p1)" in gate.program) == (dtype == torch.bfloat16)
+
+
 def test_a_second_gemm_read_elsewhere_too_is_an_operand_of_the_output_shape():
     """An up projection whose value the graph also returns is computed once, in the graph, and read
     by the gate's op as an operand."""
