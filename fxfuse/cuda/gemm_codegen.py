@@ -1,4 +1,5 @@
-"""Program -> CUDA sources of one GEMM module (the in-GEMM back end, csrc/gemm_epilogue.cuh).
+"""Program -> CUDA sources of one GEMM module (the in-GEMM back end: csrc/gemm_epilogue.cuh and the
+stage headers it includes).
 
 The program's epilogue becomes a CUTLASS epilogue visitor tree over typed stages: the accumulator
 (``fxg::Acc``), the bias and column parameters (``fxg::Col``), operands of the output's shape

@@ -1,0 +1,172 @@
+// fxg::GroupNorm: GroupNorm of groups inside the epilogue subtile, statistics in registers, in the
+// in-GEMM epilogue (see gemm_stages.cuh for the tree it is part of).
+#pragma once
+
+#include "gemm_stages.cuh"
+
+namespace fxg {
+
+template <class Post>
+struct GroupNormArguments {
+  int32_t group = 0;  // columns of a group: a multiple of 8 dividing EpiN (N / groups)
+  float eps = 0.f;
+  typename Post::Arguments post{};
+};
+
+// GroupNorm of groups that lie inside the epilogue subtile (EpiN columns), on the float32 values
+// of the stages before it, then the rest of the chain (Post): per (row, group) mean and variance in
+// registers, two passes (mean, then squared deviations), one store.
+//
+// It runs in the epilogue's reduce step, which sees the whole subtile's visited values. The
+// statistics rely on the SM90 WGMMA accumulator layout (PTX ISA, wgmma fragments): a thread holds
+// two rows 8 apart and, in each 8-column block of the subtile, two adjacent columns; the four
+// lanes of a quad hold the rest of those blocks. So a group of a multiple of 8 columns is summed
+// per thread over its blocks, then over the quad (two shuffles). The layout is checked where it is
+// read: relative coordinates outside it stop the kernel (the checks fold away when it holds).
+//
+// Post (generated): Arguments (the parameters' pointers), Scalars scalars(Arguments const&) (the
+// scalar parameters, read once a subtile) and float apply(Arguments const&, Scalars const&,
+// int64_t n, float x) -- the normalized value x at column n through the norm's affine parameters
+// and the stages after it.
+template <class Post, int EpiN>
+struct GroupNorm : RegisterNode<GroupNormArguments<Post>> {
+  static_assert(EpiN % 8 == 0, "the subtile is a whole number of 8-column blocks");
+  static constexpr int kBlocks = EpiN / 8;
+  using Base = RegisterNode<GroupNormArguments<Post>>;
+  using typename Base::Arguments;
+  using typename Base::Params;
+  using Base::Base;
+  using Base::params;
+
+  template <class Problem>
+  static bool can_implement(Problem const& problem, Arguments const& args) {
+    const int n = get<1>(problem);
+    return args.group >= 8 && args.group % 8 == 0 && EpiN % args.group == 0 && n % args.group == 0;
+  }
+
+  template <class Coords>
+  struct ConsumerStoreCallbacks : fusion::EmptyConsumerStoreCallbacks {
+    CUTLASS_DEVICE ConsumerStoreCallbacks(Coords coords, int64_t first_col, int64_t n, int col_in_tile,
+                                          Params const& params)
+        : coords(coords), first_col(first_col), n(n), col_in_tile(col_in_tile), params(params) {}
+
+    Coords coords;    // (R2S, R2S_M, R2S_N, EPI_M, EPI_N) -> (m, n) relative to the thread's first value
+    int64_t first_col;  // the column of the thread's first value
+    int64_t n;          // N
+    int col_in_tile;    // the thread's first column within the CTA tile
+    Params params;      // a copy: pointers and sizes in registers, not read through memory per value
+
+    template <class ElementAccumulator, class ElementInput, int F>
+    CUTLASS_DEVICE cutlass::Array<float, F> visit(cutlass::Array<ElementAccumulator, F> const&, int, int, int,
+                                         cutlass::Array<ElementInput, F> const& input) {
+      return cutlass::NumericArrayConverter<float, ElementInput, F>{}(input);
+    }
+
+    // Per (row slot, block): the sum over the group holding the block, of the thread's values
+    // (a butterfly over the blocks of a group: groups are 1, 2, 4 or 8 blocks), then its quad's.
+    CUTLASS_DEVICE static void group_sums(float (&sums)[2][kBlocks], int blocks_per_group) {
+      CUTLASS_PRAGMA_UNROLL
+      for (int step = 1; step < kBlocks; step *= 2) {
+        if (step < blocks_per_group) {  // uniform over the warp
+          float partner[2][kBlocks];
+          CUTLASS_PRAGMA_UNROLL
+          for (int r = 0; r < 2; ++r) {
+            CUTLASS_PRAGMA_UNROLL
+            for (int j = 0; j < kBlocks; ++j) partner[r][j] = sums[r][j ^ step];
+          }
+          CUTLASS_PRAGMA_UNROLL
+          for (int r = 0; r < 2; ++r) {
+            CUTLASS_PRAGMA_UNROLL
+            for (int j = 0; j < kBlocks; ++j) sums[r][j] += partner[r][j];
+          }
+        }
+      }
+      CUTLASS_PRAGMA_UNROLL
+      for (int r = 0; r < 2; ++r) {
+        CUTLASS_PRAGMA_UNROLL
+        for (int j = 0; j < kBlocks; ++j) {
+          float s = sums[r][j];
+          s += __shfl_xor_sync(0xffffffffu, s, 1);
+          s += __shfl_xor_sync(0xffffffffu, s, 2);
+          sums[r][j] = s;
+        }
+      }
+    }
+
+    template <class STensor, class SyncFn, class VTensor>
+    CUTLASS_DEVICE void reduce(STensor&&, SyncFn const&, int, int epi_n, bool, VTensor visit_results) {
+      using Fragment = typename cute::remove_cvref_t<VTensor>::value_type;
+      constexpr int F = Fragment::kElements;
+      constexpr int V = decltype(size(visit_results))::value;
+      auto relative = coords(_, _, _, _0{}, _0{});  // the same in every subtile
+      if (col_in_tile % EpiN >= 8 || col_in_tile % 8 > 6) __trap();  // the layout above
+      const int blocks_per_group = params.group / 8;
+      const float inv_group = 1.f / static_cast<float>(params.group);
+
+      float mean[2][kBlocks], rstd[2][kBlocks];
+      CUTLASS_PRAGMA_UNROLL
+      for (int r = 0; r < 2; ++r) {
+        CUTLASS_PRAGMA_UNROLL
+        for (int j = 0; j < kBlocks; ++j) mean[r][j] = rstd[r][j] = 0.f;
+      }
+      CUTLASS_PRAGMA_UNROLL
+      for (int v = 0; v < V; ++v) {
+        CUTLASS_PRAGMA_UNROLL
+        for (int f = 0; f < F; ++f) {
+          auto c = relative(v * F + f);
+          const int r = get<0>(c) / 8, j = get<1>(c) / 8;
+          if (r < 0 || r > 1 || j < 0 || j >= kBlocks) __trap();
+          mean[r][j] += visit_results(v)[f];
+        }
+      }
+      group_sums(mean, blocks_per_group);
+      CUTLASS_PRAGMA_UNROLL
+      for (int r = 0; r < 2; ++r) {
+        CUTLASS_PRAGMA_UNROLL
+        for (int j = 0; j < kBlocks; ++j) mean[r][j] *= inv_group;
+      }
+      CUTLASS_PRAGMA_UNROLL
+      for (int v = 0; v < V; ++v) {
+        CUTLASS_PRAGMA_UNROLL
+        for (int f = 0; f < F; ++f) {
+          auto c = relative(v * F + f);
+          const int r = get<0>(c) / 8, j = get<1>(c) / 8;
+          const float d = visit_results(v)[f] - mean[r][j];
+          rstd[r][j] += d * d;
+        }
+      }
+      group_sums(rstd, blocks_per_group);
+      CUTLASS_PRAGMA_UNROLL
+      for (int r = 0; r < 2; ++r) {
+        CUTLASS_PRAGMA_UNROLL
+        for (int j = 0; j < kBlocks; ++j) rstd[r][j] = rsqrtf(rstd[r][j] * inv_group + params.eps);
+      }
+      const int64_t subtile_col = first_col + static_cast<int64_t>(epi_n) * EpiN;
+      const auto scalars = Post::scalars(params.post);
+      CUTLASS_PRAGMA_UNROLL
+      for (int v = 0; v < V; ++v) {
+        CUTLASS_PRAGMA_UNROLL
+        for (int f = 0; f < F; ++f) {
+          auto c = relative(v * F + f);
+          const int r = get<0>(c) / 8, j = get<1>(c) / 8;
+          const int64_t col = subtile_col + get<1>(c);
+          const float x = (visit_results(v)[f] - mean[r][j]) * rstd[r][j];
+          // columns past N are not stored: read the last column's parameters there, so that the
+          // loads need no branch and the unrolled loop can issue them together
+          visit_results(v)[f] = Post::apply(params.post, scalars, col < n ? col : n - 1, x);
+        }
+      }
+    }
+  };
+
+  template <bool ReferenceSrc, class... Args>
+  CUTLASS_DEVICE auto get_consumer_store_callbacks(fusion::ConsumerStoreArgs<Args...> const& args) {
+    static_assert(decltype(size<1>(args.epi_tile))::value == EpiN, "the subtile the norm was built for");
+    const int64_t n = get<1>(args.problem_shape_mnkl);
+    const int64_t first_col = n - get<1>(args.residue_tCcD);
+    const int col_in_tile = static_cast<int>(get<1>(args.residue_cD) - get<1>(args.residue_tCcD));
+    return ConsumerStoreCallbacks<decltype(args.tCcD)>(args.tCcD, first_col, n, col_in_tile, params);
+  }
+};
+
+}  // namespace fxg

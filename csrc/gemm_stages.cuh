@@ -1,0 +1,145 @@
+// The in-GEMM back end's epilogue stages: the typed leaves and nodes a program's epilogue visitor
+// tree (CUTLASS EVT) is composed of, by the code generator (fxfuse/cuda/gemm_codegen.py).
+//   fxg::Acc            the accumulator tile (Sm90AccFetch)
+//   fxg::Col<F, T>      a per-column vector of N values of type T (the bias, a column parameter)
+//   fxg::Full<F, T>     an M x N operand of type T (a residual, a gate): TMA loads of each subtile
+//                       into shared memory by the epilogue's producer warp, ahead of its use
+//   fxg::Scalar<T>      one value of type T read from device memory (a 0-d parameter)
+//   fxg::Pointwise<Fn>  the program's pointwise expression on the float32 fragments of its inputs,
+//                       rounded once to the output type (Sm90Compute)
+//   fxg::RegisterNode   what a node that works in registers declares (the nodes of
+//                       gemm_group_norm.cuh and gemm_gated.cuh)
+// Col and Full take the GEMM's Frame (its CTA tile and CUTLASS's epilogue descriptor: subtile and
+// load stages) as a template argument, so a program's tree is a template over it.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include <cute/tensor.hpp>
+#include <cutlass/cutlass.h>
+#include <cutlass/epilogue/collective/collective_builder.hpp>
+#include <cutlass/epilogue/fusion/sm90_callbacks_tma_warpspecialized.hpp>
+
+#include "epilogue_ops.cuh"
+#include "fx_abi.h"
+
+namespace fxg {
+
+using namespace cute;
+namespace fusion = cutlass::epilogue::fusion;
+
+// -- element types ---------------------------------------------------------------------------------
+
+template <int Code> struct ElementOf;
+template <> struct ElementOf<FX_F32> { using type = float; };
+template <> struct ElementOf<FX_BF16> { using type = cutlass::bfloat16_t; };
+template <> struct ElementOf<FX_F16> { using type = cutlass::half_t; };
+template <int Code> using Element = typename ElementOf<Code>::type;
+
+// Elements of a 16-byte access: the alignment TMA and the vector loads need
+template <class T> constexpr int kAlign = 128 / cutlass::sizeof_bits<T>::value;
+
+// -- epilogue stages -------------------------------------------------------------------------------
+
+using Acc = fusion::Sm90AccFetch;
+
+// What the stages of a tree need of the GEMM around them: the CTA tile, and the epilogue's
+// descriptor (its subtile, and the stages of the load pipeline a Full operand shares with C).
+template <class Tile_, class EpilogueTile, class Out, class Schedule>
+struct Frame {
+  using Tile = Tile_;
+  using Descriptor = cutlass::epilogue::collective::detail::EpilogueDescriptor<Tile, EpilogueTile, void, Out, Schedule>;
+};
+
+using ColStride = Stride<_0, _1, int64_t>;
+template <class F, class T>
+using Col = fusion::Sm90RowBroadcast<0, typename F::Tile, T, float, ColStride, kAlign<T>>;
+
+// An (M, N) row-major operand, read at each accumulator's position
+using FullLayout = cutlass::layout::RowMajor;
+template <class F, class T>
+struct FullOf {
+  using D = cutlass::epilogue::collective::detail::AuxLoadDescriptor<typename F::Descriptor, FullLayout, T>;
+  using type = fusion::Sm90AuxLoad<D::Stages, typename D::EpilogueTile, T, typename D::Stride,
+                                   typename D::SmemLayoutAtom, typename D::CopyOpS2R, kAlign<T>>;
+};
+template <class F, class T> using Full = typename FullOf<F, T>::type;
+
+using ScalarStride = Stride<_0, _0, int64_t>;
+template <class T> using Scalar = fusion::Sm90ScalarBroadcast<T, ScalarStride>;
+
+template <template <class> class Fn, class Out>
+using Pointwise = fusion::Sm90Compute<Fn, Out, float, cutlass::FloatRoundStyle::round_to_nearest>;
+
+template <class Node, class... Inputs> using Tree = fusion::Sm90EVT<Node, Inputs...>;
+
+// A parameter of type T as float: value i of a column vector (i = the column), or of a scalar (0).
+template <class T> CUTLASS_DEVICE float load_param(const void* ptr, int64_t i) {
+  if constexpr (sizeof(T) == 2) {
+    return static_cast<float>(T::bitcast(__ldg(static_cast<const unsigned short*>(ptr) + i)));
+  } else {
+    return __ldg(static_cast<const float*>(ptr) + i);
+  }
+}
+
+// What a node that works in registers declares to the epilogue: its arguments are its parameters,
+// no shared memory, no workspace, nothing for the producer warp to load.
+template <class Arguments_>
+struct RegisterNode {
+  using Arguments = Arguments_;
+  using Params = Arguments;
+  struct SharedStorage {};
+
+  template <class Problem>
+  static constexpr Params to_underlying_arguments(Problem const&, Arguments const& args, void*) {
+    return args;
+  }
+  template <class Problem>
+  static size_t get_workspace_size(Problem const&, Arguments const&) {
+    return 0;
+  }
+  template <class Problem>
+  static cutlass::Status initialize_workspace(Problem const&, Arguments const&, void*, cudaStream_t,
+                                              cutlass::CudaHostAdapter* = nullptr) {
+    return cutlass::Status::kSuccess;
+  }
+
+  CUTLASS_HOST_DEVICE RegisterNode() {}
+  CUTLASS_HOST_DEVICE RegisterNode(Params const& params, SharedStorage const&) : params(params) {}
+  Params params;
+
+  CUTLASS_DEVICE bool is_producer_load_needed() const { return false; }
+  CUTLASS_DEVICE bool is_C_load_needed() const { return false; }
+
+  template <class... Args>
+  CUTLASS_DEVICE auto get_producer_load_callbacks(fusion::ProducerLoadArgs<Args...> const&) {
+    return fusion::EmptyProducerLoadCallbacks{};
+  }
+};
+
+// Arguments of the leaves, from the launch's pointers
+inline typename Acc::Arguments acc_args() { return {}; }
+
+template <class Node> typename Node::Arguments col_args(const void* ptr) {
+  using T = typename Node::ElementInput;
+  typename Node::Arguments a{};
+  a.ptr_row = static_cast<const T*>(ptr);
+  return a;
+}
+
+template <class Node> typename Node::Arguments full_args(const void* ptr, int64_t m, int64_t n) {
+  typename Node::Arguments a{};
+  a.ptr_aux = static_cast<decltype(a.ptr_aux)>(ptr);
+  a.dAux = make_stride(n, _1{}, m * n);
+  return a;
+}
+
+template <class T> typename Scalar<T>::Arguments scalar_args(const void* ptr) {
+  typename Scalar<T>::Arguments a{};
+  a.scalar_ptrs[0] = static_cast<const T*>(ptr);
+  return a;
+}
+
+}  // namespace fxg
