@@ -162,8 +162,9 @@ Tensor gemm_of(const Tensor& x, const Tensor& weight, const std::optional<Tensor
 }
 
 // The GEMM into `out` (contiguous, of the output's shape), as at::linear computes it for a
-// contiguous x: one addmm (the bias in cuBLAS's epilogue) over x's rows.
+// contiguous x: one addmm (the bias in cuBLAS's epilogue) over x's rows; no autocast either.
 void gemm_into(Tensor& out, const Tensor& x, const Tensor& weight, const std::optional<Tensor>& bias) {
+  const c10::impl::ExcludeDispatchKeyGuard no_autocast(c10::autocast_dispatch_keyset);
   const int64_t k = x.size(-1), n = weight.size(0);
   Tensor rows = out.view({-1, n});
   const Tensor x_rows = x.reshape({-1, k});
@@ -189,13 +190,12 @@ std::optional<std::vector<Tensor>> second_gemm_outputs(at::TensorList params, co
         w.device() != x.device()) {
       return std::nullopt;
     }
-    const c10::impl::ExcludeDispatchKeyGuard no_autocast(c10::autocast_dispatch_keyset);
     if (stacked != nullptr) {
       Tensor into = stacked->select(0, ++j);
       gemm_into(into, x, w, std::nullopt);
       values[i] = into;
     } else {
-      values[i] = at::linear(x, w);
+      values[i] = gemm_of(x, w, std::nullopt);
     }
   }
   return values;
@@ -390,16 +390,15 @@ Result run(int64_t info_address, const Tensor& x, const Tensor& weight, const st
   // With second GEMMs and save_gemm, the GEMM outputs are computed into one stacked tensor: the op
   // saves it for the backward as it is (otherwise apart: an output written over y frees the rest).
   Tensor y, stacked;
-  const bool stacks = save_gemm && count_second_gemms(info->param_kinds, info->num_params) > 0;
+  const int64_t seconds = count_second_gemms(info->param_kinds, info->num_params);
+  const bool stacks = save_gemm && seconds > 0;
   if (stacks) {
-    const int64_t seconds = count_second_gemms(info->param_kinds, info->num_params);
     if (weight.size(1) != x.size(-1) || weight.scalar_type() != x.scalar_type()) return std::nullopt;
     std::vector<int64_t> stacked_shape{1 + seconds};
     stacked_shape.insert(stacked_shape.end(), x.sizes().begin(), x.sizes().end() - 1);
     stacked_shape.push_back(n);
     stacked = at::empty(stacked_shape, x.options());
     y = stacked.select(0, 0);
-    const c10::impl::ExcludeDispatchKeyGuard no_autocast(c10::autocast_dispatch_keyset);
     gemm_into(y, x, weight, bias);
   } else {
     y = gemm_of(x, weight, bias);

@@ -32,6 +32,11 @@ def header(program: Program, dtype=torch.bfloat16, params=None) -> str:
     return gemm_codegen.generate(program, dtype, params, "fxg_t", "fx_gemm_info_t")["gemm_program.cuh"]
 
 
+def trees(text: str) -> list[str]:
+    """The ``using Tree = ...;`` lines of a generated header: one a Prog."""
+    return [line.strip() for line in text.splitlines() if "using Tree" in line]
+
+
 def test_the_kernel_computes_in_float32_and_rounds_once_at_the_store():
     """eager's rounding points are dropped; the bias is added to the accumulator."""
     canonical = gemm_codegen.canonical(S01_BF16)
@@ -49,8 +54,8 @@ def test_programs_that_differ_only_in_rounding_share_one_module():
 
 def test_the_tree_reads_the_bias_and_each_parameter_the_expression_uses_in_its_own_type():
     text = header(SCALAR_AND_COL, params=(torch.float32, torch.bfloat16, torch.float32))
-    tree = next(line for line in text.splitlines() if "using Tree" in line)
-    assert tree.strip() == ("using Tree = fxg::Tree<fxg::Pointwise<Chain, Out>, fxg::Acc, fxg::Col<Frame, Element>, "
+    (tree,) = trees(text)
+    assert tree == ("using Tree = fxg::Tree<fxg::Pointwise<Chain, Out>, fxg::Acc, fxg::Col<Frame, Element>, "
                             "fxg::Scalar<float>, fxg::Col<Frame, float>>;")  # p1 is unused: no leaf
     assert "fxg::scalar_args<float>(a.params[0].ptr)" in text
     assert "fxg::col_args<fxg::Col<Frame, float>>(a.params[2].ptr)" in text
@@ -61,8 +66,8 @@ def test_an_operand_of_the_output_shape_is_a_full_leaf_read_in_its_own_type():
     """A residual or a gate: the tree loads its (M, N) subtile beside the accumulator's (TMA, ahead
     of use) and the expression reads it at the same position."""
     text = header(PROGRAMS["full_gate_silu"])
-    tree = next(line for line in text.splitlines() if "using Tree" in line)
-    assert tree.strip() == ("using Tree = fxg::Tree<fxg::Pointwise<Chain, Out>, fxg::Acc, "
+    (tree,) = trees(text)
+    assert tree == ("using Tree = fxg::Tree<fxg::Pointwise<Chain, Out>, fxg::Acc, "
                             "fxg::Full<Frame, cutlass::bfloat16_t>>;")
     assert "fxg::full_args<fxg::Full<Frame, cutlass::bfloat16_t>>(a.params[0].ptr, a.m, a.n)" in text
     assert "kParamKinds[1] = {FX_PARAM_FULL}" in text
@@ -81,8 +86,7 @@ def test_a_program_with_a_second_gemm_gets_two_trees_for_the_selection_to_measur
     sources = gemm_codegen.generate(PROGRAMS["gemm_gate_gelu_scaled"], torch.bfloat16, (torch.bfloat16,) * 2,
                                     "fxg_t", "fx_gemm_info_t")
     text = sources["gemm_program.cuh"]
-    trees = [line.strip() for line in text.splitlines() if "using Tree" in line]
-    assert trees == [
+    assert trees(text) == [
         "using Tree = fxg::Tree<fxg::Pointwise<Chain, Out>, fxg::Acc, fxg::Col<Frame, Element>, "
         "fxg::Full<Frame, cutlass::bfloat16_t>, fxg::Col<Frame, cutlass::bfloat16_t>>;",
         "using Tree = fxg::Tree<fxg::Gated<Gate, 64, Out>, fxg::Acc>;"]
@@ -178,8 +182,8 @@ def test_a_group_norm_chain_is_its_stages_before_and_after_the_norm_without_roun
 def test_the_group_norm_stage_takes_the_values_before_it_in_float32_and_applies_the_rest_per_column():
     program = PROGRAMS["s04_group_silu_vec_silu"]  # group norm (weight p0, bias p1), silu, x p2, silu
     text = header(program, params=(torch.float32, torch.bfloat16, torch.float16))
-    tree = next(line for line in text.splitlines() if "using Tree" in line)
-    assert tree.strip() == ("using Tree = fxg::Tree<fxg::GroupNorm<Post, 64>, fxg::Tree<fxg::Pointwise<Chain, float>, "
+    (tree,) = trees(text)
+    assert tree == ("using Tree = fxg::Tree<fxg::GroupNorm<Post, 64>, fxg::Tree<fxg::Pointwise<Chain, float>, "
                             "fxg::Acc, fxg::Col<Frame, Element>>>;")
     assert "const float p0 = fxg::load_param<float>(a.ptr[0], n);" in text
     assert "const float p1 = fxg::load_param<cutlass::bfloat16_t>(a.ptr[1], n);" in text
