@@ -194,13 +194,13 @@ def test_where_the_selection_timed_inductor_its_measurement_decides():
     fused, whatever the rules say of its kind) or won (the chain goes to Inductor, the report
     saying by how much)."""
     from fxfuse.backend import _unfused_if_slower
-    from fxfuse.cuda.engine import INDUCTOR, Selection
+    from fxfuse.cuda.engine import GRAPH_TIMING, INDUCTOR, Selection
 
-    won = Selection("row", -1, {"row": 100.0, INDUCTOR: 110.0})
-    assert _unfused_if_slower(_residual_chain(Selection("row", -1, {"row": 100.0, INDUCTOR: 101.0})),
+    won = Selection("row", -1, {"row": 100.0, INDUCTOR: 110.0}, GRAPH_TIMING)
+    assert _unfused_if_slower(_residual_chain(Selection("row", -1, {"row": 100.0, INDUCTOR: 101.0}, GRAPH_TIMING)),
                               after_selection=True).status == "not_fused"  # a tie goes to Inductor
     assert _unfused_if_slower(_residual_chain(won), after_selection=True).status == "fused"
-    lost = Selection("cooperative", 0, {"row": 120.0, "cooperative": 105.0, INDUCTOR: 100.0})
+    lost = Selection("cooperative", 0, {"row": 120.0, "cooperative": 105.0, INDUCTOR: 100.0}, GRAPH_TIMING)
     left = _unfused_if_slower(_residual_chain(lost), after_selection=True)
     assert left.status == "not_fused" and left.program is None
     assert "Inductor is faster at this shape" in left.reason and "Inductor 100.0 us" in left.reason
@@ -208,9 +208,9 @@ def test_where_the_selection_timed_inductor_its_measurement_decides():
 
 def test_without_an_inductor_timing_the_rules_decide_after_the_selection():
     from fxfuse.backend import _unfused_if_slower
-    from fxfuse.cuda.engine import Selection
+    from fxfuse.cuda.engine import GRAPH_TIMING, Selection
 
-    untimed = Selection("cooperative", 0, {"row": 120.0, "cooperative": 105.0})
+    untimed = Selection("cooperative", 0, {"row": 120.0, "cooperative": 105.0}, GRAPH_TIMING)
     left = _unfused_if_slower(_residual_chain(untimed), after_selection=True)
     assert left.status == "not_fused" and "operand of the output's shape" in left.reason
     assert "measured path: in-GEMM epilogue (cooperative)" in left.reason

@@ -50,17 +50,22 @@ INDUCTOR = "Inductor"  # the name of the chain as Inductor compiles it, where a 
 # fused: the selection times the chain alone, where in the model Inductor may fuse the chain's
 # neighbours too (S25's gelu_new chain won by 0.4 % alone and ran 1.06x Inductor's graph, H100)
 INDUCTOR_MARGIN = 0.03
+GRAPH_TIMING = "CUDA-graph replay"  # how a selection timed its candidates (Selection.timing)
+LAUNCH_TIMING = "back-to-back launches"  # where a candidate could not be captured
+CALLS_PER_SAMPLE = 10  # calls of a candidate in one timing sample
 
 
 @dataclass(frozen=True)
 class Selection:
     """The measured paths of one program at one shape: ``times_us`` per path name (the row path,
     each GEMM configuration that covers the shape, and Inductor's kernels where asked), and
-    fxfuse's fastest, ``path``; ``config`` is its GEMM configuration (-1: the row path)."""
+    fxfuse's fastest, ``path``; ``config`` is its GEMM configuration (-1: the row path);
+    ``timing``: how the times were taken (``GRAPH_TIMING`` or ``LAUNCH_TIMING``)."""
 
     path: str
     config: int
     times_us: dict[str, float]
+    timing: str
 
     def inductor_is_faster(self) -> bool | None:
         """Whether Inductor's kernels beat fxfuse's fastest path, or come within INDUCTOR_MARGIN of
@@ -72,7 +77,7 @@ class Selection:
     def describe(self) -> str:
         times = ", ".join(f"{name} {t:.1f} us" for name, t in sorted(self.times_us.items(), key=lambda kv: kv[1]))
         where = "in-GEMM epilogue" if self.config >= 0 else "cuBLAS + row pass"
-        return f"{where} ({self.path}); measured: {times}"
+        return f"{where} ({self.path}); measured ({self.timing}): {times}"
 
 
 class Engine:
@@ -239,9 +244,9 @@ class Engine:
                     self._warn_once(f"inductor {program.to_string()}",
                                     f"fxfuse: Inductor's kernels for a chain could not be timed "
                                     f"({type(error).__name__}: {error}); the policy's rules decide")
-            times = interleaved_medians(calls, time_us)
+            times, timing = time_candidates(calls)
         path = min(candidates.keys() & times.keys(), key=times.get)
-        return Selection(path, candidates[path], times)
+        return Selection(path, candidates[path], times, timing)
 
     def _runtime(self, device: torch.device):
         from .build import build_runtime
@@ -393,7 +398,48 @@ def interleaved_medians(calls: dict[str, Callable[[], object]], time_once: Calla
     return {name: statistics.median(values) for name, values in samples.items()}
 
 
-def time_us(call, calls: int = 10) -> float:
+def time_candidates(calls: dict[str, Callable[[], object]]) -> tuple[dict[str, float], str]:
+    """Median GPU time per call of each candidate, and how it was taken: from replays of a CUDA
+    graph of ``CALLS_PER_SAMPLE`` calls each, as a compiled model's GPU time is measured.
+
+    Launching the calls instead let host stalls into the times: while a graph compiles, the host
+    is busy with Inductor's compile workers and fxfuse's builds, and a candidate of several
+    launches a call (cuBLAS GEMMs, then a pass; Inductor's kernels) measured 12-17 % slower than
+    it ran in the model, where one kernel a call did not (S26 on an H200, BENCHMARKS.md). A
+    candidate that cannot be captured is timed by launches, and so are all the others."""
+    try:
+        graphs = captured(calls, CALLS_PER_SAMPLE)
+    except Exception:  # noqa: BLE001 - uncapturable (a host sync, an allocation that cannot be pooled)
+        torch.cuda.synchronize()
+        return interleaved_medians(calls, time_us), LAUNCH_TIMING
+    replays = {name: graph.replay for name, graph in graphs.items()}
+    times = interleaved_medians(replays, lambda replay: time_us(replay, 1) / CALLS_PER_SAMPLE)
+    del graphs, replays  # their shared memory pool goes back to the allocator's cache
+    return times, GRAPH_TIMING
+
+
+def captured(calls: dict[str, Callable[[], object]], repeats: int) -> dict[str, torch.cuda.CUDAGraph]:
+    """One CUDA graph of ``repeats`` calls per candidate, warmed up and captured on a side stream.
+    The graphs share one memory pool: they are replayed one at a time on one stream, and none
+    keeps an output, so the candidates together hold one candidate's intermediates."""
+    stream, pool = torch.cuda.Stream(), torch.cuda.graph_pool_handle()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):  # first calls build caches (workspaces, interleaved weights)
+        for call in calls.values():
+            call()
+    torch.cuda.current_stream().wait_stream(stream)
+    graphs = {}
+    for name, call in calls.items():
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=pool, stream=stream, capture_error_mode="thread_local"):
+            for _ in range(repeats):
+                call()
+        graph.replay()  # the first replay uploads the graph
+        graphs[name] = graph
+    return graphs
+
+
+def time_us(call, calls: int = CALLS_PER_SAMPLE) -> float:
     """GPU time per call of ``calls`` back-to-back calls, microseconds (CUDA events)."""
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     start.record()

@@ -15,7 +15,7 @@ import torch
 
 from fxfuse import expr as E
 from fxfuse.cuda import build, gemm_codegen
-from fxfuse.cuda.engine import Selection, _read_selection, _write_selection
+from fxfuse.cuda.engine import GRAPH_TIMING, Selection, _read_selection, _write_selection
 from fxfuse.ir import Gemm, Pointwise, Program, Widen
 from fxfuse.report import Report, Row
 from fxfuse.vocabulary import call
@@ -233,14 +233,17 @@ def test_gemm_modules_are_built_for_hopper_only(monkeypatch):
 
 
 def test_a_selection_survives_on_disk_and_a_corrupt_one_is_measured_again(tmp_path):
-    selection = Selection("cooperative, raster M", 1, {"row": 12.5, "cooperative, raster M": 10.0})
+    selection = Selection("cooperative, raster M", 1, {"row": 12.5, "cooperative, raster M": 10.0}, GRAPH_TIMING)
     path = tmp_path / "selections" / "s.json"
     _write_selection(path, selection)
     assert _read_selection(path) == selection
     path.write_text("{not json")
     assert _read_selection(path) is None
+    path.write_text('{"path": "row", "config": -1, "times_us": {"row": 12.5}}')
+    assert _read_selection(path) is None  # timed before the method was recorded: measured again
     assert "in-GEMM epilogue (cooperative, raster M)" in selection.describe()
-    assert "row 12.5 us" in Selection("row", -1, {"row": 12.5}).describe()
+    assert "measured (CUDA-graph replay)" in selection.describe()
+    assert "row 12.5 us" in Selection("row", -1, {"row": 12.5}, GRAPH_TIMING).describe()
 
 
 def test_the_report_shows_the_gpu_path_when_there_is_one():
@@ -343,8 +346,8 @@ def test_inductors_kernels_for_a_chain_compute_the_reference():
 def test_a_selection_names_whether_inductor_was_faster():
     from fxfuse.cuda.engine import INDUCTOR
 
-    assert Selection("row", -1, {"row": 12.5}).inductor_is_faster() is None
-    assert Selection("row", -1, {"row": 12.5, INDUCTOR: 13.0}).inductor_is_faster() is False
-    assert Selection("row", -1, {"row": 12.5, INDUCTOR: 12.6}).inductor_is_faster() is True  # within the margin
-    faster = Selection("cfg", 0, {"row": 12.5, "cfg": 11.0, INDUCTOR: 10.0})
+    assert Selection("row", -1, {"row": 12.5}, GRAPH_TIMING).inductor_is_faster() is None
+    assert Selection("row", -1, {"row": 12.5, INDUCTOR: 13.0}, GRAPH_TIMING).inductor_is_faster() is False
+    assert Selection("row", -1, {"row": 12.5, INDUCTOR: 12.6}, GRAPH_TIMING).inductor_is_faster() is True  # within the margin
+    faster = Selection("cfg", 0, {"row": 12.5, "cfg": 11.0, INDUCTOR: 10.0}, GRAPH_TIMING)
     assert faster.inductor_is_faster() is True and "Inductor 10.0 us" in faster.describe()
