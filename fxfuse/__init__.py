@@ -9,11 +9,12 @@ point, so importing fxfuse is not needed to use it (and does not register it aga
 from __future__ import annotations
 
 from .ir import Gemm, Norm, Pointwise, Program, Reduce
+from .patterns.activations import register_activation
 from .report import Report, last_report, reset_report
 from .run_report import report
 
 __all__ = [
-    "Gemm", "Norm", "Pointwise", "Program", "Reduce", "Report", "last_report", "report",
-    "reset_report",
+    "Gemm", "Norm", "Pointwise", "Program", "Reduce", "Report", "last_report", "register_activation",
+    "report", "reset_report",
 ]
 __version__ = "0.1.0"

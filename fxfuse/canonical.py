@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Union
 
+import sympy
 import torch
 from torch.fx import Node
 
@@ -43,12 +44,15 @@ class PointwiseOp:
     """An elementwise op: arithmetic (add, sub, mul, div, pow, neg) or a vocabulary function.
 
     ``inplace`` marks the forms that mutate their first operand (``relu_``, ``inplace=True``).
+    ``expression``: what a registered activation computes, in ``x`` (its one operand; ``fn``
+    then only names it).
     """
 
     fn: str
     operands: tuple[Operand, ...]
     attrs: tuple[float, ...] = ()
     inplace: bool = False
+    expression: sympy.Expr | None = None
 
 
 @dataclass(frozen=True)

@@ -1,10 +1,10 @@
 """Step 1: give every node of a Dynamo graph its canonical meaning, and functionalize in-place ops.
 
 Norms written out op by op (transformers' RMSNorms) become the norm op first
-(fxfuse/patterns/written_norms.py), and ops that read only a value's dtype and device
-(``new_empty``: timm's drop-path mask) factories that read nothing (fxfuse/patterns/shape_reads.py),
+(patterns/written_norms.py), and ops that read only a value's dtype and device
+(``new_empty``: timm's drop-path mask) factories that read nothing (patterns/shape_reads.py),
 and a GEMM read only split in two halves (a gated MLP's one-GEMM spelling) two GEMMs
-(fxfuse/patterns/split_gemms.py).
+(patterns/split_gemms.py).
 
 Dynamo records ``y.mul_(3)`` as a node whose later readers still name ``y``: the mutation is
 implicit in the node order. Where ``y`` is a fresh temporary, readers after the in-place node are

@@ -29,6 +29,7 @@ import sympy
 import torch
 
 from . import expr as E
+from .patterns.reductions import FAMILY as REDUCTIONS
 
 # a per-column vector of N values, one value, a tensor of the output's shape (a residual, a gate),
 # one value per row (an (M, 1) operand: a per-row scale, or read after a row reduction), a
@@ -39,8 +40,8 @@ ParamKind = Literal["col", "scalar", "full", "row", "seed", "gemm"]
 NormKind = Literal["group", "layer", "rms", "batch"]
 ReduceKind = Literal["sum", "mean", "max", "min", "logsumexp", "softmax", "log_softmax"]
 
-ROW_REDUCTIONS = ("sum", "mean", "max", "min", "logsumexp")  # these change the shape
-ROW_MAPS = ("softmax", "log_softmax")  # these keep it
+ROW_REDUCTIONS = tuple(k for k, family in REDUCTIONS.items() if family.changes_shape)  # sum, ..., logsumexp
+ROW_MAPS = tuple(k for k, family in REDUCTIONS.items() if not family.changes_shape)  # softmax, log_softmax
 TieRule = Literal["split", "first"]  # max/min: who takes the gradient where several elements tie
 
 
@@ -153,7 +154,7 @@ class Program:
     @property
     def batch_norm_training(self) -> Norm | None:
         return next(
-            (s for s in self.stages if isinstance(s, Norm) and s.kind == "batch" and s.training),
+            (s for s in self.stages if isinstance(s, Norm) and s.training),
             None,
         )
 

@@ -42,6 +42,8 @@ from .canonical import (
 from .describe import describe
 from .ir import Dropout, Gemm, Keep, Narrow, Norm, Pointwise, Program, Reduce, Stage, Widen
 from .vocabulary import ROUNDING, call, is_rounding
+from .patterns.norms import FAMILY as NORMS
+from .patterns.reductions import FAMILY as REDUCTIONS
 
 if TYPE_CHECKING:
     from .cuda.engine import Selection
@@ -432,6 +434,8 @@ class _Matcher:
         if self._folds_into_bias(op):
             return E.X
         args = [self._operand(o) for o in op.operands]
+        if op.expression is not None:  # a registered activation (patterns/activations.py)
+            return E.substitute(op.expression, {E.X: args[0]})
         attrs = [E.const(a) for a in op.attrs]
         fn = op.fn
         if fn == "add" and attrs:  # torch.add(a, b, alpha=c)
@@ -557,15 +561,17 @@ class _Matcher:
     def _norm(self, op: NormOp) -> Norm:
         if self.reduced:
             raise Stop("a norm after a row reduction")
-        if op.kind in ("group", "batch") and self.ndim != 2:
+        family = NORMS[op.kind]
+        if family.over_channels and self.ndim != 2:
             raise Stop(f"{op.kind}_norm of a {self.ndim}-D value normalises dim 1, not the features")
-        if op.kind in ("layer", "rms") and op.normalized_shape != (self.n,):
+        if not family.over_channels and op.normalized_shape != (self.n,):
             raise Stop(f"{op.kind}_norm over {op.normalized_shape}, not the last dim ({self.n})")
-        if op.kind == "group" and (op.groups <= 0 or self.n % op.groups):
-            raise Stop(f"num_groups={op.groups} does not divide {self.n} features")
+        reason = family.check(op, self.n)
+        if reason is not None:
+            raise Stop(reason)
         eps = RMS_NORM_DEFAULT_EPS if op.eps is None else op.eps
         weight, bias = self._norm_param(op.weight), self._norm_param(op.bias)
-        if op.kind != "batch":
+        if not family.running_statistics:
             return Norm(op.kind, eps, groups=op.groups, weight=weight, bias=bias)
         has_running = op.running_mean is not None and op.running_var is not None
         if not op.training:
@@ -597,7 +603,7 @@ class _Matcher:
         """A reduction over the size-1 feature dim a row reduction with keepdim left: each row
         reduces its one value (a softmax of one value is 1, or NaN: not taken)."""
         dims = op.dim if isinstance(op.dim, (list, tuple)) else (op.dim,)
-        return (self.keeps_reduced_dim and op.kind not in ("softmax", "log_softmax") and len(dims) == 1
+        return (self.keeps_reduced_dim and REDUCTIONS[op.kind].changes_shape and len(dims) == 1
                 and isinstance(dims[0], int) and dims[0] % self.ndim == self.ndim - 1)
 
     def _one_value(self, op: ReduceOp) -> sympy.Expr:
@@ -616,7 +622,7 @@ class _Matcher:
         dims = op.dim if isinstance(op.dim, (list, tuple)) else (op.dim,)
         if len(dims) != 1 or not isinstance(dims[0], int) or dims[0] % self.ndim != self.ndim - 1:
             raise Stop(f"{op.kind} over dim {op.dim}, not the feature dim")
-        if op.kind in ("softmax", "log_softmax"):
+        if not REDUCTIONS[op.kind].changes_shape:  # a row map
             stage = Reduce(op.kind)
         else:  # max(dim)/min(dim) send the gradient to the index they return (Reduce.ties)
             stage = Reduce(op.kind, op.keepdim, "first" if op.tuple_output else "split")

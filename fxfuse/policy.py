@@ -49,6 +49,7 @@ import math
 import torch
 
 from .ir import Norm, Program, Reduce, row_split
+from .patterns.norms import FAMILY as NORMS
 
 POLICIES = ("fastest", "always")
 LARGE_ELEMENTS = 1 << 20  # M x N from which the chains below measured slower than Inductor
@@ -95,7 +96,7 @@ def _trains_faster(program: Program, gemm_out: torch.Tensor) -> bool:
     from .op import uses_generated_backward
 
     split = row_split(program)
-    if split is None or split.norm is None or split.norm.kind != "group":
+    if split is None or split.norm is None or NORMS[split.norm.kind].statistics != "row group":
         return False
     if gemm_out.dtype not in ELEMENT_TYPES or not uses_generated_backward(program, cuda=True):
         return False

@@ -17,6 +17,8 @@ import torch.nn.functional as F
 from . import expr as E
 from . import masks
 from .ir import Dropout, Keep, Narrow, Norm, Pointwise, Program, Reduce, Widen, read_as
+from .patterns.norms import FAMILY as NORMS
+from .patterns.reductions import FAMILY as REDUCTIONS
 
 EMPTY_STATS_SHAPE = (0,)
 
@@ -152,29 +154,15 @@ def _pointwise(stage: Pointwise, v: torch.Tensor, values: list[torch.Tensor]) ->
 
 def _norm(stage: Norm, v: torch.Tensor, params: list[torch.Tensor], dtype: torch.dtype):
     """The norm as eager computes it for a ``dtype`` input (its input is already rounded to
-    ``dtype`` at this point, so this is eager's own arithmetic), returned in ``v``'s dtype."""
+    ``dtype`` at this point, so this is eager's own arithmetic), returned in ``v``'s dtype, and a
+    training batch norm's batch statistics (float32 mean and unbiased variance)."""
     n = v.shape[-1]
 
     def p(index):
         return None if index is None else params[index].reshape(n)
 
-    x = v.to(dtype)
-    weight, bias = p(stage.weight), p(stage.bias)
-    if stage.kind == "group":
-        out = F.group_norm(x, stage.groups, weight, bias, stage.eps)
-    elif stage.kind == "layer":
-        out = F.layer_norm(x, (n,), weight, bias, stage.eps)
-    elif stage.kind == "rms":
-        out = F.rms_norm(x, (n,), weight, stage.eps)
-    elif not stage.training:
-        running = p(stage.running_mean), p(stage.running_var)
-        out = F.batch_norm(x, *running, weight, bias, False, 0.0, stage.eps)
-    else:
-        out = F.batch_norm(x, None, None, weight, bias, True, 0.0, stage.eps)
-        with torch.no_grad():
-            var, mean = torch.var_mean(v.detach(), dim=0, correction=1)
-        return out.to(v.dtype), torch.stack([mean, var]).float()
-    return out.to(v.dtype), None
+    out, statistics = NORMS[stage.kind].reference(stage, v.to(dtype), p)
+    return out.to(v.dtype), statistics
 
 
 def _dropout(stage: Dropout, v: torch.Tensor, seed: torch.Tensor) -> torch.Tensor:
@@ -186,20 +174,7 @@ def _dropout(stage: Dropout, v: torch.Tensor, seed: torch.Tensor) -> torch.Tenso
 
 
 def _reduce(stage: Reduce, v: torch.Tensor) -> torch.Tensor:
-    k = stage.keepdim
-    if stage.kind == "sum":
-        return v.sum(-1, keepdim=k)
-    if stage.kind == "mean":
-        return v.mean(-1, keepdim=k)
-    if stage.kind in ("max", "min"):  # the spelling that has eager's gradient at ties
-        if stage.ties == "first":
-            return (torch.max if stage.kind == "max" else torch.min)(v, -1, keepdim=k).values
-        return (torch.amax if stage.kind == "max" else torch.amin)(v, -1, keepdim=k)
-    if stage.kind == "logsumexp":
-        return torch.logsumexp(v, -1, keepdim=k)
-    if stage.kind == "softmax":
-        return F.softmax(v, -1)
-    return F.log_softmax(v, -1)
+    return REDUCTIONS[stage.kind].reference(v, stage.keepdim, stage.ties)
 
 
 def backward(

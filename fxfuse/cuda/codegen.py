@@ -19,6 +19,8 @@ import torch
 from .. import expr as E
 from .. import masks
 from ..ir import Dropout, Keep, Narrow, Norm, Pointwise, Program, Reduce, RowSplit, Stage, Widen, composed, row_split
+from ..patterns.norms import FAMILY as NORMS
+from ..patterns.reductions import FAMILY as REDUCTIONS
 from ..vocabulary import ROUNDING, call, is_rounding
 from .gradient import print_gradient
 from .printer import UnsupportedExpression, float_literal, print_expr
@@ -34,14 +36,6 @@ ELEMENT_TYPES = {
 PARAM_KINDS = {"scalar": "FX_PARAM_SCALAR", "col": "FX_PARAM_COL", "full": "FX_PARAM_FULL",
                "seed": "FX_PARAM_SEED", "row": "FX_PARAM_ROW", "gemm": "FX_PARAM_GEMM"}  # fx_abi.h
 _OUT_KIND = {None: "FX_OUT_ROWS", False: "FX_OUT_REDUCED", True: "FX_OUT_REDUCED_KEEP"}
-_REDUCTIONS = {
-    "sum": "reduce_sum",
-    "mean": "reduce_mean",
-    "max": "reduce_max",
-    "min": "reduce_min",
-    "logsumexp": "reduce_logsumexp",
-}
-_ROW_MAPS = {"softmax": "softmax", "log_softmax": "log_softmax"}
 
 
 class UnsupportedProgram(ValueError):
@@ -125,10 +119,10 @@ def _program_header(program: Program, dtype: torch.dtype, namespace: str) -> str
     backward = _backward_lines(program, dtype)
     reduction = program.reduction
     kinds = [PARAM_KINDS[kind] for kind in program.params] or ["FX_PARAM_SCALAR"]
-    groups = [s.groups for s in program.stages if isinstance(s, Norm) and s.kind == "group"]
+    groups = [s.groups for s in program.stages if isinstance(s, Norm) and NORMS[s.kind].statistics == "row group"]
     bn = program.batch_norm_training
     # torch's batch and group norms take dim 1 as channels: the kernels cover them for 2-D x only
-    channels_dim1 = any(isinstance(s, Norm) and s.kind in ("batch", "group") for s in program.stages)
+    channels_dim1 = any(isinstance(s, Norm) and NORMS[s.kind].over_channels for s in program.stages)
     comment = program.to_string().replace("*/", "* /")
     return "\n".join(
         [
@@ -210,7 +204,7 @@ def _check(program: Program) -> None:
     for kind in program.params:
         if kind not in PARAM_KINDS:
             raise UnsupportedProgram(f"parameter kind {kind!r}")
-    trains = [s for s in program.stages if isinstance(s, Norm) and s.kind == "batch" and s.training]
+    trains = [s for s in program.stages if isinstance(s, Norm) and s.training]
     keeps = [i for i, s in enumerate(program.stages) if isinstance(s, Keep)]
     if len(keeps) > 1:
         raise UnsupportedProgram("more than one second output")
@@ -250,11 +244,12 @@ def _check_norm(program: Program, norm: Norm) -> None:
         raise UnsupportedProgram(f"{norm.kind} norm eps {norm.eps}")
     col(norm.weight, "weight")
     col(norm.bias, "bias")
-    if norm.kind == "group" and norm.groups < 1:
+    family = NORMS[norm.kind]
+    if family.statistics == "row group" and norm.groups < 1:
         raise UnsupportedProgram(f"group norm with {norm.groups} groups")
-    if norm.kind == "rms" and norm.bias is not None:
-        raise UnsupportedProgram("rms norm with a bias")
-    if norm.kind == "batch" and not norm.training:
+    if not family.takes_bias and norm.bias is not None:
+        raise UnsupportedProgram(f"{norm.kind} norm with a bias")
+    if family.running_statistics and not norm.training:
         col(norm.running_mean, "running_mean", required=True)
         col(norm.running_var, "running_var", required=True)
 
@@ -264,9 +259,9 @@ def _row_local(program: Program) -> str:
     small groups; batch norms take column statistics from another kernel)."""
     terms = []
     for stage in program.stages:
-        if isinstance(stage, Reduce) or (isinstance(stage, Norm) and stage.kind in ("layer", "rms")):
+        if isinstance(stage, Reduce) or (isinstance(stage, Norm) and NORMS[stage.kind].statistics == "row"):
             return "false"
-        if isinstance(stage, Norm) and stage.kind == "group":
+        if isinstance(stage, Norm) and NORMS[stage.kind].statistics == "row group":
             terms.append(f"fx::group_in_lanes(n, {stage.groups}, vec)")
     return " && ".join(terms) or "true"
 
@@ -275,28 +270,10 @@ def _local_items(program: Program) -> int:
     """16-byte chunks a thread when the program runs row-local (a sweep of apply plans on an H200,
     bf16 suite rows, bench/results/plan_sweep_bf16.txt): group norms' shuffle trees want warps, one chunk a thread (S02,
     S04, S08, S17); pointwise and batch-norm chains want fewer, busier threads, four (S01, S03)."""
-    return 1 if any(isinstance(s, Norm) and s.kind == "group" for s in program.stages) else 4
+    return 1 if any(isinstance(s, Norm) and NORMS[s.kind].statistics == "row group" for s in program.stages) else 4
 
 
 # -- the backward ---------------------------------------------------------------------------------
-
-# a BatchNorm's code is its eval mode's: in training its statistics are over all rows, no row's
-_NORM_CODES = {
-    "group": "fx::kGroupNorm",
-    "layer": "fx::kLayerNorm",
-    "rms": "fx::kRmsNorm",
-    "batch": "fx::kBatchEvalNorm",
-}
-_REDUCE_CODES = {
-    "sum": "fx::kSum",
-    "mean": "fx::kMean",
-    "max": "fx::kMax",
-    "min": "fx::kMin",
-    "logsumexp": "fx::kLogSumExp",
-    "softmax": "fx::kSoftmax",
-    "log_softmax": "fx::kLogSoftmax",
-}
-
 
 def _pointwise_expression(program: Program) -> sympy.Expr:
     """A pointwise program's stages as one expression (the identity for none)."""
@@ -365,14 +342,14 @@ def _backward_lines(program: Program, dtype: torch.dtype) -> list[str]:
         *function("grad"),
         "// the dtype a norm computes for",
         f"using MidU = {ELEMENT_TYPES[torch.float32 if split is None or split.widened else dtype]};",
-        f"static constexpr int kNormKind = {_NORM_CODES[norm.kind] if norm else 'fx::kLayerNorm'};",
+        f"static constexpr int kNormKind = {NORMS[norm.kind].backward_code if norm else 'fx::kLayerNorm'};",
         f"static constexpr int kNormGroups = {norm.groups if norm else 1};",
         f"static constexpr int kNormW = {param(norm.weight) if norm else -1};",
         f"static constexpr int kNormB = {param(norm.bias) if norm else -1};",
         f"static constexpr int kNormRM = {param(norm.running_mean) if norm else -1};",
         f"static constexpr int kNormRV = {param(norm.running_var) if norm else -1};",
         f"static constexpr float kNormEps = {float_literal(norm.eps) if norm else '0.0f'};",
-        f"static constexpr int kReduceKind = {_REDUCE_CODES[reduce.kind] if reduce else 'fx::kSum'};",
+        f"static constexpr int kReduceKind = {REDUCTIONS[reduce.kind].backward_code if reduce else 'fx::kSum'};",
         f"static constexpr bool kTiesFirst = {'true' if reduce and reduce.ties == 'first' else 'false'};",
         f"static constexpr bool kHasPre = {'true' if pre is not None else 'false'};",
         f"static constexpr bool kHasPost = {'true' if post is not None else 'false'};",
@@ -429,7 +406,7 @@ def _param_mask(expression: sympy.Expr | None) -> int:
 
 def _batch_train_index(program: Program) -> int | None:
     for i, stage in enumerate(program.stages):
-        if isinstance(stage, Norm) and stage.kind == "batch" and stage.training:
+        if isinstance(stage, Norm) and stage.training:
             return i
     return None
 
@@ -482,10 +459,10 @@ class _Emitter:
                     lines.append("r.round_input();")
                 self.rounded = True
             elif stage.changes_shape:
-                lines.append(f"float s = r.{_REDUCTIONS[stage.kind]}();")
+                lines.append(f"float s = r.{REDUCTIONS[stage.kind].row_stage}();")
                 reduced, self.rounded = True, False
             else:
-                lines.append(f"r.{_ROW_MAPS[stage.kind]}();")
+                lines.append(f"r.{REDUCTIONS[stage.kind].row_stage}();")
                 self.rounded = False
         if store:
             lines.append("r.store_scalar(s);" if reduced else "r.store_rows();")
@@ -561,22 +538,7 @@ def _emit_scalar_pointwise(program: Program, stage: Pointwise) -> list[str]:
 
 def _emit_norm(norm: Norm, element: str) -> str:
     """The norm's call on the row, computing for ``element`` (T, or float once widened)."""
-
-    def idx(index: int | None) -> int:
-        return -1 if index is None else index
-
-    eps = float_literal(norm.eps)
-    w, b = idx(norm.weight), idx(norm.bias)
-    if norm.kind == "group":
-        return f"r.template group_norm<{element}, {norm.groups}, {w}, {b}>({eps});"
-    if norm.kind == "layer":
-        return f"r.template layer_norm<{element}, {w}, {b}>({eps});"
-    if norm.kind == "rms":
-        return f"r.template rms_norm<{element}, {w}>({eps});"
-    if norm.training:
-        return f"r.template batch_norm_train<{element}, {w}, {b}>();"
-    rm, rv = idx(norm.running_mean), idx(norm.running_var)
-    return f"r.template batch_norm_eval<{element}, {w}, {b}, {rm}, {rv}>({eps});"
+    return NORMS[norm.kind].row_stage(norm, element, lambda index: -1 if index is None else index)
 
 
 def _indent(lines: list[str], spaces: int) -> list[str]:

@@ -33,6 +33,7 @@ import torch
 from .. import expr as E
 from ..ir import Norm, Pointwise, Program, Widen
 from ..vocabulary import ROUNDING
+from ..patterns.norms import FAMILY as NORMS
 from .codegen import PARAM_KINDS, UnsupportedProgram
 from .printer import UnsupportedExpression, print_expr
 
@@ -100,8 +101,9 @@ def unsupported_reason(program: Program, dtype: torch.dtype) -> str | None:
     for stage in program.stages:
         if not isinstance(stage, (Pointwise, Widen, Norm)):
             return f"{type(stage).__name__.lower()} stages are not in the in-GEMM epilogue yet"
-    if any(norm.kind != "group" for norm in norms):
-        return "norms other than GroupNorm are not in the in-GEMM epilogue yet"
+    outside = sorted({norm.kind for norm in norms if not NORMS[norm.kind].in_gemm})
+    if outside:
+        return f"{', '.join(outside)} norms are not in the in-GEMM epilogue yet"
     if len(norms) > 1:
         return "more than one norm in a chain is not in the in-GEMM epilogue yet"
     if any(kind not in ("col", "scalar", "full") for kind in program.operand_kinds):

@@ -30,10 +30,10 @@ def spell(build: Callable[..., CanonicalOp], *targets, inplace: tuple = ()) -> S
 
 
 def _table() -> dict[tuple[str, object], tuple[Spelling, bool]]:
-    from . import gemm, norms, pointwise, reductions
+    from . import activations, gemm, norms, pointwise, reductions
 
     table: dict[tuple[str, object], tuple[Spelling, bool]] = {}
-    for module in (gemm, pointwise, norms, reductions):
+    for module in (gemm, pointwise, norms, reductions, activations):
         for row in module.SPELLINGS:
             for target, inplace in [(t, False) for t in row.targets] + [(t, True) for t in row.inplace]:
                 kind = "call_method" if isinstance(target, str) else "call_function"
@@ -47,13 +47,24 @@ def _table() -> dict[tuple[str, object], tuple[Spelling, bool]]:
 _TABLE: dict | None = None
 
 
-def lookup(node: Node) -> CanonicalOp | None:
-    """The canonical meaning of ``node``, or None when no spelling covers its target."""
+def lookup_table() -> dict[tuple[str, object], tuple[Spelling, bool]]:
+    """(node kind, target) -> (spelling, in place), built on first use."""
     global _TABLE
     if _TABLE is None:
         _TABLE = _table()
+    return _TABLE
+
+
+def reset_table() -> None:
+    """Build the table again on next use (a spelling was registered)."""
+    global _TABLE
+    _TABLE = None
+
+
+def lookup(node: Node) -> CanonicalOp | None:
+    """The canonical meaning of ``node``, or None when no spelling covers its target."""
     try:
-        entry = _TABLE.get((node.op, node.target))
+        entry = lookup_table().get((node.op, node.target))
     except TypeError:  # an unhashable target
         return None
     if entry is None:

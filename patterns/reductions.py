@@ -1,9 +1,14 @@
-"""Row reductions and row maps over the feature dim: sum, mean, amax/amin, max/min(dim) (with
-``.values`` / ``[0]``), logsumexp, softmax, log_softmax."""
+"""The reduction family: row reductions and row maps over the feature dim — sum, mean,
+amax/amin, max/min(dim) (with ``.values`` / ``[0]``), logsumexp, softmax, log_softmax.
+
+Their spellings, and one entry per kind (``FAMILY``) holding what the reference, the row kernels
+and the generated backward need of it; the IR's Reduce stage names its kind."""
 
 from __future__ import annotations
 
 import operator
+from dataclasses import dataclass
+from typing import Callable
 
 import torch
 import torch.nn.functional as F
@@ -11,6 +16,46 @@ from torch.fx import Node
 
 from ..canonical import AliasOp, PointwiseOp, ReduceOp, Rejected
 from . import spell
+
+
+@dataclass(frozen=True)
+class ReductionFamily:
+    """One reduction. ``changes_shape``: a reduction to one value a row (a row map keeps the row).
+    ``reference(v, keepdim, ties)``: eager's result over the last dim (``ties``: max/min's
+    gradient rule, ir.Reduce). ``row_stage``: the row kernels' member function
+    (csrc/row_epilogue.cuh); ``backward_code``: its code in the generated backward
+    (csrc/row_grad.cuh)."""
+
+    kind: str
+    changes_shape: bool
+    reference: Callable[[torch.Tensor, bool, str], torch.Tensor]
+    row_stage: str
+    backward_code: str
+
+
+def _extremum(kind: str) -> Callable[[torch.Tensor, bool, str], torch.Tensor]:
+    """max/min in the spelling that has eager's gradient at ties."""
+    by_index, split = (torch.max, torch.amax) if kind == "max" else (torch.min, torch.amin)
+
+    def reference(v: torch.Tensor, keepdim: bool, ties: str) -> torch.Tensor:
+        if ties == "first":
+            return by_index(v, -1, keepdim=keepdim).values
+        return split(v, -1, keepdim=keepdim)
+
+    return reference
+
+
+FAMILY: dict[str, ReductionFamily] = {entry.kind: entry for entry in (
+    ReductionFamily("sum", True, lambda v, k, ties: v.sum(-1, keepdim=k), "reduce_sum", "fx::kSum"),
+    ReductionFamily("mean", True, lambda v, k, ties: v.mean(-1, keepdim=k), "reduce_mean", "fx::kMean"),
+    ReductionFamily("max", True, _extremum("max"), "reduce_max", "fx::kMax"),
+    ReductionFamily("min", True, _extremum("min"), "reduce_min", "fx::kMin"),
+    ReductionFamily("logsumexp", True, lambda v, k, ties: torch.logsumexp(v, -1, keepdim=k),
+                    "reduce_logsumexp", "fx::kLogSumExp"),
+    ReductionFamily("softmax", False, lambda v, k, ties: F.softmax(v, -1), "softmax", "fx::kSoftmax"),
+    ReductionFamily("log_softmax", False, lambda v, k, ties: F.log_softmax(v, -1), "log_softmax",
+                    "fx::kLogSoftmax"),
+)}
 
 
 def _reduction(kind: str):
