@@ -21,6 +21,7 @@ from torch.fx import Graph, GraphModule
 from . import op as _op  # noqa: F401  (registers torch.ops.fxfuse.*)
 from .canonical import example_value
 from .canonicalize import canonicalize
+from .example_values import values_on_example_inputs
 from .match import Chain, match_all
 from .policy import POLICIES, inductor_is_faster, size_hint
 from .report import record
@@ -41,7 +42,7 @@ def fxfuse_backend(gm: GraphModule, example_inputs, mode: str | None = None, opt
     policy = ours.get("policy", os.environ.get("FXFUSE_POLICY", "fastest"))
     if policy not in POLICIES:
         raise ValueError(f"fxfuse: policy must be one of {POLICIES}, not {policy!r}")
-    fused = fuse(gm, allow_cpu, policy)
+    fused = fuse(gm, allow_cpu, policy, example_inputs)
     if mode in (None, "default") and not inductor_options and _only_fused_ops(fused):
         return fused  # nothing left for Inductor: its wrapper would only add per-call CPU time
     from torch._inductor import list_mode_options
@@ -64,15 +65,16 @@ def _only_fused_ops(gm: GraphModule) -> bool:
     )
 
 
-def fuse(gm: GraphModule, allow_cpu: bool = False, policy: str = "fastest") -> GraphModule:
-    """A copy of ``gm`` with every fusable chain replaced by the fused op (recorded in the report)."""
+def fuse(gm: GraphModule, allow_cpu: bool = False, policy: str = "fastest", example_inputs=()) -> GraphModule:
+    """A copy of ``gm`` with every fusable chain replaced by the fused op (recorded in the report);
+    ``example_inputs``: the graph's inputs on its first call, which the selection times on."""
     graph = Graph()
     graph.output(graph.graph_copy(gm.graph, {}))
     try:
         chains = match_all(graph, canonicalize(graph), allow_cpu)
         if policy == "fastest":
             chains = [_unfused_if_slower(chain) for chain in chains]
-        chains = _build(chains, against_inductor=policy == "fastest")
+        chains = _build(chains, policy == "fastest", lambda nodes: values_on_example_inputs(graph, gm, example_inputs, nodes))
         if policy == "fastest":
             chains = [_unfused_if_slower(chain, after_selection=True) for chain in chains]
         rewrite(graph, chains)
@@ -106,11 +108,12 @@ def _with_dynamos_metadata(fused: GraphModule, gm: GraphModule) -> GraphModule:
 KEEPS_GEMM_OUTPUT = "the forward keeps the GEMM output for the backward, which the in-GEMM epilogue does not store"
 
 
-def _build(chains: list[Chain], against_inductor: bool = False) -> list[Chain]:
+def _build(chains: list[Chain], against_inductor: bool = False, values_of=lambda nodes: {}) -> list[Chain]:
     """Compile the CUDA kernels of a graph's chains now, in parallel (never at call time), then
     measure each chain's paths at its shape (fxfuse.cuda.select; ``against_inductor``: Inductor's
-    kernels for the chain too); a chain whose build fails is left to Inductor, with the reason in
-    the report."""
+    kernels for the chain too), on its operands' values where ``values_of`` (nodes -> {node:
+    value}) computes them; a chain whose build fails is left to Inductor, with the reason in the
+    report."""
     chains = [_unfused_if_no_kernel(chain) for chain in chains]
     wanted, gemms = {}, []
     for chain in chains:
@@ -127,7 +130,36 @@ def _build(chains: list[Chain], against_inductor: bool = False) -> list[Chain]:
         failed = cuda.prepare_many([(program, dtype) for (_, dtype), program in wanted.items()], gemm_items=gemms)
     except Exception as error:
         failed = {key: error for key in wanted}
-    return [_with_path(_unfused_if_failed(chain, failed), against_inductor) for chain in chains]
+    chains = [_unfused_if_failed(chain, failed) for chain in chains]
+    values = values_of(_operand_nodes(chains))
+    return [_with_path(chain, against_inductor, _operands(chain, values)) for chain in chains]
+
+
+def _operand_nodes(chains: list[Chain]) -> set:
+    """The operand nodes of the chains the selection will time, the first chain of each program
+    and shape (the others take its measurement)."""
+    nodes, seen = set(), set()
+    for chain in chains:
+        x = example_value(chain.x)
+        if chain.program is None or not isinstance(x, torch.Tensor) or x.device.type != "cuda" or records_backward(chain.gemm):
+            continue
+        key = (chain.program.to_string(), chain.dtype, tuple(x.shape), tuple(example_value(chain.weight).shape))
+        if key not in seen and all(isinstance(p, torch.fx.Node) for p in chain.params):
+            seen.add(key)
+            nodes.update(n for n in (chain.x, chain.weight, chain.bias, *chain.params) if n is not None)
+    return nodes
+
+
+def _operands(chain: Chain, values: dict) -> tuple | None:
+    """(x, weight, bias, params) of ``chain`` as the model computed them, in the dtypes the op
+    reads them (autocast casts the GEMM's operands and second GEMMs' weights), or None."""
+    nodes = [chain.x, chain.weight, chain.bias, *chain.params]
+    if any(n is not None and n not in values for n in nodes):
+        return None
+    x, weight, bias = (None if n is None else values[n].to(chain.dtype) for n in (chain.x, chain.weight, chain.bias))
+    gemms = set(chain.program.second_gemms)
+    params = [values[p].to(chain.dtype) if i in gemms else values[p] for i, p in enumerate(chain.params)]
+    return x, weight, bias, params
 
 
 def _param_dtypes(chain: Chain) -> tuple[torch.dtype, ...]:
@@ -135,8 +167,9 @@ def _param_dtypes(chain: Chain) -> tuple[torch.dtype, ...]:
     return tuple(v.dtype if isinstance(v, torch.Tensor) else torch.float32 for v in values)
 
 
-def _with_path(chain: Chain, against_inductor: bool = False) -> Chain:
-    """``chain`` with the GPU path its shape was measured to run fastest on (the report's path)."""
+def _with_path(chain: Chain, against_inductor: bool = False, operands: tuple | None = None) -> Chain:
+    """``chain`` with the GPU path its shape was measured to run fastest on (the report's path),
+    timed on ``operands`` (``_operands``) where given."""
     x, weight = example_value(chain.x), example_value(chain.weight)
     if chain.program is None or not isinstance(x, torch.Tensor) or x.device.type != "cuda":
         return chain
@@ -149,7 +182,7 @@ def _with_path(chain: Chain, against_inductor: bool = False) -> Chain:
         m = math.prod(size_hint(s) for s in x.shape[:-1])
         shapes = tuple(tuple(size_hint(s) for s in example_value(p).shape) for p in chain.params)
         selection = cuda.select(chain.program, chain.dtype, _param_dtypes(chain), (m, n, k),
-                                chain.bias is not None, shapes, against_inductor, chain.weight_is_kn)
+                                chain.bias is not None, shapes, against_inductor, chain.weight_is_kn, operands)
     except Exception as error:  # noqa: BLE001 - the row path serves; say why
         return replace(chain, path=f"cuBLAS + row pass (selection failed: {type(error).__name__}: {error})")
     if selection is None:

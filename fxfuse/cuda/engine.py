@@ -184,10 +184,15 @@ class Engine:
     def select(self, program: Program, dtype: torch.dtype, param_dtypes: tuple[torch.dtype, ...],
                shape: tuple[int, int, int], device: torch.device, has_bias: bool,
                param_shapes: tuple[tuple[int, ...], ...] | None = None,
-               against_inductor: bool = False, weight_is_kn: bool = False) -> Selection | None:
-        """Time the row path and each GEMM configuration on an (m, n, k) problem of random data
-        (or take the measurement cached on disk), route (bucket of m, n, k) to the fastest, and return
-        the selection; None where the program has no GEMM module (the row path serves).
+               against_inductor: bool = False, weight_is_kn: bool = False,
+               operands: tuple | None = None) -> Selection | None:
+        """Time the row path and each GEMM configuration on an (m, n, k) problem (or take the
+        measurement cached on disk), route (bucket of m, n, k) to the fastest, and return the
+        selection; None where the program has no GEMM module (the row path serves). The problem's
+        data is ``operands``, (x, weight, bias, params) as the model computes them, where given:
+        a GEMM's time depends on its data (the card's clocks follow its power draw), and random
+        data measured S26's cuBLAS GEMMs 30 % slower than the model's (BENCHMARKS.md section 15);
+        else random data.
         ``against_inductor``: Inductor's kernels for the chain are timed too (in the same rounds);
         ``weight_is_kn``: the calls' weight is a (K, N) tensor read transposed (GPT-2's Conv1D),
         which the GEMM configurations do not read (their B is the (N, K) weight): the row path and
@@ -207,26 +212,23 @@ class Engine:
         selection = _read_selection(disk)
         if selection is None or (against_inductor and selection.inductor_is_faster() is None):
             selection = self._measure(program, dtype, param_dtypes, shape, device, has_bias, module, param_shapes,
-                                      against_inductor, weight_is_kn)
+                                      against_inductor, weight_is_kn, operands)
             _write_selection(disk, selection)
         runtime.choose(key[0], DTYPE_CODES[dtype], key[2], m, n, k, selection.config)
         self.selections[skey] = selection
         return selection
 
     def _measure(self, program, dtype, param_dtypes, shape, device, has_bias, module, param_shapes,
-                 against_inductor: bool, weight_is_kn: bool) -> Selection:
+                 against_inductor: bool, weight_is_kn: bool, operands: tuple | None) -> Selection:
         m, n, k = shape
         handle = self._handles[(program.to_string(), dtype, _index(device))]
-        g = torch.Generator(device=device).manual_seed(0)
-        x = torch.randn(m, k, device=device, dtype=dtype, generator=g)
-        weight = torch.randn(*((k, n) if weight_is_kn else (n, k)), device=device, dtype=dtype, generator=g) * k ** -0.5
+        if operands is not None:
+            x, weight, bias, params = operands
+            x, params = x.reshape(m, k), list(params)
+        else:
+            x, weight, bias, params = random_operands(program, dtype, param_dtypes, shape, device, has_bias,
+                                                      param_shapes, weight_is_kn)
         weight = weight.t() if weight_is_kn else weight
-        bias = torch.randn(n, device=device, dtype=dtype, generator=g) if has_bias else None
-        kind_shapes = {"col": (n,), "full": (m, n), "row": (m, 1), "gemm": (n, k)}  # scalars: ()
-        shapes = param_shapes or tuple(kind_shapes.get(kind, ()) for kind in program.params)
-        params = [torch.randn(s, device=device, dtype=d, generator=g) * k ** -0.5 if kind == "gemm"
-                  else torch.rand(s, device=device, dtype=d, generator=g) + 0.5
-                  for s, d, kind in zip(shapes, param_dtypes, program.params)]
         runtime = self._runtime_module
         candidates = {ROW_PATH: -1}
         if not weight_is_kn:
@@ -358,6 +360,23 @@ def group_norm_rounds_stats(device: torch.device) -> bool:
     return distance(bf16(mean), bf16(rstd)) < distance(mean, rstd)
 
 
+def random_operands(program: Program, dtype, param_dtypes, shape, device, has_bias: bool, param_shapes,
+                    weight_is_kn: bool) -> tuple:
+    """(x, weight, bias, params) of an (m, n, k) problem, drawn at random (seeded): a weight of
+    the scale nn.Linear's initialisation gives, stored (K, N) where ``weight_is_kn``."""
+    m, n, k = shape
+    g = torch.Generator(device=device).manual_seed(0)
+    x = torch.randn(m, k, device=device, dtype=dtype, generator=g)
+    weight = torch.randn(*((k, n) if weight_is_kn else (n, k)), device=device, dtype=dtype, generator=g) * k ** -0.5
+    bias = torch.randn(n, device=device, dtype=dtype, generator=g) if has_bias else None
+    kind_shapes = {"col": (n,), "full": (m, n), "row": (m, 1), "gemm": (n, k)}  # scalars: ()
+    shapes = param_shapes or tuple(kind_shapes.get(kind, ()) for kind in program.params)
+    params = [torch.randn(s, device=device, dtype=d, generator=g) * k ** -0.5 if kind == "gemm"
+              else torch.rand(s, device=device, dtype=d, generator=g) + 0.5
+              for s, d, kind in zip(shapes, param_dtypes, program.params)]
+    return x, weight, bias, params
+
+
 def inductor_chain(program: Program, x, weight, bias, params) -> Callable[[], torch.Tensor]:
     """A call of the chain on these inputs as Inductor compiles it on its own: the eager
     reference traced to a graph and compiled by Inductor (its cuBLAS GEMM, then the kernels it
@@ -400,13 +419,10 @@ def interleaved_medians(calls: dict[str, Callable[[], object]], time_once: Calla
 
 def time_candidates(calls: dict[str, Callable[[], object]]) -> tuple[dict[str, float], str]:
     """Median GPU time per call of each candidate, and how it was taken: from replays of a CUDA
-    graph of ``CALLS_PER_SAMPLE`` calls each, as a compiled model's GPU time is measured.
-
-    Launching the calls instead let host stalls into the times: while a graph compiles, the host
-    is busy with Inductor's compile workers and fxfuse's builds, and a candidate of several
-    launches a call (cuBLAS GEMMs, then a pass; Inductor's kernels) measured 12-17 % slower than
-    it ran in the model, where one kernel a call did not (S26 on an H200, BENCHMARKS.md). A
-    candidate that cannot be captured is timed by launches, and so are all the others."""
+    graph of ``CALLS_PER_SAMPLE`` calls each, as the benchmark measures a compiled model's GPU
+    time (launches between CUDA events read the same within 2 % on S26, during the compile and
+    after it: BENCHMARKS.md section 15). A candidate that cannot be captured is timed by
+    launches, and so are all the others."""
     try:
         graphs = captured(calls, CALLS_PER_SAMPLE)
     except Exception:  # noqa: BLE001 - uncapturable (a host sync, an allocation that cannot be pooled)
