@@ -156,9 +156,9 @@ def _operands(chain: Chain, values: dict) -> tuple | None:
     nodes = [chain.x, chain.weight, chain.bias, *chain.params]
     if any(n is not None and n not in values for n in nodes):
         return None
-    x, weight, bias = (None if n is None else values[n].to(chain.dtype) for n in (chain.x, chain.weight, chain.bias))
+    x, weight, bias = (None if n is None else values[n].detach().to(chain.dtype) for n in (chain.x, chain.weight, chain.bias))
     gemms = set(chain.program.second_gemms)
-    params = [values[p].to(chain.dtype) if i in gemms else values[p] for i, p in enumerate(chain.params)]
+    params = [values[p].detach().to(chain.dtype) if i in gemms else values[p].detach() for i, p in enumerate(chain.params)]
     return x, weight, bias, params
 
 
