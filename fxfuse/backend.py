@@ -154,7 +154,7 @@ def _operands(chain: Chain, values: dict) -> tuple | None:
     """(x, weight, bias, params) of ``chain`` as the model computed them, in the dtypes the op
     reads them (autocast casts the GEMM's operands and second GEMMs' weights), or None."""
     nodes = [chain.x, chain.weight, chain.bias, *chain.params]
-    if any(n is not None and n not in values for n in nodes):
+    if chain.program is None or any(n is not None and n not in values for n in nodes) or chain.x not in values:
         return None
     x, weight, bias = (None if n is None else values[n].detach().to(chain.dtype) for n in (chain.x, chain.weight, chain.bias))
     gemms = set(chain.program.second_gemms)

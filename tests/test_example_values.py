@@ -110,3 +110,15 @@ def test_a_training_batch_norm_updates_its_statistics_so_nothing_runs_but_in_eva
         before = model.bn.running_mean.clone()
         assert bool(values_on_example_inputs(gm.graph, gm, inputs, {proj.args[0]})) is runs
         assert torch.equal(model.bn.running_mean, before)
+
+
+def test_a_chain_that_did_not_fuse_has_no_operands_to_time():
+    from fxfuse.backend import _operands
+    from fxfuse.match import Chain
+
+    model = TwoLayers().eval()
+    gm, inputs = captured(model, torch.randn(4, 8), torch.randn(4, 8))
+    up = linear_nodes(gm)[0]
+    values = values_on_example_inputs(gm.graph, gm, inputs, {up.args[0], up.args[1]})
+    unfused = Chain(up, "not_fused", ["linear"], [], "a reason", x=up.args[0], weight=up.args[1])
+    assert _operands(unfused, values) is None
