@@ -81,10 +81,11 @@ def check(program, dtype, x, w, b, params, cpu_too=False):
     assert op_out.shape == ref_out.shape and op_out.dtype == ref_out.dtype and op_out.is_cuda
     torch.testing.assert_close(op_out, ref_out, rtol=tol, atol=tol, equal_nan=True)
     assert op_stats.shape == ref_stats.shape
-    if cpu_too:
+    if cpu_too and not program.second_gemms:
         # The CPU reference's epilogue on the GPU's GEMM output (an identity GEMM is exact): the
         # GEMMs themselves differ in summation order, which ill-conditioned chains (pow, exp of
-        # large values) amplify past 1e-4.
+        # large values) amplify past 1e-4. (A second GEMM reads x, which the identity GEMM does
+        # not see: those programs are checked against the reference on the GPU only.)
         y = torch.nn.functional.linear(x, w, b).reshape(-1, w.shape[0]).cpu()
         eye = torch.eye(w.shape[0], dtype=y.dtype)
         zero = torch.zeros(w.shape[0], dtype=y.dtype) if b is not None else None
