@@ -293,7 +293,8 @@ def make_params(program: Program, n: int, dtype=torch.float32, device="cpu", gen
     out = []
     for i, kind in enumerate(program.params):
         if kind == "seed":  # a dropout stage's seed: two int64 values, as the rewrite draws them
-            out.append(torch.randint(0, SEED_HIGH, (2,), generator=generator, dtype=torch.int64, device=device))
+            seed = torch.randint(0, SEED_HIGH, (2,), generator=generator, dtype=torch.int64)  # a CPU generator
+            out.append(seed.to(device))
             continue
         if kind == "gemm":
             weight = torch.randn(n, k, generator=generator, dtype=torch.float32) / k ** 0.5
