@@ -1,10 +1,10 @@
 """The values a graph computes for some of its nodes on the compile's example inputs.
 
 The selection times a chain's candidates on the GEMM's operands as the model computes them where
-it can, because a GEMM's time depends on its data: on an H200, S26's gated chain as Inductor runs
-it (two cuBLAS GEMMs and a pointwise kernel) took 2624 µs on Gaussian random operands at
-selection and 2033 µs inside the model on the model's own inputs and weights (BENCHMARKS.md
-section 15), enough to turn the verdict against Inductor around. Dynamo hands the backend the
+it can, the closest it gets to the model: on an H200, S26's gated chain as Inductor runs it (two
+cuBLAS GEMMs and a pointwise kernel) took 2624 µs at selection on Gaussian random operands and
+2034 µs inside the model, a gap the model's operands narrowed (2534 µs) but did not close
+(BENCHMARKS.md section 15). Dynamo hands the backend the
 first call's tensors; the asked nodes' values are computed from them by running only what they
 depend on, without autograd and with the random number generators' state put back. A graph
 that mutates a tensor (an in-place op, a training BatchNorm's running statistics) is not run at

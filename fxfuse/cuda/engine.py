@@ -189,10 +189,9 @@ class Engine:
         """Time the row path and each GEMM configuration on an (m, n, k) problem (or take the
         measurement cached on disk), route (bucket of m, n, k) to the fastest, and return the
         selection; None where the program has no GEMM module (the row path serves). The problem's
-        data is ``operands``, (x, weight, bias, params) as the model computes them, where given:
-        a GEMM's time depends on its data (the card's clocks follow its power draw), and random
-        data measured S26's cuBLAS GEMMs 30 % slower than the model's (BENCHMARKS.md section 15);
-        else random data.
+        data is ``operands``, (x, weight, bias, params) as the model computes them, where given
+        (the closest the selection gets to the model: S26's chains ran at other speeds in the
+        model than timed alone on random data, BENCHMARKS.md section 15), else random data.
         ``against_inductor``: Inductor's kernels for the chain are timed too (in the same rounds);
         ``weight_is_kn``: the calls' weight is a (K, N) tensor read transposed (GPT-2's Conv1D),
         which the GEMM configurations do not read (their B is the (N, K) weight): the row path and
