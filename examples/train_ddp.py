@@ -215,18 +215,31 @@ def _spawned(rank: int, world: int, init: str, job: Job, out_dir: str) -> None:
     dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world)
     try:
         torch.save(train_rank(job, torch.device("cpu")), Path(out_dir) / f"rank{rank}.pt")
+        dist.barrier()  # no rank tears its connections down while another still uses them
     finally:
         dist.destroy_process_group()
 
 
-def run_spawned(job: Job, world: int = 2) -> list[dict[str, Any]]:
-    """The job on ``world`` CPU processes (gloo), without torchrun: every rank's result."""
+def run_spawned(job: Job, world: int = 2, attempts: int = 2) -> list[dict[str, Any]]:
+    """The job on ``world`` CPU processes (gloo), without torchrun: every rank's result.
+
+    A rank killed by a signal (gloo's C++ threads have aborted a rank on a loaded machine, with no
+    Python error) runs the whole job again, up to ``attempts`` times; a Python error in a rank is
+    raised at once."""
     import torch.multiprocessing as mp
 
-    with tempfile.TemporaryDirectory() as tmp:
-        init = f"file://{Path(tmp) / 'rendezvous'}"
-        mp.spawn(_spawned, args=(world, init, job, tmp), nprocs=world)
-        return [torch.load(Path(tmp) / f"rank{r}.pt") for r in range(world)]
+    for attempt in range(1, attempts + 1):
+        with tempfile.TemporaryDirectory() as tmp:
+            init = f"file://{Path(tmp) / 'rendezvous'}"
+            try:
+                mp.spawn(_spawned, args=(world, init, job, tmp), nprocs=world)
+            except mp.ProcessExitedException as killed:
+                if attempt == attempts or killed.signal_name is None:
+                    raise
+                print(f"run_spawned: {killed}; running the job again", file=sys.stderr)
+                continue
+            return [torch.load(Path(tmp) / f"rank{r}.pt") for r in range(world)]
+    raise AssertionError("unreachable")
 
 
 def _print(result: dict[str, Any], expected: dict[str, Any]) -> None:
