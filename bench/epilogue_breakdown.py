@@ -48,8 +48,9 @@ def traced_calls(row, dtype):
                 t = torch.randn(tuple(value.shape), device="cuda", dtype=value.dtype)
                 return t.abs() + 0.5 if positive else t
 
-            found.append((chain.program, fresh(chain.x), fresh(chain.weight) / 64, fresh(chain.bias),
-                          [fresh(p, positive=True) for p in chain.params]))
+            f = chain.fusion
+            found.append((f.program, fresh(f.x), fresh(f.weight) / 64, fresh(f.bias),
+                          [fresh(p, positive=True) for p in f.params]))
         return gm.forward
 
     torch._dynamo.reset()

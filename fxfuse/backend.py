@@ -22,7 +22,7 @@ from . import op as _op  # noqa: F401  (registers torch.ops.fxfuse.*)
 from .canonical import example_value
 from .canonicalize import canonicalize
 from .example_values import values_on_example_inputs
-from .match import Chain, match_all
+from .match import Chain, Decision, match_all
 from .policy import POLICIES, inductor_is_faster, size_hint
 from .report import record
 from .rewrite import FUSED_OP, records_backward, rewrite
@@ -117,8 +117,7 @@ def _build(chains: list[Chain], against_inductor: bool = False, values_of=lambda
     chains = [_unfused_if_no_kernel(chain) for chain in chains]
     wanted, gemms = {}, []
     for chain in chains:
-        value = example_value(chain.x)
-        if chain.program is not None and isinstance(value, torch.Tensor) and value.device.type == "cuda":
+        if _on_cuda(chain):
             wanted[(chain.program.to_string(), chain.dtype)] = chain.program
             if not records_backward(chain.gemm):  # a training forward runs the row path (_with_path)
                 gemms.append((chain.program, chain.dtype, _param_dtypes(chain)))
@@ -140,55 +139,62 @@ def _operand_nodes(chains: list[Chain]) -> set:
     and shape (the others take its measurement)."""
     nodes, seen = set(), set()
     for chain in chains:
-        x = example_value(chain.x)
-        if chain.program is None or not isinstance(x, torch.Tensor) or x.device.type != "cuda" or records_backward(chain.gemm):
+        if not _on_cuda(chain) or records_backward(chain.gemm):
             continue
-        key = (chain.program.to_string(), chain.dtype, tuple(x.shape), tuple(example_value(chain.weight).shape))
-        if key not in seen and all(isinstance(p, torch.fx.Node) for p in chain.params):
+        f = chain.fusion
+        key = (f.program.to_string(), chain.dtype, tuple(example_value(f.x).shape), tuple(example_value(f.weight).shape))
+        if key not in seen and all(isinstance(p, torch.fx.Node) for p in f.params):
             seen.add(key)
-            nodes.update(n for n in (chain.x, chain.weight, chain.bias, *chain.params) if n is not None)
+            nodes.update(n for n in (f.x, f.weight, f.bias, *f.params) if n is not None)
     return nodes
 
 
 def _operands(chain: Chain, values: dict) -> tuple | None:
     """(x, weight, bias, params) of ``chain`` as the model computed them, in the dtypes the op
     reads them (autocast casts the GEMM's operands and second GEMMs' weights), or None."""
-    nodes = [chain.x, chain.weight, chain.bias, *chain.params]
-    if chain.program is None or any(n is not None and n not in values for n in nodes) or chain.x not in values:
+    f = chain.fusion
+    if f is None or any(n is not None and n not in values for n in (f.x, f.weight, f.bias, *f.params)):
         return None
-    x, weight, bias = (None if n is None else values[n].detach().to(chain.dtype) for n in (chain.x, chain.weight, chain.bias))
-    gemms = set(chain.program.second_gemms)
-    params = [values[p].detach().to(chain.dtype) if i in gemms else values[p].detach() for i, p in enumerate(chain.params)]
+    x, weight, bias = (None if n is None else values[n].detach().to(chain.dtype) for n in (f.x, f.weight, f.bias))
+    gemms = set(f.program.second_gemms)
+    params = [values[p].detach().to(chain.dtype) if i in gemms else values[p].detach() for i, p in enumerate(f.params)]
     return x, weight, bias, params
 
 
 def _param_dtypes(chain: Chain) -> tuple[torch.dtype, ...]:
-    values = [example_value(p) for p in chain.params]
+    values = [example_value(p) for p in chain.fusion.params]
     return tuple(v.dtype if isinstance(v, torch.Tensor) else torch.float32 for v in values)
 
 
 def _with_path(chain: Chain, against_inductor: bool = False, operands: tuple | None = None) -> Chain:
     """``chain`` with the GPU path its shape was measured to run fastest on (the report's path),
     timed on ``operands`` (``_operands``) where given."""
-    x, weight = example_value(chain.x), example_value(chain.weight)
-    if chain.program is None or not isinstance(x, torch.Tensor) or x.device.type != "cuda":
+    if not _on_cuda(chain):
         return chain
     if records_backward(chain.gemm):
-        return replace(chain, path=f"cuBLAS + row pass ({KEEPS_GEMM_OUTPUT})")
+        return replace(chain, decision=Decision(f"cuBLAS + row pass ({KEEPS_GEMM_OUTPUT})"))
     from . import cuda
 
+    f = chain.fusion
+    x, weight = example_value(f.x), example_value(f.weight)
     try:
-        k, n = size_hint(x.shape[-1]), size_hint(weight.shape[1] if chain.weight_is_kn else weight.shape[0])
+        k, n = size_hint(x.shape[-1]), size_hint(weight.shape[1] if f.weight_is_kn else weight.shape[0])
         m = math.prod(size_hint(s) for s in x.shape[:-1])
-        shapes = tuple(tuple(size_hint(s) for s in example_value(p).shape) for p in chain.params)
-        selection = cuda.select(chain.program, chain.dtype, _param_dtypes(chain), (m, n, k),
-                                chain.bias is not None, shapes, against_inductor, chain.weight_is_kn, operands)
+        shapes = tuple(tuple(size_hint(s) for s in example_value(p).shape) for p in f.params)
+        selection = cuda.select(f.program, chain.dtype, _param_dtypes(chain), (m, n, k),
+                                f.bias is not None, shapes, against_inductor, f.weight_is_kn, operands)
     except Exception as error:  # noqa: BLE001 - the row path serves; say why
-        return replace(chain, path=f"cuBLAS + row pass (selection failed: {type(error).__name__}: {error})")
+        return replace(chain, decision=Decision(f"cuBLAS + row pass (selection failed: {type(error).__name__}: {error})"))
     if selection is None:
-        why = cuda.engine.gemm_error(chain.program, chain.dtype, _param_dtypes(chain), x.device)
-        return replace(chain, path="cuBLAS + row pass" + (f" ({why.splitlines()[0]})" if why else ""))
-    return replace(chain, path=selection.describe(), selection=selection)
+        why = cuda.engine.gemm_error(f.program, chain.dtype, _param_dtypes(chain), x.device)
+        return replace(chain, decision=Decision("cuBLAS + row pass" + (f" ({why.splitlines()[0]})" if why else "")))
+    return replace(chain, decision=Decision(selection.describe(), selection))
+
+
+def _on_cuda(chain: Chain) -> bool:
+    """A fused chain whose GEMM reads a CUDA tensor: the GPU back end runs it."""
+    x = None if chain.fusion is None else example_value(chain.fusion.x)
+    return isinstance(x, torch.Tensor) and x.device.type == "cuda"
 
 
 def _unfused_if_slower(chain: Chain, after_selection: bool = False) -> Chain:
@@ -202,7 +208,8 @@ def _unfused_if_slower(chain: Chain, after_selection: bool = False) -> Chain:
         return chain
     # a chain stopped at a wider op: Inductor fuses that op too, which the measurement does not see
     stopped_at = chain.reason if chain.stops_at_wider_dtype else None
-    measured = chain.selection.inductor_is_faster() if after_selection and chain.selection and not stopped_at else None
+    selection = chain.decision.selection if chain.decision else None
+    measured = selection.inductor_is_faster() if after_selection and selection and not stopped_at else None
     if measured is False:
         return chain
     if measured:
@@ -214,15 +221,13 @@ def _unfused_if_slower(chain: Chain, after_selection: bool = False) -> Chain:
             return chain
         if after_selection and chain.path:
             reason = f"{reason}; measured path: {chain.path}"
-    return replace(chain, status="not_fused", fused=[], program=None, nodes=[], reason=reason, path=None,
-                   selection=None)
+    return chain.unfused(reason)
 
 
 def _unfused_if_no_kernel(chain: Chain) -> Chain:
     """A CUDA chain the row kernels cannot express goes to Inductor (the reference would run it
     on the GPU, slower); on the CPU the reference is the kernel."""
-    value = example_value(chain.x)
-    if chain.program is None or not isinstance(value, torch.Tensor) or value.device.type != "cuda":
+    if not _on_cuda(chain):
         return chain
     from .cuda.codegen import unsupported_reason
 
@@ -232,7 +237,7 @@ def _unfused_if_no_kernel(chain: Chain) -> Chain:
     if chain.without_keep is not None:  # the chain up to its second output, which it then returns
         shorter = _unfused_if_no_kernel(chain.without_keep)
         return replace(shorter, reason=f"{shorter.reason}; the CUDA kernels return no second value yet")
-    return replace(chain, status="not_fused", fused=[], program=None, nodes=[], reason=f"no CUDA kernel: {reason}")
+    return chain.unfused(f"no CUDA kernel: {reason}")
 
 
 def _unfused_if_failed(chain: Chain, failed: dict) -> Chain:
@@ -241,5 +246,4 @@ def _unfused_if_failed(chain: Chain, failed: dict) -> Chain:
         return chain
     first_line = (str(error).strip().splitlines() or [type(error).__name__])[0]
     warnings.warn(f"fxfuse: chain left to Inductor, its CUDA build failed: {first_line}")
-    return replace(chain, status="not_fused", fused=[], program=None, nodes=[],
-                   reason=f"CUDA build failed: {first_line}")
+    return chain.unfused(f"CUDA build failed: {first_line}")

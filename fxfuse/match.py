@@ -61,33 +61,67 @@ class BatchNormUpdate:
     momentum: Operand
 
 
-@dataclass
+@dataclass(frozen=True)
+class Fusion:
+    """What matched after one GEMM: the program and every graph value the rewrite reads or
+    replaces."""
+
+    program: Program
+    nodes: list[Node]  # the GEMM and the ops the fused op replaces; the last one's value is its output
+    x: Node
+    weight: Node
+    bias: Node | None
+    params: list[Node | DropoutSeed]  # a seed: drawn by the rewrite
+    casts_operands: bool = False  # autocast casts the GEMM's operands to the chain's dtype
+    weight_is_kn: bool = False  # ``weight`` is stored (K, N): the fused op reads weight.t()
+    batch_norm_update: BatchNormUpdate | None = None
+    view: Node | None = None  # the chain's last view (rows regrouped): the op's output is viewed so
+    kept: Node | None = None  # a chain value also read outside the chain: the op returns it too
+    kept_view: Node | None = None  # the last view before ``kept`` (its rows regrouped as the op's are not)
+    second_gemms: list[Node] = field(default_factory=list)  # GEMMs on the same x the op runs too ("gemm" params)
+
+    @property
+    def gemm(self) -> Node:
+        return self.nodes[0]
+
+
+@dataclass(frozen=True)
+class Decision:
+    """What the backend chose for a fused chain on the GPU: the path its shape measured fastest on,
+    with the times (fxfuse.cuda.select), and the measurement behind it where one was taken."""
+
+    path: str
+    selection: "Selection | None" = None
+
+
+@dataclass(frozen=True)
 class Chain:
-    """What the matcher found after one GEMM (``program`` is None when nothing fused)."""
+    """One GEMM's row: what the report shows (the status, the ops in the user's names, why growth
+    stopped), what matched (``fusion``, None when nothing fuses) and what was decided for it on
+    the GPU (``decision``)."""
 
     gemm: Node
     status: str  # "fused" | "partial" | "not_fused"
     chain: list[str]  # user-level names: the fused ops, then the op the chain stopped at
     fused: list[str]
     reason: str | None
-    program: Program | None = None
-    nodes: list[Node] = field(default_factory=list)
-    x: Node | None = None
-    weight: Node | None = None
-    bias: Node | None = None
-    params: list[Node | DropoutSeed] = field(default_factory=list)  # a seed: drawn by the rewrite
-    batch_norm_update: BatchNormUpdate | None = None
+    fusion: Fusion | None = None
     dtype: torch.dtype | None = None  # the GEMM's output dtype, the chain's element type
-    casts_operands: bool = False  # autocast casts the GEMM's operands to ``dtype``
     stops_at_wider_dtype: bool = False  # growth ended at an op computing in a dtype it cannot widen to
-    weight_is_kn: bool = False  # ``weight`` is stored (K, N): the fused op reads weight.t()
-    view: Node | None = None  # the chain's last view (rows regrouped): the op's output is viewed so
-    kept: Node | None = None  # a chain value also read outside the chain: the op returns it too
-    kept_view: Node | None = None  # the last view before ``kept`` (its rows regrouped as the op's are not)
-    without_keep: "Chain | None" = None  # the chain ending at ``kept``, for a back end without second outputs
-    second_gemms: list[Node] = field(default_factory=list)  # GEMMs on the same x the op runs too ("gemm" params)
-    path: str | None = None  # the GPU path its shape measured fastest on, and the times (fxfuse.cuda.select)
-    selection: "Selection | None" = None  # the measurement behind ``path`` (fxfuse.cuda.engine), if one was taken
+    without_keep: "Chain | None" = None  # the chain ending at ``fusion.kept``, for a back end without second outputs
+    decision: Decision | None = None
+
+    @property
+    def program(self) -> Program | None:
+        return None if self.fusion is None else self.fusion.program
+
+    @property
+    def path(self) -> str | None:
+        return None if self.decision is None else self.decision.path
+
+    def unfused(self, reason: str) -> "Chain":
+        """This GEMM's row with nothing fused, for ``reason`` (a back end's or the policy's)."""
+        return replace(self, status="not_fused", fused=[], reason=reason, fusion=None, decision=None)
 
 
 class Stop(Exception):
@@ -120,7 +154,7 @@ def match_all(graph, canon: dict[Node, CanonicalOp], allow_cpu: bool) -> list[Ch
     """The chain of every GEMM, in graph order. A node goes to one chain only: where two GEMMs'
     values meet in one op, the earlier GEMM's chain takes it. A later GEMM on the same input that
     only that op reads (``silu(gate(x)) * up(x)``: a gated MLP) joins the earlier one's op as its
-    second GEMM (``Chain.second_gemms``, no chain of its own); otherwise the later one stops there."""
+    second GEMM (``Fusion.second_gemms``, no chain of its own); otherwise the later one stops there."""
     order = {node: i for i, node in enumerate(graph.nodes)}
     claimed: set[Node] = set()
     chains = []
@@ -133,7 +167,8 @@ def match_all(graph, canon: dict[Node, CanonicalOp], allow_cpu: bool) -> list[Ch
             chains.append(Chain(node, "not_fused", [describe(node)], [], op.reason))
             continue
         chain = _Matcher(node, op, canon, order, allow_cpu, claimed).run()
-        claimed.update(chain.nodes, chain.second_gemms)
+        if chain.fusion is not None:
+            claimed.update(chain.fusion.nodes, chain.fusion.second_gemms)
         chains.append(chain)
     return chains
 
@@ -195,7 +230,8 @@ class _Matcher:
         if self.keep is None and self.escaped is not None:  # go on past it, returning it too
             kept = _Matcher(self.gemm, self.op, self.canon, self.order, self.allow_cpu, self.claimed,
                             keep=self.escaped).run()
-            if kept.kept is not None and len(kept.nodes) > len(chain.nodes):
+            if kept.fusion is not None and kept.fusion.kept is not None and (
+                    chain.fusion is None or len(kept.fusion.nodes) > len(chain.fusion.nodes)):
                 return replace(kept, without_keep=chain)
         return chain
 
@@ -227,28 +263,31 @@ class _Matcher:
             stages,
             tuple(self.param_kinds[: best.n_params]),
         )
-        return Chain(
-            self.gemm,
-            "fused" if complete else "partial",
-            chain,
-            [describe(n) for n in nodes],
-            None if complete else (shrink_reason or stop_reason),
+        fusion = Fusion(
             program,
             nodes,
             self.op.input,
             self.op.weight,
             best.bias,
             self.params[: best.n_params],
-            best.batch_norm_update,
-            self.dtype,
-            self.casts_operands,
-            self.stopped_at_wider_dtype and shrink_reason is None,
+            casts_operands=self.casts_operands,
             weight_is_kn=self.op.weight_is_kn,
+            batch_norm_update=best.batch_norm_update,
             view=next((n for n in reversed(nodes) if isinstance(self.canon.get(n), ReshapeOp)), None),
             kept=kept,
             kept_view=None if kept is None else next(
                 (n for n in reversed(nodes[: nodes.index(kept) + 1]) if isinstance(self.canon.get(n), ReshapeOp)), None),
             second_gemms=[g for i, g in self.second_gemms.items() if i < best.n_params],
+        )
+        return Chain(
+            self.gemm,
+            "fused" if complete else "partial",
+            chain,
+            [describe(n) for n in nodes],
+            None if complete else (shrink_reason or stop_reason),
+            fusion,
+            self.dtype,
+            self.stopped_at_wider_dtype and shrink_reason is None,
         )
 
     def _longest_closed_prefix(self) -> tuple[_Snapshot | None, str | None]:

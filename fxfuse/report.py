@@ -42,12 +42,13 @@ class Row:
     @staticmethod
     def all_of(graph: int, chain: Chain) -> list["Row"]:
         """The chain's row, then one for each second GEMM its op runs (a gated MLP's up
-        projection): that GEMM is fused, or not, with the chain."""
+        projection): that GEMM is fused, or not, with the chain; the path and its times are the
+        op's, shown on the chain's row only."""
         row = Row.of(graph, chain)
         rows = [row]
-        for gemm in chain.second_gemms:
+        for gemm in chain.fusion.second_gemms if chain.fusion else ():
             joined = [describe(gemm), f"second GEMM of {row.gemm}'s op"]
-            rows.append(replace(row, gemm=joined[0], chain=joined, fused=joined if row.fused else []))
+            rows.append(replace(row, gemm=joined[0], chain=joined, fused=joined if row.fused else [], path=None))
         return rows
 
 

@@ -14,7 +14,7 @@ from torch.fx import Graph, Node
 
 from .canonical import DropoutSeed, example_value
 from .masks import SEED_HIGH
-from .match import BatchNormUpdate, Chain
+from .match import BatchNormUpdate, Chain, Fusion
 from .patterns.gemm import transposed_weight
 
 FUSED_OP = torch.ops.fxfuse.linear_epilogue.default
@@ -23,40 +23,41 @@ FUSED_OP = torch.ops.fxfuse.linear_epilogue.default
 def rewrite(graph: Graph, chains: list[Chain]) -> None:
     replaced: dict[Node, Node] = {}  # a rewritten chain's last node -> the fused op's output
     for chain in chains:
-        if chain.program is not None:
-            replaced[chain.nodes[-1]] = _replace(graph, chain, replaced)
+        if chain.fusion is not None:
+            replaced[chain.fusion.nodes[-1]] = _replace(graph, chain.fusion, chain.dtype, replaced)
 
 
-def _replace(graph: Graph, chain: Chain, replaced: dict[Node, Node]) -> Node:
-    """The fused op in place of ``chain``; its output. A chain may read the value of an earlier
-    rewritten chain (one fused block feeding the next GEMM): ``replaced`` maps it."""
-    last = chain.nodes[-1]
-    x, weight, bias, *params = (replaced.get(a, a) for a in (chain.x, chain.weight, chain.bias, *chain.params))
+def _replace(graph: Graph, fusion: Fusion, dtype: torch.dtype, replaced: dict[Node, Node]) -> Node:
+    """The fused op in place of ``fusion``, whose GEMM outputs ``dtype``; its output. A fusion may
+    read the value of an earlier rewritten chain (one fused block feeding the next GEMM):
+    ``replaced`` maps it."""
+    last = fusion.nodes[-1]
+    x, weight, bias, *params = (replaced.get(a, a) for a in (fusion.x, fusion.weight, fusion.bias, *fusion.params))
     with graph.inserting_before(last.next):  # new nodes keep their creation order
         params = [_draw(graph, p) if isinstance(p, DropoutSeed) else p for p in params]
-        if chain.weight_is_kn:  # stored (K, N): the op takes the (N, K) view
+        if fusion.weight_is_kn:  # stored (K, N): the op takes the (N, K) view
             weight = graph.call_function(torch.t, (weight,))
-        if chain.casts_operands:  # autocast's casts of the GEMM operands, made explicit
-            x, weight, bias = (None if a is None else graph.call_method("to", (a, chain.dtype))
+        if fusion.casts_operands:  # autocast's casts of the GEMM operands, made explicit
+            x, weight, bias = (None if a is None else graph.call_method("to", (a, dtype))
                                for a in (x, weight, bias))
-            params = [graph.call_method("to", (p, chain.dtype)) if i in chain.program.second_gemms else p
+            params = [graph.call_method("to", (p, dtype)) if i in fusion.program.second_gemms else p
                       for i, p in enumerate(params)]
-        save_gemm = records_backward(chain.gemm)
-        fused = graph.call_function(FUSED_OP, (chain.program.to_string(), x, weight, bias, params),
+        save_gemm = records_backward(fusion.gemm)
+        fused = graph.call_function(FUSED_OP, (fusion.program.to_string(), x, weight, bias, params),
                                     {"save_gemm": save_gemm})
-        out = _viewed(graph, graph.call_function(operator.getitem, (fused, 0)), chain.view)
-        if chain.batch_norm_update is not None:
-            _update_running_stats(graph, fused, chain.batch_norm_update)
-        if chain.kept is not None:  # the value the graph also reads outside the chain
-            kept = _viewed(graph, graph.call_function(operator.getitem, (fused, 3)), chain.kept_view)
-            chain.kept.replace_all_uses_with(kept)
-            replaced[chain.kept] = kept
+        out = _viewed(graph, graph.call_function(operator.getitem, (fused, 0)), fusion.view)
+        if fusion.batch_norm_update is not None:
+            _update_running_stats(graph, fused, fusion.batch_norm_update)
+        if fusion.kept is not None:  # the value the graph also reads outside the chain
+            kept = _viewed(graph, graph.call_function(operator.getitem, (fused, 3)), fusion.kept_view)
+            fusion.kept.replace_all_uses_with(kept)
+            replaced[fusion.kept] = kept
     last.replace_all_uses_with(out)
-    gone = [*chain.nodes, *chain.second_gemms]  # the op runs the second GEMMs
+    gone = [*fusion.nodes, *fusion.second_gemms]  # the op runs the second GEMMs
     maybe_dead = {a for n in gone for a in n.all_input_nodes} - set(gone)
-    for node in reversed(chain.nodes):
+    for node in reversed(fusion.nodes):
         graph.erase_node(node)
-    for node in chain.second_gemms:
+    for node in fusion.second_gemms:
         graph.erase_node(node)
     for node in maybe_dead:  # W.t() / W.T views that only the GEMM read
         if not node.users and transposed_weight(node) is not None:

@@ -21,6 +21,19 @@ def compile_fxfuse(model: torch.nn.Module, mode: str | None = None, **options):
     return torch.compile(model, backend="fxfuse", options={"allow_cpu": True, "policy": "always", **options})
 
 
+def captured(model: torch.nn.Module, *inputs) -> tuple[torch.fx.GraphModule, list]:
+    """Dynamo's graph of ``model`` and the example inputs it hands a backend."""
+    seen = {}
+
+    def backend(gm, example_inputs):
+        seen["gm"], seen["inputs"] = gm, list(example_inputs)
+        return gm.forward
+
+    torch._dynamo.reset()
+    torch.compile(model, backend=backend)(*inputs)
+    return seen["gm"], seen["inputs"]
+
+
 def check_against_eager(
     make_model: Callable[[], torch.nn.Module],
     make_inputs: Callable[[], list],

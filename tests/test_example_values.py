@@ -12,19 +12,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from fxfuse.example_values import values_on_example_inputs
-
-
-def captured(model: nn.Module, *inputs):
-    """Dynamo's graph of ``model`` and the example inputs it hands a backend."""
-    seen = {}
-
-    def backend(gm, example_inputs):
-        seen["gm"], seen["inputs"] = gm, list(example_inputs)
-        return gm.forward
-
-    torch._dynamo.reset()
-    torch.compile(model, backend=backend)(*inputs)
-    return seen["gm"], seen["inputs"]
+from support import captured
 
 
 def linear_nodes(gm):
@@ -120,5 +108,5 @@ def test_a_chain_that_did_not_fuse_has_no_operands_to_time():
     gm, inputs = captured(model, torch.randn(4, 8), torch.randn(4, 8))
     up = linear_nodes(gm)[0]
     values = values_on_example_inputs(gm.graph, gm, inputs, {up.args[0], up.args[1]})
-    unfused = Chain(up, "not_fused", ["linear"], [], "a reason", x=up.args[0], weight=up.args[1])
+    unfused = Chain(up, "not_fused", ["linear"], [], "a reason")
     assert _operands(unfused, values) is None

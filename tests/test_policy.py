@@ -182,11 +182,12 @@ def test_an_unknown_policy_is_an_error():
 
 
 def _residual_chain(selection) -> "Chain":
-    from fxfuse.match import Chain
+    from fxfuse.match import Chain, Decision, Fusion
 
-    return Chain(gemm=gemm_output(8192, 4096, dtype=torch.bfloat16), status="fused", chain=["linear", "add"],
-                 fused=["linear", "add"], reason=None, program=RESIDUAL_ADD, selection=selection,
-                 path=selection.describe() if selection else None)
+    gemm = gemm_output(8192, 4096, dtype=torch.bfloat16)
+    return Chain(gemm=gemm, status="fused", chain=["linear", "add"], fused=["linear", "add"], reason=None,
+                 fusion=Fusion(RESIDUAL_ADD, nodes=[gemm], x=gemm, weight=gemm, bias=None, params=[]),
+                 dtype=torch.bfloat16, decision=Decision(selection.describe(), selection) if selection else None)
 
 
 def test_where_the_selection_timed_inductor_its_measurement_decides():

@@ -124,3 +124,28 @@ def test_cli_takes_a_model_class_name(tmp_path):
                             capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stderr
     assert "1 gemms, 1 fused" in result.stdout
+
+
+def test_a_gated_mlps_up_projection_row_names_the_op_it_joined_and_its_path_shows_once():
+    """The up projection of ``silu(gate(x)) * up(x)`` runs inside the gate's op: its row says so,
+    fused with it, and the GPU path measured for that op is on the gate's row only."""
+    from dataclasses import replace
+
+    from fxfuse.canonicalize import canonicalize
+    from fxfuse.match import Decision, match_all
+    from fxfuse.report import Row
+    from support import captured
+
+    class Gated(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.gate, self.up = nn.Linear(8, 16), nn.Linear(8, 16)
+
+        def forward(self, x):
+            return torch.nn.functional.silu(self.gate(x)) * self.up(x)
+
+    gm, _ = captured(Gated(), torch.randn(4, 8))
+    (chain,) = match_all(gm.graph, canonicalize(gm.graph), allow_cpu=True)
+    gate, up = Row.all_of(0, replace(chain, decision=Decision("in-GEMM epilogue; measured: ...")))
+    assert gate.status == up.status == "fused" and up.chain == ["linear", "second GEMM of linear's op"]
+    assert gate.path == "in-GEMM epilogue; measured: ..." and up.path is None
