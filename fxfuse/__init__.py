@@ -8,6 +8,7 @@ point, so importing fxfuse is not needed to use it (and does not register it aga
 
 from __future__ import annotations
 
+from . import cuda as _cuda  # noqa: F401 - registers the ops' CUDA kernels (imports nothing of CUDA itself)
 from .ir import Gemm, Norm, Pointwise, Program, Reduce
 from .patterns.activations import register_activation
 from .report import Report, last_report, reset_report

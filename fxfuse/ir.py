@@ -279,6 +279,24 @@ def row_split(program: Program) -> RowSplit | None:
     return RowSplit(composed(before), middle, composed(after), widened)
 
 
+GradientForm = Literal["pointwise", "norm", "reduce"]
+
+
+def gradient_form(program: Program) -> GradientForm | None:
+    """The form a generated backward of ``program`` takes: "pointwise" (every stage pointwise: one
+    derivative per element), "norm" or "reduce" (a ``row_split``: pre's and post's derivatives
+    around the middle's); None where it has none: a parameter whose gradient is not a column sum
+    (an operand of the output's shape, a seed, a second GEMM) or stages of neither form."""
+    if any(kind not in ("col", "scalar") for kind in program.params):
+        return None
+    if all(isinstance(stage, Pointwise) for stage in program.stages):
+        return "pointwise"
+    split = row_split(program)
+    if split is None:
+        return None
+    return "norm" if split.norm is not None else "reduce"
+
+
 def composed(stages: tuple[Stage, ...]) -> sympy.Expr | None:
     """The pointwise stages as one expression (Widen stages only change where later ones round,
     which their expressions already say); None when there are none."""

@@ -2,8 +2,9 @@
 
 One schema serves every program: the program's string form is the first argument, so a compiled
 graph (or a cached one, in another process) needs nothing registered beyond this module. The CPU
-kernel is the reference; CUDA calls go to fxfuse.cuda (its runtime module registers a C++ kernel
-for the CUDA key once loaded); the fake kernel derives shapes from the Program, so batch dims may be
+kernel is the reference; a GPU back end registers the kernels for its device type
+(``register_device_kernels``: fxfuse.cuda does on import, and its runtime module registers a C++
+kernel for the CUDA key once loaded), so this module depends on no back end; the fake kernel derives shapes from the Program, so batch dims may be
 symbolic. The op returns ``(out, batch_stats, gemm, kept)``: batch_stats is the (2, N) float32 mean and
 unbiased variance of a training-mode BatchNorm stage, which the rewritten graph folds into the
 running statistics with ordinary ops (empty when the program has no such stage); gemm is the GEMM
@@ -27,13 +28,32 @@ computes them (cuBLAS, in Inductor's graph).
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
+from typing import Callable
 
 import torch
 
 from . import reference
-from .ir import Program, row_split
+from .ir import Program, gradient_form
 
 Tensor = torch.Tensor
+
+
+@dataclass(frozen=True)
+class DeviceKernels:
+    """A back end's kernels for the ops on tensors of one device type."""
+
+    forward: Callable[..., tuple[Tensor, Tensor, Tensor, Tensor]]  # linear_epilogue's arguments
+    backward: Callable[..., tuple[Tensor, Tensor]]  # epilogue_backward's arguments
+    has_generated_backward: Callable[[Program], bool]  # its backward kernel covers the program
+
+
+_DEVICE_KERNELS: dict[str, DeviceKernels] = {}
+
+
+def register_device_kernels(device_type: str, kernels: DeviceKernels) -> None:
+    """The ops run ``kernels`` for tensors of ``device_type`` (others: the reference)."""
+    _DEVICE_KERNELS[device_type] = kernels
 
 
 @torch.library.custom_op("fxfuse::linear_epilogue", mutates_args=())
@@ -43,10 +63,9 @@ def linear_epilogue(
     """``program``'s chain applied to ``x @ weight.T + bias``; with ``save_gemm`` the GEMM output
     itself is returned too (third output, else empty), for the backward to start from; the value
     of a ``keep()`` stage is the fourth (else empty)."""
-    if x.is_cuda:  # until the CUDA runtime registers its C++ kernel for this op
-        from . import cuda
-
-        return cuda.engine.call(program, x, weight, bias, params, save_gemm=save_gemm)
+    kernels = _DEVICE_KERNELS.get(x.device.type)
+    if kernels is not None:  # (on CUDA until the runtime registers its C++ kernel for this op)
+        return kernels.forward(program, x, weight, bias, params, save_gemm=save_gemm)
     return reference.op_forward(Program.parse(program), x, weight, bias, params, save_gemm)
 
 
@@ -82,7 +101,7 @@ def _backward(ctx, grad_out, grad_stats, grad_gemm, grad_kept):
     else:  # called without save_gemm: recompute the GEMMs
         y = reference.gemm(x, weight, saved if ctx.has_bias else None)
         seconds = reference.second_gemm_outputs(program, x, params)
-    if not uses_generated_backward(program, y.is_cuda):
+    if not uses_generated_backward(program, y.device.type):
         dx, dweight, dbias, dparams = reference.backward(program, grad_out, x, weight, y, ctx.has_bias, params,
                                                          grad_kept, seconds)
         return None, dx, dweight, dbias, dparams, None
@@ -103,7 +122,7 @@ def _backward(ctx, grad_out, grad_stats, grad_gemm, grad_kept):
 GENERATED_BACKWARD_ENV = "FXFUSE_GENERATED_BACKWARD"
 
 
-def uses_generated_backward(program: Program, cuda: bool) -> bool:
+def uses_generated_backward(program: Program, device_type: str) -> bool:
     """Whether the backward goes through the generated kernel. Norm programs (a group, layer or
     RMS norm, or an eval-mode BatchNorm, between pointwise stages): by default on CUDA, since their
     kernel measured faster than Inductor's backward of the same chain (S02, S08, S20 under bf16
@@ -115,12 +134,10 @@ def uses_generated_backward(program: Program, cuda: bool) -> bool:
     setting = os.environ.get(GENERATED_BACKWARD_ENV)
     if setting == "0":
         return False
-    from .cuda.codegen import has_generated_backward
-
-    if not has_generated_backward(program):
-        return False
-    split = row_split(program)
-    return setting == "1" or (cuda and split is not None and split.norm is not None)
+    kernels = _DEVICE_KERNELS.get(device_type)
+    if kernels is None:  # the reference: the derivative of any program with a gradient form
+        return setting == "1" and gradient_form(program) is not None
+    return kernels.has_generated_backward(program) and (setting == "1" or gradient_form(program) == "norm")
 
 
 @torch.library.custom_op("fxfuse::epilogue_backward", mutates_args=())
@@ -129,10 +146,9 @@ def epilogue_backward(program: str, grad: Tensor, gemm: Tensor, params: list[Ten
     ``(dgemm, sums)``, sums the (1 + len(params), N) float32 column sums of dgemm and of each
     parameter's gradient (a scalar parameter's gradient is its row's sum); ``grad`` has the op
     output's shape. CUDA: the program module's generated kernel."""
-    if grad.is_cuda:  # until the CUDA runtime registers its C++ kernel for this op
-        from . import cuda
-
-        return cuda.engine.backward(program, grad, gemm, params)
+    kernels = _DEVICE_KERNELS.get(grad.device.type)
+    if kernels is not None:  # (on CUDA until the runtime registers its C++ kernel for this op)
+        return kernels.backward(program, grad, gemm, params)
     return reference.epilogue_backward(Program.parse(program), grad, gemm, list(params))
 
 

@@ -98,7 +98,7 @@ def _trains_faster(program: Program, gemm_out: torch.Tensor) -> bool:
     split = row_split(program)
     if split is None or split.norm is None or NORMS[split.norm.kind].statistics != "row group":
         return False
-    if gemm_out.dtype not in ELEMENT_TYPES or not uses_generated_backward(program, cuda=True):
+    if gemm_out.dtype not in ELEMENT_TYPES or not uses_generated_backward(program, "cuda"):
         return False
     n = size_hint(gemm_out.shape[-1])
     return group_in_lanes(n, split.norm.groups, chunk_elements(program, gemm_out.dtype))

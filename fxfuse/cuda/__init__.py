@@ -11,7 +11,8 @@ Public API:
   and route such calls to fxfuse's fastest;
 * ``BuildError`` -- the program cannot be compiled (unsupported, or the compiler failed);
 * the op's CUDA kernel lives in the runtime module (C++, registered with the dispatcher when the
-  first program is prepared); before that ``fxfuse.op`` sends CUDA calls to ``engine.call``. A call whose
+  first program is prepared); before that ``fxfuse.op`` sends CUDA calls to ``engine.call``
+  (registered with it on import: ``op.register_device_kernels``). A call whose
   program was not prepared builds it on first use; a call the kernels do not cover (shapes, a
   training BatchNorm on one row, ...) runs the reference, which raises eager's errors.
 
@@ -22,8 +23,9 @@ from __future__ import annotations
 
 import torch
 
-from .. import op as _op  # noqa: F401 - defines the op whose CUDA kernel the runtime registers
+from .. import op as _op
 from ..ir import Program
+from .codegen import has_generated_backward
 from .engine import Engine
 from .errors import BuildError
 
@@ -37,6 +39,7 @@ def _cuda_target(device: torch.device):
 
 
 engine = Engine(_cuda_target)  # the GPU's modules; tests may call engine.call(..., out=buffer)
+_op.register_device_kernels("cuda", _op.DeviceKernels(engine.call, engine.backward, has_generated_backward))
 
 
 def available() -> bool:

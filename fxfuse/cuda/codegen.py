@@ -18,7 +18,7 @@ import torch
 
 from .. import expr as E
 from .. import masks
-from ..ir import Dropout, Keep, Narrow, Norm, Pointwise, Program, Reduce, RowSplit, Stage, Widen, composed, row_split
+from ..ir import Dropout, Keep, Narrow, Norm, Pointwise, Program, Reduce, RowSplit, Stage, Widen, composed, gradient_form, row_split
 from ..patterns.norms import FAMILY as NORMS
 from ..patterns.reductions import FAMILY as REDUCTIONS
 from ..vocabulary import ROUNDING, call, is_rounding
@@ -282,36 +282,34 @@ def _pointwise_expression(program: Program) -> sympy.Expr:
 
 
 def has_generated_backward(program: Program) -> bool:
-    """Whether the program's modules carry a backward kernel: pointwise programs and row programs
-    (``row_split``) whose derivatives print (the dtype only changes where they round) and whose
-    parameters are columns and scalars (the kernel's parameter gradients are column sums);
-    otherwise the op's backward stays plain torch ops for Inductor."""
+    """Whether the program's modules carry a backward kernel: the row kernels run its forward, it
+    has a gradient form (``ir.gradient_form``) and its derivatives print (the dtype only changes
+    where they round); otherwise the op's backward stays plain torch ops for Inductor."""
     return unsupported_reason(program) is None and _derivatives(program, torch.float32)[0] != "fx::kNoGrad"
+
+
+GRAD_KINDS = {"pointwise": "fx::kPointwiseGrad", "norm": "fx::kNormGrad", "reduce": "fx::kReduceGrad"}
 
 
 def _derivatives(program: Program, dtype: torch.dtype) -> tuple[str, dict[str, list[str]], RowSplit | None]:
     """The program's kGradKind, its printed derivative functions by name (``grad`` for a
     pointwise program, ``grad_pre`` / ``grad_post`` for a row program's non-empty sides) and a row
-    program's split; kNoGrad (none) where the program is of neither form or a derivative does not
-    print."""
+    program's split; kNoGrad (none) where the program has no gradient form or a derivative does
+    not print."""
+    form = gradient_form(program)
     functions: dict[str, list[str]] = {}
-    # the kernel's parameter gradients are column sums: not a full operand's (a tensor of the
-    # output's shape) nor a seed's; stages other than pointwise, widening and one middle (keep(),
-    # narrow(), dropout) are neither a pointwise program nor a row split
-    if any(kind not in ("col", "scalar") for kind in program.params):
-        return "fx::kNoGrad", functions, None
     try:
-        if all(isinstance(stage, Pointwise) for stage in program.stages):
+        if form == "pointwise":
             functions["grad"] = _gradient_function("grad", _pointwise_expression(program), program, dtype)
-            return "fx::kPointwiseGrad", functions, None
-        split = row_split(program)
-        if split is not None:
+            return GRAD_KINDS[form], functions, None
+        if form is not None:
+            split = row_split(program)
             once_a_row = split.reduce is not None and split.reduce.changes_shape  # a reduction's post
             for name, expression in (("grad_pre", split.pre), ("grad_post", split.post)):
                 if expression is not None:
                     rounds = once_a_row and name == "grad_post"
                     functions[name] = _gradient_function(name, expression, program, dtype, rounds)
-            return ("fx::kNormGrad" if split.norm else "fx::kReduceGrad"), functions, split
+            return GRAD_KINDS[form], functions, split
     except UnsupportedExpression:
         pass
     return "fx::kNoGrad", {}, None
