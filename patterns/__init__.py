@@ -3,7 +3,8 @@
 Each module here holds a ``SPELLINGS`` tuple of ``Spelling`` rows. A row's ``build`` function has the
 signature of the torch callable it stands for, so a node's args and kwargs bind to it exactly as
 they would to torch; it returns a canonical op (fxfuse.canonical) or ``Rejected(reason)``.
-Adding an activation is one row (plus its vocabulary row and device function).
+Adding an activation is one entry of the function family (patterns/functions.py) plus its device
+function.
 """
 
 from __future__ import annotations
@@ -30,10 +31,10 @@ def spell(build: Callable[..., CanonicalOp], *targets, inplace: tuple = ()) -> S
 
 
 def _table() -> dict[tuple[str, object], tuple[Spelling, bool]]:
-    from . import activations, gemm, norms, pointwise, reductions
+    from . import activations, functions, gemm, norms, pointwise, reductions
 
     table: dict[tuple[str, object], tuple[Spelling, bool]] = {}
-    for module in (gemm, pointwise, norms, reductions, activations):
+    for module in (gemm, pointwise, functions, norms, reductions, activations):
         for row in module.SPELLINGS:
             for target, inplace in [(t, False) for t in row.targets] + [(t, True) for t in row.inplace]:
                 kind = "call_method" if isinstance(target, str) else "call_function"

@@ -1,4 +1,5 @@
-"""Pointwise spellings: arithmetic with scalars and parameters, activations, identities."""
+"""Pointwise spellings: arithmetic with scalars and parameters, dropout, identities, views and
+casts (the activations are the function family's: patterns/functions.py)."""
 
 from __future__ import annotations
 
@@ -9,20 +10,6 @@ import torch.nn.functional as F
 
 from ..canonical import AliasOp, DropoutOp, PointwiseOp, Rejected, ReshapeOp, example_value
 from . import spell
-
-
-def _unary(fn: str, *attrs: float):
-    return PointwiseOp(fn, (), tuple(float(a) for a in attrs))
-
-
-def _act(fn: str):
-    """An activation without attributes: ``fn(input)``, ``F.fn(input, inplace=False)``."""
-
-    def build(input, inplace=False):
-        return PointwiseOp(fn, (input,), inplace=bool(inplace))
-
-    build.__name__ = fn
-    return build
 
 
 def add(input, other, *, alpha=1):
@@ -69,60 +56,6 @@ def square(input):
 
 def neg(input):
     return PointwiseOp("neg", (input,))
-
-
-def leaky_relu(input, negative_slope=0.01, inplace=False):
-    return PointwiseOp("leaky_relu", (input,), (float(negative_slope),), bool(inplace))
-
-
-def gelu(input, approximate="none"):
-    if approximate not in ("none", "tanh"):
-        return Rejected(f"gelu approximate={approximate!r}")
-    return PointwiseOp("gelu" if approximate == "none" else "gelu_tanh", (input,))
-
-
-def hardtanh(input, min_val=-1.0, max_val=1.0, inplace=False):
-    return PointwiseOp("hardtanh", (input,), (float(min_val), float(max_val)), bool(inplace))
-
-
-def relu6(input, inplace=False):  # torch's relu6 is hardtanh(0, 6), gradient included
-    return PointwiseOp("hardtanh", (input,), (0.0, 6.0), bool(inplace))
-
-
-def clamp(input, min=None, max=None):
-    if not all(v is None or isinstance(v, (int, float)) for v in (min, max)):
-        return Rejected("clamp with tensor bounds")
-    if min is None and max is None:
-        return Rejected("clamp without bounds")
-    if max is None:
-        return PointwiseOp("clamp_min", (input,), (float(min),))
-    if min is None:
-        return PointwiseOp("clamp_max", (input,), (float(max),))
-    return PointwiseOp("clamp", (input,), (float(min), float(max)))
-
-
-def clamp_min(input, min):
-    return clamp(input, min=min)
-
-
-def clamp_max(input, max):
-    return clamp(input, max=max)
-
-
-def maximum(input, other):
-    return PointwiseOp("maximum", (input, other))
-
-
-def minimum(input, other):
-    return PointwiseOp("minimum", (input, other))
-
-
-def elu(input, alpha=1.0, inplace=False):
-    return PointwiseOp("elu", (input,), (float(alpha),), bool(inplace))
-
-
-def softplus(input, beta=1.0, threshold=20.0):
-    return PointwiseOp("softplus", (input,), (float(beta), float(threshold)))
 
 
 def dropout(input, p=0.5, training=True, inplace=False):
@@ -192,27 +125,6 @@ SPELLINGS = (
     spell(square, torch.square, "square", inplace=("square_",)),
     spell(neg, operator.neg, torch.neg, torch.negative, "neg", "negative", "__neg__",
           inplace=("neg_",)),
-    spell(_act("relu"), torch.relu, F.relu, "relu", inplace=(torch.relu_, "relu_")),
-    spell(leaky_relu, F.leaky_relu, torch._C._nn.leaky_relu, inplace=(torch._C._nn.leaky_relu_,)),
-    spell(gelu, F.gelu),
-    spell(_act("silu"), F.silu),
-    spell(_act("sigmoid"), torch.sigmoid, F.sigmoid, "sigmoid", inplace=(torch.sigmoid_, "sigmoid_")),
-    spell(_act("tanh"), torch.tanh, F.tanh, "tanh", inplace=(torch.tanh_, "tanh_")),
-    spell(_act("mish"), F.mish),
-    spell(hardtanh, F.hardtanh, inplace=(F.hardtanh_,)),
-    spell(relu6, F.relu6),
-    spell(clamp, torch.clamp, torch.clip, "clamp", "clip", inplace=(torch.clamp_, "clamp_", "clip_")),
-    spell(clamp_min, torch.clamp_min, "clamp_min", inplace=("clamp_min_",)),
-    spell(clamp_max, torch.clamp_max, "clamp_max", inplace=("clamp_max_",)),
-    spell(maximum, torch.maximum, "maximum"),
-    spell(minimum, torch.minimum, "minimum"),
-    spell(_act("hardswish"), F.hardswish),
-    spell(_act("hardsigmoid"), F.hardsigmoid),
-    spell(elu, F.elu, inplace=(torch._C._nn.elu_,)),
-    spell(_act("selu"), F.selu, torch.selu, inplace=(torch.selu_,)),
-    spell(softplus, F.softplus),
-    spell(_act("abs"), torch.abs, operator.abs, "abs", "__abs__", inplace=(torch.abs_, "abs_")),
-    spell(_act("exp"), torch.exp, "exp", inplace=(torch.exp_, "exp_")),
     spell(dropout, F.dropout),
     spell(identity, "contiguous", "clone", torch.clone),
     spell(reshape, "view", "reshape", torch.reshape),

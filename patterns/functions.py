@@ -1,0 +1,154 @@
+"""The pointwise function family: one entry per activation a chain can call, everything fxfuse
+knows of it.
+
+An entry holds the function's name in the IR (``relu(x)``), its torch spellings (each ``build``
+has the signature of the torch callable it stands for and returns the canonical op), eager's
+function (the reference, and so the test oracle: NaN/Inf behaviour is eager's by construction), the
+CUDA device function the code generators call and the scalar attributes that follow the operands.
+fxfuse.vocabulary turns the entries into the sympy functions expressions are written in. Adding an
+activation is an entry here plus its device function in ``csrc/epilogue_ops.cuh`` with its
+derivative beside it (``<device_fn>_bwd``, and ``<device_fn>_bwd_other`` for a second operand:
+eager's CUDA backward formula). Arithmetic (+ - * / and powers) is plain sympy and needs no entry.
+"""
+
+from __future__ import annotations
+
+import operator
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+import torch.nn.functional as F
+
+from ..canonical import PointwiseOp, Rejected
+from . import Spelling, spell
+
+
+@dataclass(frozen=True)
+class Activation:
+    """One function of the pointwise vocabulary."""
+
+    name: str
+    reference: Callable[..., torch.Tensor]  # (operand tensors..., *attrs) -> tensor
+    device_fn: str  # the CUDA device function in csrc/epilogue_ops.cuh
+    attrs: tuple[str, ...] = ()  # scalar attributes after the operands, in call order
+    operands: int = 1  # tensor operands (2 for maximum/minimum against a parameter)
+    spellings: tuple[Spelling, ...] = ()  # none: reached through another's (gelu_tanh: gelu's)
+
+    @property
+    def device_backward(self) -> tuple[str, ...]:
+        """The device functions giving each operand's gradient, ``f(g, operands..., y, attrs...)``."""
+        return (f"{self.device_fn}_bwd", f"{self.device_fn}_bwd_other")[: self.operands]
+
+
+# -- spellings ------------------------------------------------------------------------------------
+
+
+def _plain(name: str):
+    """An activation without attributes: ``fn(input)``, ``F.fn(input, inplace=False)``."""
+
+    def build(input, inplace=False):
+        return PointwiseOp(name, (input,), inplace=bool(inplace))
+
+    build.__name__ = name
+    return build
+
+
+def leaky_relu(input, negative_slope=0.01, inplace=False):
+    return PointwiseOp("leaky_relu", (input,), (float(negative_slope),), bool(inplace))
+
+
+def gelu(input, approximate="none"):
+    if approximate not in ("none", "tanh"):
+        return Rejected(f"gelu approximate={approximate!r}")
+    return PointwiseOp("gelu" if approximate == "none" else "gelu_tanh", (input,))
+
+
+def hardtanh(input, min_val=-1.0, max_val=1.0, inplace=False):
+    return PointwiseOp("hardtanh", (input,), (float(min_val), float(max_val)), bool(inplace))
+
+
+def relu6(input, inplace=False):  # torch's relu6 is hardtanh(0, 6), gradient included
+    return PointwiseOp("hardtanh", (input,), (0.0, 6.0), bool(inplace))
+
+
+def clamp(input, min=None, max=None):
+    if not all(v is None or isinstance(v, (int, float)) for v in (min, max)):
+        return Rejected("clamp with tensor bounds")
+    if min is None and max is None:
+        return Rejected("clamp without bounds")
+    if max is None:
+        return PointwiseOp("clamp_min", (input,), (float(min),))
+    if min is None:
+        return PointwiseOp("clamp_max", (input,), (float(max),))
+    return PointwiseOp("clamp", (input,), (float(min), float(max)))
+
+
+def clamp_min(input, min):
+    return clamp(input, min=min)
+
+
+def clamp_max(input, max):
+    return clamp(input, max=max)
+
+
+def maximum(input, other):
+    return PointwiseOp("maximum", (input, other))
+
+
+def minimum(input, other):
+    return PointwiseOp("minimum", (input, other))
+
+
+def elu(input, alpha=1.0, inplace=False):
+    return PointwiseOp("elu", (input,), (float(alpha),), bool(inplace))
+
+
+def softplus(input, beta=1.0, threshold=20.0):
+    return PointwiseOp("softplus", (input,), (float(beta), float(threshold)))
+
+
+FAMILY: tuple[Activation, ...] = (
+    Activation("relu", torch.relu, "fx_relu",
+               spellings=(spell(_plain("relu"), torch.relu, F.relu, "relu", inplace=(torch.relu_, "relu_")),)),
+    Activation("leaky_relu", F.leaky_relu, "fx_leaky_relu", ("negative_slope",),
+               spellings=(spell(leaky_relu, F.leaky_relu, torch._C._nn.leaky_relu,
+                                inplace=(torch._C._nn.leaky_relu_,)),)),
+    Activation("gelu", F.gelu, "fx_gelu", spellings=(spell(gelu, F.gelu),)),
+    Activation("gelu_tanh", lambda x: F.gelu(x, approximate="tanh"), "fx_gelu_tanh"),
+    Activation("silu", F.silu, "fx_silu", spellings=(spell(_plain("silu"), F.silu),)),
+    Activation("sigmoid", torch.sigmoid, "fx_sigmoid",
+               spellings=(spell(_plain("sigmoid"), torch.sigmoid, F.sigmoid, "sigmoid",
+                                inplace=(torch.sigmoid_, "sigmoid_")),)),
+    Activation("tanh", torch.tanh, "fx_tanh",
+               spellings=(spell(_plain("tanh"), torch.tanh, F.tanh, "tanh", inplace=(torch.tanh_, "tanh_")),)),
+    Activation("mish", F.mish, "fx_mish", spellings=(spell(_plain("mish"), F.mish),)),
+    Activation("clamp", torch.clamp, "fx_clamp", ("min", "max"),
+               spellings=(spell(clamp, torch.clamp, torch.clip, "clamp", "clip",
+                                inplace=(torch.clamp_, "clamp_", "clip_")),)),
+    # clamp's forward, but eager's gradient: zero at the bounds themselves (hardtanh_backward)
+    Activation("hardtanh", F.hardtanh, "fx_hardtanh", ("min_val", "max_val"),
+               spellings=(spell(hardtanh, F.hardtanh, inplace=(F.hardtanh_,)), spell(relu6, F.relu6))),
+    Activation("clamp_min", torch.clamp_min, "fx_clamp_min", ("min",),
+               spellings=(spell(clamp_min, torch.clamp_min, "clamp_min", inplace=("clamp_min_",)),)),
+    Activation("clamp_max", torch.clamp_max, "fx_clamp_max", ("max",),
+               spellings=(spell(clamp_max, torch.clamp_max, "clamp_max", inplace=("clamp_max_",)),)),
+    Activation("hardswish", F.hardswish, "fx_hardswish", spellings=(spell(_plain("hardswish"), F.hardswish),)),
+    Activation("hardsigmoid", F.hardsigmoid, "fx_hardsigmoid",
+               spellings=(spell(_plain("hardsigmoid"), F.hardsigmoid),)),
+    Activation("elu", F.elu, "fx_elu", ("alpha",), spellings=(spell(elu, F.elu, inplace=(torch._C._nn.elu_,)),)),
+    Activation("selu", F.selu, "fx_selu",
+               spellings=(spell(_plain("selu"), F.selu, torch.selu, inplace=(torch.selu_,)),)),
+    Activation("softplus", F.softplus, "fx_softplus", ("beta", "threshold"), spellings=(spell(softplus, F.softplus),)),
+    Activation("abs", torch.abs, "fx_abs",
+               spellings=(spell(_plain("abs"), torch.abs, operator.abs, "abs", "__abs__",
+                                inplace=(torch.abs_, "abs_")),)),
+    Activation("exp", torch.exp, "fx_exp",
+               spellings=(spell(_plain("exp"), torch.exp, "exp", inplace=(torch.exp_, "exp_")),)),
+    Activation("maximum", torch.maximum, "fx_maximum", operands=2,
+               spellings=(spell(maximum, torch.maximum, "maximum"),)),
+    Activation("minimum", torch.minimum, "fx_minimum", operands=2,
+               spellings=(spell(minimum, torch.minimum, "minimum"),)),
+)
+
+SPELLINGS = tuple(s for entry in FAMILY for s in entry.spellings)
