@@ -22,6 +22,7 @@ from . import op as _op  # noqa: F401  (registers torch.ops.fxfuse.*)
 from .canonical import example_value
 from .canonicalize import canonicalize
 from .example_values import values_on_example_inputs
+from .graph_timing import time_both, worth_timing
 from .match import Chain, Decision, match_all
 from .policy import POLICIES, inductor_is_faster, size_hint
 from .report import record
@@ -42,16 +43,43 @@ def fxfuse_backend(gm: GraphModule, example_inputs, mode: str | None = None, opt
     policy = ours.get("policy", os.environ.get("FXFUSE_POLICY", "fastest"))
     if policy not in POLICIES:
         raise ValueError(f"fxfuse: policy must be one of {POLICIES}, not {policy!r}")
-    fused = fuse(gm, allow_cpu, policy, example_inputs)
-    if mode in (None, "default") and not inductor_options and _only_fused_ops(fused):
-        return fused  # nothing left for Inductor: its wrapper would only add per-call CPU time
+    fused, chains = fuse_chains(gm, allow_cpu, policy, example_inputs)
+    compiled = _compiled(fused, example_inputs, mode, inductor_options)
+    if (policy == "fastest" and mode in (None, "default") and not inductor_options
+            and worth_timing(chains, gm.graph, example_inputs)):
+        compiled, chains = _faster_of(compiled, chains, gm, example_inputs)
+    record(chains)
+    return compiled
+
+
+def _compiled(gm: GraphModule, example_inputs, mode: str | None, inductor_options: dict):
+    """``gm`` as Inductor compiles it, or as it is when it has nothing left for Inductor."""
+    if mode in (None, "default") and not inductor_options and _only_fused_ops(gm):
+        return gm  # nothing left for Inductor: its wrapper would only add per-call CPU time
     from torch._inductor import list_mode_options
     from torch._inductor.compile_fx import compile_fx
 
     from .cache_key import keyed_options
 
     config = keyed_options({**list_mode_options(mode or "default"), **inductor_options})
-    return compile_fx(fused, example_inputs, config_patches=config)
+    return compile_fx(gm, example_inputs, config_patches=config)
+
+
+def _faster_of(compiled, chains: list[Chain], gm: GraphModule, example_inputs) -> tuple[object, list[Chain]]:
+    """The fused graph, or Inductor's compile of the graph as Dynamo traced it where that measured
+    faster (fxfuse.graph_timing), with the report's rows saying which and by how much."""
+    try:
+        alone = _compiled(gm, example_inputs, None, {})
+        times = time_both(compiled, alone, example_inputs)
+    except Exception as error:  # noqa: BLE001 - the chains' own measurements stand
+        warnings.warn(f"fxfuse: the whole graph could not be timed ({type(error).__name__}: {error})")
+        return compiled, chains
+    if not times.fused_is_slower:
+        return compiled, [replace(c, decision=replace(c.decision, path=f"{c.decision.path}; {times.describe()}"))
+                          if c.decision is not None else c for c in chains]
+    reason = (f"Inductor's compile of the whole graph is faster ({times.describe()}, on the compile's "
+              "inputs); policy='always' fuses it")
+    return alone, [c.unfused(reason) if c.fusion is not None else c for c in chains]
 
 
 def _only_fused_ops(gm: GraphModule) -> bool:
@@ -65,9 +93,11 @@ def _only_fused_ops(gm: GraphModule) -> bool:
     )
 
 
-def fuse(gm: GraphModule, allow_cpu: bool = False, policy: str = "fastest", example_inputs=()) -> GraphModule:
-    """A copy of ``gm`` with every fusable chain replaced by the fused op (recorded in the report);
-    ``example_inputs``: the graph's inputs on its first call, which the selection times on."""
+def fuse_chains(gm: GraphModule, allow_cpu: bool = False, policy: str = "fastest",
+                example_inputs=()) -> tuple[GraphModule, list[Chain]]:
+    """A copy of ``gm`` with every fusable chain replaced by the fused op, and the chains (the
+    report's rows); ``example_inputs``: the graph's inputs on its first call, which the selection
+    times on. ``gm`` itself and no chains where fusion failed (with a warning)."""
     graph = Graph()
     graph.output(graph.graph_copy(gm.graph, {}))
     try:
@@ -81,10 +111,8 @@ def fuse(gm: GraphModule, allow_cpu: bool = False, policy: str = "fastest", exam
         graph.lint()
     except Exception as error:  # never fail the user's compile
         warnings.warn(f"fxfuse: fusion skipped for this graph ({type(error).__name__}: {error})")
-        record([])
-        return gm
-    record(chains)
-    return _with_dynamos_metadata(GraphModule(gm, graph), gm)
+        return gm, []
+    return _with_dynamos_metadata(GraphModule(gm, graph), gm), chains
 
 
 def _with_dynamos_metadata(fused: GraphModule, gm: GraphModule) -> GraphModule:

@@ -36,9 +36,9 @@ def values_on_example_inputs(graph: Graph, module: GraphModule, example_inputs, 
     order, ``get_attr`` targets on ``module``)."""
     placeholders = graph.find_nodes(op="placeholder")
     inputs = list(example_inputs)
-    if len(placeholders) != len(inputs) or any(_is_fake(v) for v in inputs):
+    if len(placeholders) != len(inputs) or any(is_fake(v) for v in inputs):
         return {}
-    if any(_mutates(node) for node in graph.nodes):  # its own part, or one whose effect it would read
+    if any(mutates(node) for node in graph.nodes):  # its own part, or one whose effect it would read
         return {}
     needed = _ancestors(nodes)
     env: dict[Node, object] = dict(zip(placeholders, inputs))
@@ -63,7 +63,7 @@ def _ancestors(nodes: set[Node]) -> set[Node]:
     return seen
 
 
-def _mutates(node: Node) -> bool:
+def mutates(node: Node) -> bool:
     """An op that writes into one of its arguments (in-place methods and functions, ``inplace=``)."""
     if node.kwargs.get("inplace") is True or node.target in _INPLACE_FUNCTIONS:
         return True
@@ -96,7 +96,7 @@ def _run(node: Node, env: dict, module: GraphModule):
     raise RuntimeError(f"cannot run a {node.op} node")
 
 
-def _is_fake(value) -> bool:
+def is_fake(value) -> bool:
     from torch._subclasses.fake_tensor import FakeTensor
 
     return isinstance(value, FakeTensor) or (isinstance(value, torch.Tensor) and value.is_meta)

@@ -110,6 +110,9 @@ class Chain:
     stops_at_wider_dtype: bool = False  # growth ended at an op computing in a dtype it cannot widen to
     without_keep: "Chain | None" = None  # the chain ending at ``fusion.kept``, for a back end without second outputs
     decision: Decision | None = None
+    # GEMMs the matcher joined to this chain's op (a gated MLP's up projection): their report rows
+    # follow this one, fused with it or not
+    second_gemms: list[Node] = field(default_factory=list)
 
     @property
     def program(self) -> Program | None:
@@ -168,7 +171,7 @@ def match_all(graph, canon: dict[Node, CanonicalOp], allow_cpu: bool) -> list[Ch
             continue
         chain = _Matcher(node, op, canon, order, allow_cpu, claimed).run()
         if chain.fusion is not None:
-            claimed.update(chain.fusion.nodes, chain.fusion.second_gemms)
+            claimed.update(chain.fusion.nodes, chain.second_gemms)
         chains.append(chain)
     return chains
 
@@ -288,6 +291,7 @@ class _Matcher:
             fusion,
             self.dtype,
             self.stopped_at_wider_dtype and shrink_reason is None,
+            second_gemms=fusion.second_gemms,
         )
 
     def _longest_closed_prefix(self) -> tuple[_Snapshot | None, str | None]:

@@ -46,7 +46,7 @@ class Row:
         op's, shown on the chain's row only."""
         row = Row.of(graph, chain)
         rows = [row]
-        for gemm in chain.fusion.second_gemms if chain.fusion else ():
+        for gemm in chain.second_gemms:
             joined = [describe(gemm), f"second GEMM of {row.gemm}'s op"]
             rows.append(replace(row, gemm=joined[0], chain=joined, fused=joined if row.fused else [], path=None))
         return rows

@@ -1,0 +1,88 @@
+"""Step 5b: the compiled graph timed with its chains fused and as Inductor alone compiles it.
+
+A chain timed alone is not the chain in the model. There Inductor may fuse it with its neighbours,
+and one cuBLAS GEMM's time varies by 30 % with the work around it (BENCHMARKS.md section 15: S26's
+SwiGLU chain won its selection by 12-15 % and the model ran 1.06x Inductor's in pipelined calls).
+So where a graph's chains won a selection that timed Inductor's kernels (the measured decisions),
+the backend compiles the graph both ways and times both on the compile's example inputs, as the
+benchmark measures a model: GPU time (CUDA-graph replays) and back-to-back launches. The fused
+graph runs only where it is slower by neither; otherwise Inductor's, and the report says why.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Sequence
+
+import torch
+from torch.fx import Graph
+
+from .example_values import is_fake, mutates
+from .ir import Dropout
+from .match import Chain
+
+
+@dataclass(frozen=True)
+class GraphTimes:
+    """Median microseconds per call of the two compiled graphs."""
+
+    fused_gpu: float  # CUDA-graph replays: GPU time
+    inductor_gpu: float
+    fused_launched: float  # back-to-back launches between CUDA events
+    inductor_launched: float
+
+    @property
+    def fused_is_slower(self) -> bool:
+        return self.fused_gpu > self.inductor_gpu or self.fused_launched > self.inductor_launched
+
+    def describe(self) -> str:
+        return (f"whole graph: fxfuse {self.fused_gpu:.1f} us GPU time, {self.fused_launched:.1f} us per "
+                f"launched call; Inductor alone {self.inductor_gpu:.1f} / {self.inductor_launched:.1f} us")
+
+
+def worth_timing(chains: Sequence[Chain], graph: Graph, example_inputs: Sequence) -> bool:
+    """The graph's fused chains include a measured decision against Inductor, and timing the
+    graph twice is harmless: it runs on CUDA tensors the compile was handed (not fakes), mutates
+    nothing and draws no random numbers (a dropout stage, a random op)."""
+    measured = [c for c in chains if c.decision is not None and c.decision.selection is not None
+                and c.decision.selection.inductor_is_faster() is False]
+    if not measured:
+        return False
+    if any(isinstance(s, Dropout) for c in chains if c.program for s in c.program.stages):
+        return False
+    inputs = list(example_inputs)
+    if any(is_fake(v) for v in inputs) or not any(isinstance(v, torch.Tensor) and v.is_cuda for v in inputs):
+        return False
+    return not any(mutates(node) or _draws_random_numbers(node) for node in graph.nodes)
+
+
+def time_both(fused: Callable, inductor: Callable, example_inputs: Sequence) -> GraphTimes:
+    """Both compiled graphs timed on ``example_inputs``, interleaved (every round times each
+    once), with the random number generators' state restored afterwards."""
+    from .cuda.engine import interleaved_medians, time_candidates, time_us
+
+    calls = {"fused": _caller(fused, example_inputs), "inductor": _caller(inductor, example_inputs)}
+    device = next(v.device for v in example_inputs if isinstance(v, torch.Tensor) and v.is_cuda)
+    with torch.no_grad(), torch.random.fork_rng(devices=[device]):
+        gpu, _ = time_candidates(calls)
+        launched = interleaved_medians(calls, time_us)
+    return GraphTimes(gpu["fused"], gpu["inductor"], launched["fused"], launched["inductor"])
+
+
+def _caller(compiled: Callable, example_inputs: Sequence) -> Callable[[], object]:
+    """``compiled`` called as Dynamo calls a backend's result (a boxed one takes its inputs as a
+    list it may clear)."""
+    if getattr(compiled, "_boxed_call", False):
+        return lambda: compiled(list(example_inputs))
+    return lambda: compiled(*example_inputs)
+
+
+def _draws_random_numbers(node) -> bool:
+    """A random op, or a dropout in training mode (in eval mode it is the identity)."""
+    name = getattr(node.target, "__name__", str(node.target))
+    if node.op not in ("call_function", "call_method"):
+        return False
+    if "dropout" in name:
+        training = node.args[2] if len(node.args) > 2 else node.kwargs.get("training", True)
+        return training is not False
+    return name.startswith(("rand", "normal", "bernoulli", "multinomial", "poisson", "uniform", "exponential"))

@@ -1,0 +1,74 @@
+"""The whole-graph check of policy "fastest" (fxfuse/graph_timing.py): where a graph's chains won a
+selection against Inductor's kernels, the graph compiled with them fused is timed against
+Inductor's compile of the graph as traced, and the faster one runs; the report says which.
+The timing itself runs on the GPU (tests/gpu/test_graph_timing_cuda.py)."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn as nn
+
+from fxfuse import backend
+from fxfuse.cuda.engine import GRAPH_TIMING, INDUCTOR, Selection
+from fxfuse.graph_timing import GraphTimes, worth_timing
+from fxfuse.match import Decision
+from support import captured
+from test_policy import _residual_chain
+
+WON = Selection("row", -1, {"row": 100.0, INDUCTOR: 120.0}, GRAPH_TIMING)  # Inductor's kernels lost
+
+
+def test_the_fused_graph_is_slower_when_slower_by_either_measure():
+    assert not GraphTimes(100.0, 100.0, 110.0, 110.0).fused_is_slower
+    assert GraphTimes(101.0, 100.0, 100.0, 110.0).fused_is_slower  # GPU time
+    assert GraphTimes(90.0, 100.0, 111.0, 110.0).fused_is_slower  # back-to-back launches
+
+
+def test_only_graphs_with_a_measured_decision_on_the_gpu_are_timed():
+    class Model(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.proj = nn.Linear(8, 8)
+
+        def forward(self, x):
+            return torch.relu(self.proj(x))
+
+    gm, inputs = captured(Model(), torch.randn(4, 8))
+    assert not worth_timing([_residual_chain(None)], gm.graph, inputs)  # decided by the rules
+    assert not worth_timing([_residual_chain(WON)], gm.graph, inputs)  # CPU inputs: nothing to time
+
+
+def _decide(monkeypatch, times: GraphTimes):
+    chain = _residual_chain(WON)
+    monkeypatch.setattr(backend, "_compiled", lambda gm, inputs, mode, options: "inductor's graph")
+    monkeypatch.setattr(backend, "time_both", lambda fused, inductor, inputs: times)
+    return chain, backend._faster_of("fxfuse's graph", [chain], gm=None, example_inputs=[])
+
+
+def test_where_inductors_whole_graph_is_faster_it_runs_and_the_chains_say_why(monkeypatch):
+    chain, (compiled, (row,)) = _decide(monkeypatch, GraphTimes(3412.0, 3397.0, 3500.0, 3300.0))
+    assert compiled == "inductor's graph"
+    assert row.status == "not_fused" and row.fusion is None and row.decision is None
+    assert row.reason.startswith("Inductor's compile of the whole graph is faster")
+    assert "fxfuse 3412.0 us GPU time" in row.reason and "policy='always' fuses it" in row.reason
+
+
+def test_where_the_fused_graph_is_not_slower_it_runs_and_its_path_shows_both_times(monkeypatch):
+    chain, (compiled, (row,)) = _decide(monkeypatch, GraphTimes(3000.0, 3397.0, 3100.0, 3300.0))
+    assert compiled == "fxfuse's graph"
+    assert row.status == "fused" and row.fusion is chain.fusion
+    assert row.path == f"{WON.describe()}; whole graph: fxfuse 3000.0 us GPU time, 3100.0 us per launched " \
+                       "call; Inductor alone 3397.0 / 3300.0 us"
+
+
+def test_a_graph_that_cannot_be_timed_keeps_the_chains_measurements(monkeypatch):
+    chain = _residual_chain(WON)
+
+    def broken(fused, inductor, inputs):
+        raise RuntimeError("capture failed")
+
+    monkeypatch.setattr(backend, "_compiled", lambda gm, inputs, mode, options: "inductor's graph")
+    monkeypatch.setattr(backend, "time_both", broken)
+    compiled, chains = backend._faster_of("fxfuse's graph", [chain], gm=None, example_inputs=[])
+    assert compiled == "fxfuse's graph" and chains == [chain]
+    assert isinstance(chain.decision, Decision)
