@@ -70,10 +70,7 @@ def time_both(fused: Callable, inductor: Callable, example_inputs: Sequence) -> 
 
 
 def _caller(compiled: Callable, example_inputs: Sequence) -> Callable[[], object]:
-    """``compiled`` called as Dynamo calls a backend's result (a boxed one takes its inputs as a
-    list it may clear)."""
-    if getattr(compiled, "_boxed_call", False):
-        return lambda: compiled(list(example_inputs))
+    """``compiled`` called as Dynamo calls a backend's result."""
     return lambda: compiled(*example_inputs)
 
 

@@ -5,6 +5,7 @@ The timing itself runs on the GPU (tests/gpu/test_graph_timing_cuda.py)."""
 
 from __future__ import annotations
 
+import pytest
 import torch
 import torch.nn as nn
 
@@ -72,3 +73,33 @@ def test_a_graph_that_cannot_be_timed_keeps_the_chains_measurements(monkeypatch)
     compiled, chains = backend._faster_of("fxfuse's graph", [chain], gm=None, example_inputs=[])
     assert compiled == "fxfuse's graph" and chains == [chain]
     assert isinstance(chain.decision, Decision)
+
+
+@pytest.mark.parametrize("winner", ["inductor", "fused"])
+def test_both_compiled_graphs_run_on_the_compiles_inputs_and_either_serves_the_model(monkeypatch, winner):
+    """The two compiles of one graph (fused, and Inductor's of the graph as traced) both run on
+    the example inputs the timing uses, agree, and whichever is returned serves later calls."""
+    from fxfuse import graph_timing
+
+    def timed(fused, inductor, inputs):
+        a, b = graph_timing._caller(fused, inputs)(), graph_timing._caller(inductor, inputs)()
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4)
+        return GraphTimes(1.0, 2.0, 1.0, 2.0) if winner == "fused" else GraphTimes(2.0, 1.0, 2.0, 1.0)
+
+    monkeypatch.setattr(backend, "time_both", timed)
+
+    def fxfuse_timed_whole(gm, example_inputs):
+        fused, chains = backend.fuse_chains(gm, allow_cpu=True, policy="always", example_inputs=example_inputs)
+        compiled, chains = backend._faster_of(backend._compiled(fused, example_inputs, None, {}), chains, gm,
+                                              example_inputs)
+        seen["rows"] = chains
+        return compiled
+
+    seen = {}
+    model = nn.Sequential(nn.Linear(16, 32), nn.GELU(), nn.Linear(32, 16)).eval()
+    compiled = torch.compile(model, backend=fxfuse_timed_whole)
+    with torch.no_grad():
+        for _ in range(2):
+            x = torch.randn(4, 16)
+            torch.testing.assert_close(compiled(x), model(x), rtol=1e-4, atol=1e-4)
+    assert [c.status for c in seen["rows"]] == (["fused", "not_fused"] if winner == "fused" else ["not_fused"] * 2)
