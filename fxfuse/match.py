@@ -301,8 +301,9 @@ class _Matcher:
         reason = None
         for k in range(len(self.snapshots), 0, -1):
             snapshot = self.snapshots[k - 1]
-            prefix = set(self.region[: k + 1])
-            escaping = [n for n in self.region[: k + 1] if any(u not in prefix for u in n.users)]
+            nodes = self.region[: self.region.index(snapshot.node) + 1]  # (a second GEMM's branch has no snapshot)
+            prefix = set(nodes)
+            escaping = [n for n in nodes if any(u not in prefix for u in n.users)]
             inner = [n for n in escaping if n is not snapshot.node and n is not self.keep]
             if (not inner and snapshot.node in escaping and not snapshot.is_tuple
                     and self._kept_read_after(snapshot.node) and self._kept_then_computed(snapshot)):
@@ -517,24 +518,70 @@ class _Matcher:
         if operand in self.segment or operand in self.region:
             return self._segment_value(operand)
         if self._is_second_gemm(operand):
-            op = self.canon[operand]
-            index = self._param(op.weight, "gemm")
-            self.second_gemms[index] = operand
-            if op.bias is None:
-                return E.param(index)
-            # its bias, added to its output and rounded as the GEMM's own output is
-            value = E.add(E.param(index), E.param(self._param(op.bias, "col")))
-            rounding = ROUNDING.get(self.dtype)
-            return value if rounding is None else call(rounding, value)
+            return self._second_gemm(operand)
+        branch = self._second_gemm_branch(operand)
+        if branch is not None:
+            return self._branch_value(branch)
         return E.param(self._param(operand, self._value_kind(operand)))
 
+    def _second_gemm(self, node: Node) -> sympy.Expr:
+        """The value of a second GEMM the op runs (a "gemm" parameter, ``_is_second_gemm``)."""
+        op = self.canon[node]
+        index = self._param(op.weight, "gemm")
+        self.second_gemms[index] = node
+        if op.bias is None:
+            return E.param(index)
+        # its bias, added to its output and rounded as the GEMM's own output is
+        value = E.add(E.param(index), E.param(self._param(op.bias, "col")))
+        rounding = ROUNDING.get(self.dtype)
+        return value if rounding is None else call(rounding, value)
+
+    def _second_gemm_branch(self, node: Node) -> list[Node] | None:
+        """``[gemm, op, ..., node]`` where ``node`` is pointwise ops of one value applied to a second
+        GEMM (``up(x) * silu(gate(x))``, the up projection first in the graph), each read only by
+        the next and computing in the chain's dtype; None otherwise. The op runs that GEMM and the
+        ops too."""
+        path = [node]
+        while True:
+            op = self.canon.get(path[0])
+            if isinstance(op, GemmOp):
+                break
+            if (not isinstance(op, PointwiseOp) or op.inplace or len(path[0].users) != 1 or path[0] in self.claimed
+                    or getattr(example_value(path[0]), "dtype", None) != self.dtype):
+                return None
+            inputs = [o for o in op.operands if isinstance(o, Node)]
+            if len(inputs) != 1 or len(op.operands) - len(inputs) != len(
+                    [o for o in op.operands if isinstance(o, (int, float)) and not isinstance(o, bool)]):
+                return None
+            path.insert(0, inputs[0])
+        return path if len(path) > 1 and self._is_second_gemm(path[0]) else None
+
+    def _branch_value(self, branch: list[Node]) -> sympy.Expr:
+        """The value of a second GEMM's branch (``_second_gemm_branch``): its ops computed on the
+        GEMM's output as the chain computes its own, rounded where eager rounds; they join the
+        fused region (before the node being absorbed), so the rewrite removes them."""
+        value = self._second_gemm(branch[0])
+        node_dtype, self.node_dtype = self.node_dtype, self.dtype
+        try:
+            for before, node in zip(branch, branch[1:]):
+                self.segment[before] = value
+                value = self._rounded(self._pointwise(node, self.canon[node]))
+        finally:
+            self.node_dtype = node_dtype
+            for node in branch[:-1]:
+                self.segment.pop(node, None)
+        self.region.extend(branch[1:])
+        return value
+
     def _is_second_gemm(self, node: Node) -> bool:
-        """Whether ``node`` is a GEMM on this chain's input, of this GEMM's output shape and
+        """Whether ``node`` is a later GEMM on this chain's input, of this GEMM's output shape and
         dtypes, read only by the node being absorbed: the op runs it too (a gated MLP's up
         projection), instead of reading its output as an operand. Its bias, if any, is a column
         parameter of the weight's dtype (not under an autocast that casts it)."""
         op = self.canon.get(node)
         if not isinstance(op, GemmOp) or node in self.claimed or len(node.users) != 1 or self.reduced:
+            return False
+        if self.order[node] < self.order[self.gemm]:  # an earlier GEMM has a row (and chain) of its own
             return False
         if op.input is not self.op.input or op.weight_is_kn or self.op.weight_is_kn:
             return False

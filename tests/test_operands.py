@@ -289,6 +289,32 @@ def test_a_gated_mlp_is_one_op_running_both_gemms(train, dtype):
     assert down.status == "not_fused"
 
 
+class UpFirstSwiGLU(nn.Module):
+    """The same MLP written with the up projection first: up(x) * silu(gate(x))."""
+
+    def __init__(self):
+        super().__init__()
+        self.up_proj, self.gate_proj = nn.Linear(K, N, bias=False), nn.Linear(K, N, bias=False)
+        self.down_proj = nn.Linear(N, K, bias=False)
+
+    def forward(self, x):
+        return self.down_proj(self.up_proj(x) * F.silu(self.gate_proj(x)))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("train", [False, True], ids=["eval", "train"])
+def test_a_gated_mlp_with_the_up_projection_first_is_one_op_too(train, dtype):
+    """The later GEMM (the gate) is the op's second GEMM, and the silu applied to it (read only by
+    the multiply) is computed on its output inside the op, rounded where eager rounds."""
+    report = check_against_eager(UpFirstSwiGLU, lambda: [torch.randn(B, T, K)], dtype=dtype, train=train,
+                                 grads=train)
+    up, gate, down = report.rows
+    assert up.status == "fused" and up.fused == ["linear", "silu", "mul"] and up.program.endswith("|| gemm")
+    assert "x * " in up.program and "silu(p0)" in up.program
+    assert gate.status == "fused" and gate.chain[1] == f"second GEMM of {up.gemm}'s op"
+    assert down.status == "not_fused"
+
+
 def test_a_gated_mlp_under_autocast_casts_both_weights_as_autocast_does():
     report = check_against_eager(SwiGLU, lambda: [torch.randn(B, T, K)], autocast=torch.bfloat16, train=True,
                                  grads=True)

@@ -173,6 +173,8 @@ PROGRAMS: dict[str, Program] = {
     # a gated MLP as one op: the up projection is a second GEMM on the same x (Llama's SwiGLU; T5's
     # gated GELU with a scale after it)
     "gemm_gate_silu": Program(Gemm(False), (pw(E.mul(call("silu", X), p(0))),), ("gemm",)),
+    # written with the up projection first: up(x) * silu(gate(x)), the activation on the second GEMM
+    "gemm_up_first_silu": Program(Gemm(False), (pw(E.mul(X, call("silu", p(0)))),), ("gemm",)),
     "gemm_gate_gelu_scaled": Program(Gemm(True), (pw(E.mul(E.mul(call("gelu_tanh", X), p(0)), p(1))),),
                                      ("gemm", "col")),
     "full_residual_batch_train": Program(

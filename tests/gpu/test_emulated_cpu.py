@@ -186,7 +186,7 @@ def test_input_layouts(engine, name, layout):
 
 
 @pytest.mark.parametrize("layout", ["contiguous", "3d"])
-@pytest.mark.parametrize("name", ["gemm_gate_silu", "gemm_gate_gelu_scaled"])
+@pytest.mark.parametrize("name", ["gemm_gate_silu", "gemm_up_first_silu", "gemm_gate_gelu_scaled"])
 def test_a_gated_pair_saves_both_gemm_outputs_for_the_backward(engine, name, layout):
     """A call that keeps its GEMM output (training) computes the GEMM and the second GEMM into one
     stacked tensor, (2, *rows, N), the op's saved output: the reference's, and the chain's output

@@ -115,6 +115,7 @@ def test_what_the_gated_kernel_takes_the_other_kernels_read_from_cublas():
         sources = gemm_codegen.generate(program, torch.bfloat16, (torch.bfloat16,) * len(program.params), "ns", "e")
         assert "GatedProg" not in sources["gemm_program.cuh"] and "gated_0.cu" not in sources
     assert gemm_codegen.gated_unsupported_reason(PROGRAMS["gemm_gate_silu"]) is None
+    assert gemm_codegen.gated_unsupported_reason(PROGRAMS["gemm_up_first_silu"]) is None  # silu on the second
 
 
 def test_an_operand_of_the_output_shape_before_an_in_tile_group_norm_is_taken_after_it_is_not():

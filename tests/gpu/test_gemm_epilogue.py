@@ -40,7 +40,8 @@ EXTRA = {
                                 ("full", "full", "col", "scalar")),
 }
 NAMES = ["identity", "s01_scale_leaky", "s10_div_gelu", "s13_sub_mul_relu", "s14_silu_div_clamp_tanh",
-         "full_residual", "full_gate_silu", "gemm_gate_silu", "gemm_gate_gelu_scaled", *EXTRA]
+         "full_residual", "full_gate_silu", "gemm_gate_silu", "gemm_up_first_silu", "gemm_gate_gelu_scaled",
+         *EXTRA]
 CASES = [(name, torch.bfloat16) for name in NAMES] + [("s01_scale_leaky", torch.float16),
                                                       ("scalar_and_col", torch.float16),
                                                       ("full_gate_silu", torch.float16),
