@@ -22,7 +22,7 @@ from . import op as _op  # noqa: F401  (registers torch.ops.fxfuse.*)
 from .canonical import example_value
 from .canonicalize import canonicalize
 from .example_values import values_on_example_inputs
-from .graph_timing import time_both, worth_timing
+from .graph_timing import compare, worth_timing
 from .match import Chain, Decision, match_all
 from .policy import POLICIES, inductor_is_faster, size_hint
 from .report import record
@@ -47,7 +47,7 @@ def fxfuse_backend(gm: GraphModule, example_inputs, mode: str | None = None, opt
     compiled = _compiled(fused, example_inputs, mode, inductor_options)
     if (policy == "fastest" and mode in (None, "default") and not inductor_options
             and worth_timing(chains, gm.graph, example_inputs)):
-        compiled, chains = _faster_of(compiled, chains, gm, example_inputs)
+        compiled, chains = _faster_of(compiled, chains, gm, fused, example_inputs)
     record(chains)
     return compiled
 
@@ -65,12 +65,12 @@ def _compiled(gm: GraphModule, example_inputs, mode: str | None, inductor_option
     return compile_fx(gm, example_inputs, config_patches=config)
 
 
-def _faster_of(compiled, chains: list[Chain], gm: GraphModule, example_inputs) -> tuple[object, list[Chain]]:
+def _faster_of(compiled, chains: list[Chain], gm: GraphModule, fused: GraphModule,
+               example_inputs) -> tuple[object, list[Chain]]:
     """The fused graph, or Inductor's compile of the graph as Dynamo traced it where that measured
     faster (fxfuse.graph_timing), with the report's rows saying which and by how much."""
     try:
-        alone = _compiled(gm, example_inputs, None, {})
-        times = time_both(compiled, alone, example_inputs)
+        times, alone = compare(compiled, lambda: _compiled(gm, example_inputs, None, {}), gm, fused, example_inputs)
     except Exception as error:  # noqa: BLE001 - the chains' own measurements stand
         warnings.warn(f"fxfuse: the whole graph could not be timed ({type(error).__name__}: {error})")
         return compiled, chains

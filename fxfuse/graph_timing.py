@@ -11,11 +11,13 @@ graph runs only where it is slower by neither; otherwise Inductor's, and the rep
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Callable, Sequence
 
 import torch
-from torch.fx import Graph
+from torch.fx import Graph, GraphModule
 
 from .example_values import is_fake, mutates
 from .ir import Dropout
@@ -54,6 +56,37 @@ def worth_timing(chains: Sequence[Chain], graph: Graph, example_inputs: Sequence
     if any(is_fake(v) for v in inputs) or not any(isinstance(v, torch.Tensor) and v.is_cuda for v in inputs):
         return False
     return not any(mutates(node) or _draws_random_numbers(node) for node in graph.nodes)
+
+
+def compare(fused: Callable, compile_alone: Callable[[], Callable], traced: GraphModule, rewritten: GraphModule,
+            example_inputs: Sequence) -> tuple[GraphTimes, Callable | None]:
+    """The two graphs' times, measured once per graph pair, inputs, card, torch and fxfuse (kept
+    beside the chains' selections, so a warm compile does not compile Inductor's graph again only
+    to time it), and Inductor's compiled graph (``compile_alone()``) where it was compiled: to
+    time it, or because it is the faster."""
+    from .cuda.engine import read_measurement, write_measurement
+
+    disk = _timing_file(traced, rewritten, example_inputs)
+    times, alone = read_measurement(disk, GraphTimes), None
+    if times is None:
+        alone = compile_alone()
+        times = time_both(fused, alone, example_inputs)
+        write_measurement(disk, times)
+    if times.fused_is_slower and alone is None:
+        alone = compile_alone()
+    return times, alone
+
+
+def _timing_file(traced: GraphModule, rewritten: GraphModule, example_inputs: Sequence) -> Path:
+    from .cache_key import fxfuse_uuid
+    from .cuda.build import cache_root
+
+    device = next(v.device for v in example_inputs if isinstance(v, torch.Tensor) and v.is_cuda)
+    inputs = "; ".join(f"{tuple(v.shape)} {v.stride()} {v.dtype}" if isinstance(v, torch.Tensor) else repr(v)
+                       for v in example_inputs)
+    text = "\n".join([traced.code, rewritten.code, inputs, torch.cuda.get_device_name(device), torch.__version__,
+                      fxfuse_uuid()])
+    return cache_root() / "selections" / f"graph-{hashlib.sha256(text.encode()).hexdigest()[:32]}.json"
 
 
 def time_both(fused: Callable, inductor: Callable, example_inputs: Sequence) -> GraphTimes:

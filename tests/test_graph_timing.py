@@ -9,7 +9,7 @@ import pytest
 import torch
 import torch.nn as nn
 
-from fxfuse import backend
+from fxfuse import backend, graph_timing
 from fxfuse.cuda.engine import GRAPH_TIMING, INDUCTOR, Selection
 from fxfuse.graph_timing import GraphTimes, worth_timing
 from fxfuse.match import Decision
@@ -39,59 +39,90 @@ def test_only_graphs_with_a_measured_decision_on_the_gpu_are_timed():
     assert not worth_timing([_residual_chain(WON)], gm.graph, inputs)  # CPU inputs: nothing to time
 
 
-def _decide(monkeypatch, times: GraphTimes):
+def _measuring(monkeypatch, tmp_path, times: GraphTimes) -> dict:
+    """Timing returns ``times``; Inductor's compile of the traced graph returns a name; the
+    measurements are kept under ``tmp_path``. Counts both."""
+    calls = {"timed": 0, "compiled": 0}
+
+    def timed(fused, inductor, inputs):
+        calls["timed"] += 1
+        return times
+
+    def compiled(gm, inputs, mode, options):
+        calls["compiled"] += 1
+        return "inductor's graph"
+
+    monkeypatch.setattr(graph_timing, "time_both", timed)
+    monkeypatch.setattr(graph_timing, "_timing_file", lambda traced, rewritten, inputs: tmp_path / "graph.json")
+    monkeypatch.setattr(backend, "_compiled", compiled)
+    return calls
+
+
+def _decide(monkeypatch, tmp_path, times: GraphTimes):
     chain = _residual_chain(WON)
-    monkeypatch.setattr(backend, "_compiled", lambda gm, inputs, mode, options: "inductor's graph")
-    monkeypatch.setattr(backend, "time_both", lambda fused, inductor, inputs: times)
-    return chain, backend._faster_of("fxfuse's graph", [chain], gm=None, example_inputs=[])
+    _measuring(monkeypatch, tmp_path, times)
+    return chain, backend._faster_of("fxfuse's graph", [chain], gm=None, fused=None, example_inputs=[])
 
 
-def test_where_inductors_whole_graph_is_faster_it_runs_and_the_chains_say_why(monkeypatch):
-    chain, (compiled, (row,)) = _decide(monkeypatch, GraphTimes(3412.0, 3397.0, 3500.0, 3300.0))
+def test_where_inductors_whole_graph_is_faster_it_runs_and_the_chains_say_why(monkeypatch, tmp_path):
+    chain, (compiled, (row,)) = _decide(monkeypatch, tmp_path, GraphTimes(3412.0, 3397.0, 3500.0, 3300.0))
     assert compiled == "inductor's graph"
     assert row.status == "not_fused" and row.fusion is None and row.decision is None
     assert row.reason.startswith("Inductor's compile of the whole graph is faster")
     assert "fxfuse 3412.0 us GPU time" in row.reason and "policy='always' fuses it" in row.reason
 
 
-def test_where_the_fused_graph_is_not_slower_it_runs_and_its_path_shows_both_times(monkeypatch):
-    chain, (compiled, (row,)) = _decide(monkeypatch, GraphTimes(3000.0, 3397.0, 3100.0, 3300.0))
+def test_where_the_fused_graph_is_not_slower_it_runs_and_its_path_shows_both_times(monkeypatch, tmp_path):
+    chain, (compiled, (row,)) = _decide(monkeypatch, tmp_path, GraphTimes(3000.0, 3397.0, 3100.0, 3300.0))
     assert compiled == "fxfuse's graph"
     assert row.status == "fused" and row.fusion is chain.fusion
     assert row.path == f"{WON.describe()}; whole graph: fxfuse 3000.0 us GPU time, 3100.0 us per launched " \
                        "call; Inductor alone 3397.0 / 3300.0 us"
 
 
-def test_a_graph_that_cannot_be_timed_keeps_the_chains_measurements(monkeypatch):
+@pytest.mark.parametrize("fused_wins", [True, False], ids=["fused_wins", "inductor_wins"])
+def test_a_graph_is_timed_once_later_compiles_read_the_measurement(monkeypatch, tmp_path, fused_wins):
+    """The first compile compiles Inductor's graph and times both; a later one of the same graph
+    reads the times back and compiles Inductor's graph only where it is the one to run."""
+    times = GraphTimes(1.0, 2.0, 1.0, 2.0) if fused_wins else GraphTimes(2.0, 1.0, 2.0, 1.0)
+    calls = _measuring(monkeypatch, tmp_path, times)
+    first = backend._faster_of("fxfuse's graph", [_residual_chain(WON)], gm=None, fused=None, example_inputs=[])
+    assert calls == {"timed": 1, "compiled": 1}
+    again = backend._faster_of("fxfuse's graph", [_residual_chain(WON)], gm=None, fused=None, example_inputs=[])
+    assert calls == {"timed": 1, "compiled": 1 if fused_wins else 2}
+    assert again[0] == first[0] == ("fxfuse's graph" if fused_wins else "inductor's graph")
+    assert [c.reason for c in again[1]] == [c.reason for c in first[1]]
+
+
+def test_a_graph_that_cannot_be_timed_keeps_the_chains_measurements(monkeypatch, tmp_path):
     chain = _residual_chain(WON)
 
     def broken(fused, inductor, inputs):
         raise RuntimeError("capture failed")
 
-    monkeypatch.setattr(backend, "_compiled", lambda gm, inputs, mode, options: "inductor's graph")
-    monkeypatch.setattr(backend, "time_both", broken)
-    compiled, chains = backend._faster_of("fxfuse's graph", [chain], gm=None, example_inputs=[])
+    _measuring(monkeypatch, tmp_path, GraphTimes(1.0, 2.0, 1.0, 2.0))
+    monkeypatch.setattr(graph_timing, "time_both", broken)
+    compiled, chains = backend._faster_of("fxfuse's graph", [chain], gm=None, fused=None, example_inputs=[])
     assert compiled == "fxfuse's graph" and chains == [chain]
     assert isinstance(chain.decision, Decision)
 
 
 @pytest.mark.parametrize("winner", ["inductor", "fused"])
-def test_both_compiled_graphs_run_on_the_compiles_inputs_and_either_serves_the_model(monkeypatch, winner):
+def test_both_compiled_graphs_run_on_the_compiles_inputs_and_either_serves_the_model(monkeypatch, tmp_path, winner):
     """The two compiles of one graph (fused, and Inductor's of the graph as traced) both run on
     the example inputs the timing uses, agree, and whichever is returned serves later calls."""
-    from fxfuse import graph_timing
-
     def timed(fused, inductor, inputs):
         a, b = graph_timing._caller(fused, inputs)(), graph_timing._caller(inductor, inputs)()
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4)
         return GraphTimes(1.0, 2.0, 1.0, 2.0) if winner == "fused" else GraphTimes(2.0, 1.0, 2.0, 1.0)
 
-    monkeypatch.setattr(backend, "time_both", timed)
+    monkeypatch.setattr(graph_timing, "time_both", timed)
+    monkeypatch.setattr(graph_timing, "_timing_file", lambda traced, rewritten, inputs: tmp_path / "graph.json")
 
     def fxfuse_timed_whole(gm, example_inputs):
         fused, chains = backend.fuse_chains(gm, allow_cpu=True, policy="always", example_inputs=example_inputs)
         compiled, chains = backend._faster_of(backend._compiled(fused, example_inputs, None, {}), chains, gm,
-                                              example_inputs)
+                                              fused, example_inputs)
         seen["rows"] = chains
         return compiled
 

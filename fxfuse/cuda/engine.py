@@ -208,11 +208,11 @@ class Engine:
         if selection is not None and (selection.inductor_is_faster() is not None or not against_inductor):
             return selection
         disk = _selection_file(module.key + (" kn" if weight_is_kn else ""), shape, bucket, device)
-        selection = _read_selection(disk)
+        selection = read_measurement(disk, Selection)
         if selection is None or (against_inductor and selection.inductor_is_faster() is None):
             selection = self._measure(program, dtype, param_dtypes, shape, device, has_bias, module, param_shapes,
                                       against_inductor, weight_is_kn, operands)
-            _write_selection(disk, selection)
+            write_measurement(disk, selection)
         runtime.choose(key[0], DTYPE_CODES[dtype], key[2], m, n, k, selection.config)
         self.selections[skey] = selection
         return selection
@@ -473,21 +473,25 @@ def _selection_file(module_key: str, shape, bucket: int, device: torch.device):
     return cache_root() / "selections" / f"{hashlib.sha256(text.encode()).hexdigest()[:32]}.json"
 
 
-def _read_selection(path) -> Selection | None:
+def read_measurement(path, kind: type):
+    """The measurement (a dataclass of type ``kind``) stored at ``path``; None where it is absent,
+    unreadable or of another form (an older one: measured again)."""
     try:
-        return Selection(**json.loads(path.read_text()))
+        return kind(**json.loads(path.read_text()))
     except (OSError, ValueError, TypeError):
-        return None  # absent or unreadable: measure again
+        return None
 
 
-def _write_selection(path, selection: Selection) -> None:
+def write_measurement(path, measurement) -> None:
+    """Store a measurement (a dataclass) at ``path``, atomically; an unwritable cache costs a
+    measurement next time, nothing else."""
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_suffix(f".tmp{os.getpid()}")
-        tmp.write_text(json.dumps(asdict(selection)))
+        tmp.write_text(json.dumps(asdict(measurement)))
         os.replace(tmp, path)
     except OSError:
-        pass  # an unwritable cache costs a measurement next time, nothing else
+        pass
 
 
 def _index(device: torch.device) -> int:

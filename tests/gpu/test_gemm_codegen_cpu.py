@@ -15,7 +15,7 @@ import torch
 
 from fxfuse import expr as E
 from fxfuse.cuda import build, gemm_codegen
-from fxfuse.cuda.engine import GRAPH_TIMING, Selection, _read_selection, _write_selection
+from fxfuse.cuda.engine import GRAPH_TIMING, Selection, read_measurement, write_measurement
 from fxfuse.ir import Gemm, Pointwise, Program, Widen
 from fxfuse.report import Report, Row
 from fxfuse.vocabulary import call
@@ -236,12 +236,12 @@ def test_gemm_modules_are_built_for_hopper_only(monkeypatch):
 def test_a_selection_survives_on_disk_and_a_corrupt_one_is_measured_again(tmp_path):
     selection = Selection("cooperative, raster M", 1, {"row": 12.5, "cooperative, raster M": 10.0}, GRAPH_TIMING)
     path = tmp_path / "selections" / "s.json"
-    _write_selection(path, selection)
-    assert _read_selection(path) == selection
+    write_measurement(path, selection)
+    assert read_measurement(path, Selection) == selection
     path.write_text("{not json")
-    assert _read_selection(path) is None
+    assert read_measurement(path, Selection) is None
     path.write_text('{"path": "row", "config": -1, "times_us": {"row": 12.5}}')
-    assert _read_selection(path) is None  # timed before the method was recorded: measured again
+    assert read_measurement(path, Selection) is None  # timed before the method was recorded: measured again
     assert "in-GEMM epilogue (cooperative, raster M)" in selection.describe()
     assert "measured (CUDA-graph replay)" in selection.describe()
     assert "row 12.5 us" in Selection("row", -1, {"row": 12.5}, GRAPH_TIMING).describe()
