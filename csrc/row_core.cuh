@@ -56,6 +56,15 @@ struct Row {
       for (int e = 0; e < VEC; ++e) v[i][e] = o.v[i][e];
   }
 
+  // Every element of the row becomes s: a row reduction's value, broadcast back against
+  // per-column values (its stores and later stages mask the columns past the row's end)
+  FX_DEVICE void fill(float s) {
+#pragma unroll
+    for (int i = 0; i < ITEMS; ++i)
+#pragma unroll
+      for (int e = 0; e < VEC; ++e) v[i][e] = s;
+  }
+
   FX_DEVICE void load() {
 #pragma unroll
     for (int i = 0; i < ITEMS; ++i) load_chunk(i, v[i]);

@@ -149,7 +149,26 @@ class Program:
 
     @property
     def reduction(self) -> Reduce | None:
-        return next((s for s in self.stages if isinstance(s, Reduce) and s.changes_shape), None)
+        """The row reduction whose one value a row is the op's output: None where there is none,
+        or where a later pointwise stage broadcasts that value (kept as (M, 1)) back against
+        per-column values (``x.sum(-1, keepdim=True) * w``: a row of N again)."""
+        found = None
+        for stage in self.stages:
+            if isinstance(stage, Reduce) and stage.changes_shape:
+                found = stage
+            elif found is not None and found.keepdim and isinstance(stage, Pointwise) and self.reads_columns(stage):
+                found = None
+        return found
+
+    @property
+    def broadcasts_back(self) -> bool:
+        """A row reduction's value is broadcast back against per-column values (``reduction``)."""
+        return self.reduction is None and any(isinstance(s, Reduce) and s.changes_shape for s in self.stages)
+
+    def reads_columns(self, stage: Pointwise) -> bool:
+        """Whether the stage's expression reads a per-column parameter."""
+        indices = {E.param_index(s) for s in stage.expr.free_symbols}
+        return any(i is not None and i < len(self.params) and read_as(self.params[i]) == "col" for i in indices)
 
     @property
     def batch_norm_training(self) -> Norm | None:
@@ -286,8 +305,9 @@ def gradient_form(program: Program) -> GradientForm | None:
     """The form a generated backward of ``program`` takes: "pointwise" (every stage pointwise: one
     derivative per element), "norm" or "reduce" (a ``row_split``: pre's and post's derivatives
     around the middle's); None where it has none: a parameter whose gradient is not a column sum
-    (an operand of the output's shape, a seed, a second GEMM) or stages of neither form."""
-    if any(kind not in ("col", "scalar") for kind in program.params):
+    (an operand of the output's shape, a seed, a second GEMM), a reduction broadcast back, or
+    stages of neither form."""
+    if any(kind not in ("col", "scalar") for kind in program.params) or program.broadcasts_back:
         return None
     if all(isinstance(stage, Pointwise) for stage in program.stages):
         return "pointwise"

@@ -207,6 +207,7 @@ class _Matcher:
         self.has_batch_norm_training = False
         self.reduced = False  # a row reduction changed the shape
         self.keeps_reduced_dim = False  # the reduced value keeps its feature dim, of size 1
+        self.broadcast_back = False  # the reduced value met a per-column vector: a row of N again
         self.snapshots: list[_Snapshot] = []
         self._downstream: set[Node] | None = None
         self.dtype: torch.dtype | None = None  # the GEMM's output dtype: the chain's element type
@@ -611,6 +612,10 @@ class _Matcher:
         if all(d == 1 for d in shape):
             return "scalar"
         if not self.reduced and shape[-1] == self.n and all(d == 1 for d in shape[:-1]):
+            return "col"
+        if (self.reduced and (self.keeps_reduced_dim or self.broadcast_back) and shape[-1] == self.n
+                and all(d == 1 for d in shape[:-1])):  # one value a row against N: a row of N again
+            self.broadcast_back, self.keeps_reduced_dim = True, False
             return "col"
         if not self.reduced and shape == self.shape:
             return "full"

@@ -149,7 +149,9 @@ def _pointwise(stage: Pointwise, v: torch.Tensor, values: list[torch.Tensor]) ->
     result = E.evaluate(stage.expr, symbol, lambda fn, args: fn.row.reference(*args))
     if not isinstance(result, torch.Tensor):  # an expression without x (never matched, but total)
         result = torch.full_like(v, result)
-    return result.expand_as(v) if result.shape != v.shape else result
+    if result.shape == v.shape:
+        return result
+    return result.expand(torch.broadcast_shapes(result.shape, v.shape))  # (a reduction's value broadcast back)
 
 
 def _norm(stage: Norm, v: torch.Tensor, params: list[torch.Tensor], dtype: torch.dtype):

@@ -115,6 +115,38 @@ def test_operands_of_one_value_per_row_fuse_before_and_after_a_row_reduction(dty
     assert "sum(keepdim=True)" in row.program
 
 
+class BroadcastBack(nn.Module):
+    """A row reduction's one value a row meets a per-column vector: ``mean(relu(y)) * w + b`` is a
+    row of N again (then a sigmoid)."""
+
+    def __init__(self):
+        super().__init__()
+        self.proj = nn.Linear(K, N)
+        self.w, self.b = nn.Parameter(torch.randn(N)), nn.Parameter(torch.randn(N))
+
+    def forward(self, x):
+        return torch.sigmoid(torch.relu(self.proj(x)).mean(-1, keepdim=True) * self.w + self.b)
+
+
+@pytest.mark.parametrize("train", [False, True], ids=["eval", "train"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_a_reduced_value_broadcast_back_against_columns_fuses_with_its_gradients(dtype, train):
+    report = check_against_eager(BroadcastBack, lambda: [torch.randn(B, T, K)], dtype=dtype, train=train, grads=train)
+    (row,) = report.rows
+    assert row.status == "fused", row.reason
+    assert "mean(keepdim=True)" in row.program and row.program.split("||")[1].split() == ["col", "col"]
+
+
+def test_after_a_reduction_broadcast_back_a_second_reduction_ends_the_chain():
+    class Twice(BroadcastBack):
+        def forward(self, x):
+            return (self.proj(x).sum(-1, keepdim=True) * self.w).amax(-1)
+
+    report = check_against_eager(Twice, lambda: [torch.randn(B, T, K)])
+    (row,) = report.rows
+    assert row.status == "partial" and row.reason == "max after a row reduction"
+
+
 class PerSample(nn.Module):
     """A (B, 1, 1) scale against (B, T, N): one value a sample (timm's drop-path mask)."""
 

@@ -435,6 +435,9 @@ class _Emitter:
         for stage in stages:
             if isinstance(stage, Pointwise):
                 stage = Pointwise(self._without_input_rounding(stage.expr))
+                if reduced and self.program.broadcasts_back and self.program.reads_columns(stage):  # a row of N again
+                    lines.append("r.fill(s);")
+                    reduced = False
                 lines += _emit_scalar_pointwise(self.program, stage) if reduced else _emit_map(self.program, stage)
                 self.rounded = self._is_rounding(stage.expr)
             elif isinstance(stage, Norm):

@@ -248,6 +248,12 @@ PROGRAMS["s05_traced_bf16"] = Program.parse(
     "linear(bias=True) | logsumexp(keepdim=True) | pointwise(bf16(gelu(bf16(gelu(bf16(leaky_relu(bf16(leaky_relu("
     "bf16(x), 0.01)), 0.01)))))))"
 )
+# a row reduction's value broadcast back against per-column values: a row of N again
+PROGRAMS["reduce_sum_keep_broadcast"] = Program(
+    Gemm(True), (pw(call("relu", X)), Reduce("sum", keepdim=True), pw(E.add(E.mul(X, p(0)), p(1)))), ("col", "scalar"))
+PROGRAMS["reduce_mean_broadcast_traced_bf16"] = Program.parse(
+    "linear(bias=True) | pointwise(bf16(relu(x))) | mean(keepdim=True) | "
+    "pointwise(bf16(sigmoid(bf16(bf16(bf16(x) * p0) + 0.5)))) || col")
 PROGRAMS["s11_traced_bf16"] = Program.parse("linear(bias=True) | pointwise(bf16(gelu(x))) | softmax()")
 # transformers' RMSNorm in a bf16 model: the norm in float32, cast back, the weight multiply in bf16
 PROGRAMS["narrow_traced_bf16"] = Program.parse(
@@ -266,9 +272,11 @@ LOW_PRECISION = ["s01_scale_leaky", "s04_group_silu_vec_silu", "s03_batch_train_
                  "s16_sigmoid_sum", "s21_rms_silu", "group_odd", "s05_traced_bf16", "s11_traced_bf16",
                  "full_residual_layer", "full_gate_silu", "keep_residual_layer", "narrow_traced_bf16",
                  "dropout_residual_layer", "gelu_dropout", "dropout_traced_bf16", "row_scale_gelu",
-                 "row_after_sum", "gemm_gate_silu", "gemm_gate_gelu_scaled"] + [
+                 "row_after_sum", "gemm_gate_silu", "gemm_gate_gelu_scaled", "reduce_sum_keep_broadcast",
+                 "reduce_mean_broadcast_traced_bf16"] + [
                      name for name in PROGRAMS if name.startswith("widen_")]
-TRACED_IN_BF16 = ["s05_traced_bf16", "s11_traced_bf16", "narrow_traced_bf16", "dropout_traced_bf16"]  # their rounding points are a bf16 chain's
+TRACED_IN_BF16 = ["s05_traced_bf16", "s11_traced_bf16", "narrow_traced_bf16", "dropout_traced_bf16",
+                  "reduce_mean_broadcast_traced_bf16"]  # their rounding points are a bf16 chain's
 
 
 def dtypes_of(name: str) -> list[torch.dtype]:
