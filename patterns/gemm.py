@@ -1,5 +1,8 @@
 """GEMM spellings: F.linear / nn.Linear, addmm(b, x, W.t()) and addmm(b, x, W) with W stored
-(K, N) (GPT-2's Conv1D), matmul / @ / mm with a transposed weight. A bias-free GEMM followed by ``+ vector`` is folded into the bias by the matcher."""
+(K, N) (GPT-2's Conv1D), matmul / @ / mm with a transposed weight or a 2-D one stored (K, N), and
+einsum of the same forms. A bias-free GEMM followed by ``+ vector`` is folded into the bias by the
+matcher. Batched matmuls of activations (bmm, baddbmm, matmul or einsum of two 3-D values) get a
+report row with the reason."""
 
 from __future__ import annotations
 
@@ -9,7 +12,7 @@ import torch
 import torch.nn.functional as F
 from torch.fx import Node
 
-from ..canonical import GemmOp, RejectedGemm
+from ..canonical import GemmOp, Rejected, RejectedGemm, example_value
 from . import spell
 
 
@@ -35,10 +38,41 @@ def linear(input, weight, bias=None):
 
 
 def matmul(input, other):
+    """``x @ W.T`` (a weight stored (N, K)), or ``x @ W`` with a 2-D W stored (K, N)."""
     weight = transposed_weight(other)
-    if weight is None:
-        return RejectedGemm("matmul whose right operand is not a transposed (N, K) weight")
-    return GemmOp(input, weight, None)
+    if weight is not None:
+        return GemmOp(input, weight, None)
+    value = example_value(other)
+    if getattr(value, "ndim", None) != 2:
+        return RejectedGemm("a batched matmul: its right operand is not a 2-D weight")
+    return GemmOp(input, other, None, weight_is_kn=True)
+
+
+def bmm(input, mat2):
+    return RejectedGemm("a batched matmul (bmm) of two 3-D values")
+
+
+def baddbmm(input, batch1, batch2, *, beta=1, alpha=1):
+    return RejectedGemm("a batched matmul (baddbmm) of two 3-D values")
+
+
+def einsum(equation, *operands):
+    """``einsum("...k,nk->...n", x, W)`` is ``x @ W.T``, ``"...k,kn->...n"`` is ``x @ W``;
+    another contraction of two operands is a GEMM fxfuse does not take; anything else is no GEMM."""
+    if len(operands) == 1 and isinstance(operands[0], (list, tuple)):
+        operands = tuple(operands[0])
+    if not isinstance(equation, str) or len(operands) != 2 or equation.count("->") != 1:
+        return Rejected("einsum other than of two operands with an explicit output")
+    inputs, output = equation.replace(" ", "").split("->")
+    left, _, right = inputs.partition(",")
+    if len(left) >= 2 and len(right) == 2 and "." not in right:
+        lead, k = left[:-1], left[-1]
+        for weight_is_kn, n in ((False, right[0]), (True, right[1])):
+            if right == (k + n if weight_is_kn else n + k) and n != k and n not in left and output == lead + n:
+                return GemmOp(operands[0], operands[1], None, weight_is_kn=weight_is_kn)
+    if (set(left) & set(right)) - set(output) - {"."}:
+        return RejectedGemm(f"einsum {equation!r} is not a GEMM by a 2-D weight")
+    return Rejected(f"einsum {equation!r} contracts nothing")
 
 
 def addmm(input, mat1, mat2, *, beta=1, alpha=1):
@@ -53,4 +87,7 @@ SPELLINGS = (
     spell(linear, torch._C._nn.linear, F.linear),
     spell(matmul, torch.matmul, operator.matmul, torch.mm, "matmul", "mm", "__matmul__"),
     spell(addmm, torch.addmm),
+    spell(bmm, torch.bmm, "bmm"),
+    spell(baddbmm, torch.baddbmm, "baddbmm"),
+    spell(einsum, torch.einsum),
 )

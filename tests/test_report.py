@@ -12,6 +12,7 @@ import torch.nn as nn
 
 import fxfuse
 from examples import suite
+from support import check_against_eager
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -70,8 +71,9 @@ def test_partial_chain_names_the_op_it_stopped_at():
 
 
 def test_a_gemm_fxfuse_cannot_take_still_gets_a_row_with_the_reason():
-    """A matmul of two activations is in the report too, beside the GEMMs fxfuse takes (here
-    GPT-2's Conv1D spelling, addmm with the weight stored (K, N))."""
+    """Batched matmuls of activations (matmul, bmm, baddbmm, einsum of 3-D values) are in the
+    report too, beside the GEMMs fxfuse takes (here GPT-2's Conv1D spelling, addmm with the weight
+    stored (K, N))."""
 
     class Model(nn.Module):
         def __init__(self):
@@ -80,13 +82,37 @@ def test_a_gemm_fxfuse_cannot_take_still_gets_a_row_with_the_reason():
             self.bias = nn.Parameter(torch.randn(16))
 
         def forward(self, x):
-            y = torch.relu(torch.addmm(self.bias, x, self.weight))
-            return y @ y.t().relu()
+            y = torch.relu(torch.addmm(self.bias, x, self.weight)).unsqueeze(0)
+            yt = y.transpose(1, 2)
+            return (torch.relu(y @ yt), torch.bmm(y, yt).relu(), torch.baddbmm(x[:1, :1], y, yt).relu(),
+                    torch.einsum("bij,bjk->bik", y, yt).relu())
 
     rows = fxfuse.report(Model(), torch.randn(4, 8), allow_cpu=True).rows
     assert rows[0].fused == ["addmm", "relu"]  # the weight stored (K, N): read as its transpose
-    assert rows[1].status == "not_fused"
-    assert "not a transposed (N, K) weight" in rows[1].reason
+    assert [(r.status, r.reason) for r in rows[1:]] == [
+        ("not_fused", "a batched matmul: its right operand is not a 2-D weight"),
+        ("not_fused", "a batched matmul (bmm) of two 3-D values"),
+        ("not_fused", "a batched matmul (baddbmm) of two 3-D values"),
+        ("not_fused", "einsum 'bij,bjk->bik' is not a GEMM by a 2-D weight"),
+    ]
+
+
+def test_einsum_and_matmul_by_a_weight_stored_k_by_n_are_gemms():
+    """``einsum("bk,nk->bn", x, W)`` is a Linear; ``x @ W`` and ``einsum("...k,kn->...n")`` with
+    W stored (K, N) are GPT-2's Conv1D without the bias: all fuse, gradients included."""
+
+    class Model(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.w, self.w_kn = nn.Parameter(torch.randn(16, 8)), nn.Parameter(torch.randn(8, 16))
+
+        def forward(self, x):
+            return (torch.relu(torch.einsum("bk,nk->bn", x, self.w)), torch.tanh(x @ self.w_kn),
+                    torch.sigmoid(torch.einsum("...k,kn->...n", x, self.w_kn)))
+
+    report = check_against_eager(Model, lambda: [torch.randn(4, 8)], train=True, grads=True)
+    assert [(r.status, r.chain) for r in report.rows] == [
+        ("fused", ["einsum", "relu"]), ("fused", ["matmul", "tanh"]), ("fused", ["einsum", "sigmoid"])]
 
 
 def test_last_report_holds_the_graphs_of_the_last_compiles():
