@@ -551,8 +551,8 @@ class _Matcher:
                     or getattr(example_value(path[0]), "dtype", None) != self.dtype):
                 return None
             inputs = [o for o in op.operands if isinstance(o, Node)]
-            if len(inputs) != 1 or len(op.operands) - len(inputs) != len(
-                    [o for o in op.operands if isinstance(o, (int, float)) and not isinstance(o, bool)]):
+            numbers = [o for o in op.operands if isinstance(o, (int, float)) and not isinstance(o, bool)]
+            if len(inputs) != 1 or len(inputs) + len(numbers) != len(op.operands):
                 return None
             path.insert(0, inputs[0])
         return path if len(path) > 1 and self._is_second_gemm(path[0]) else None
