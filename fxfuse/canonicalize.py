@@ -4,7 +4,8 @@ Norms written out op by op (transformers' RMSNorms) become the norm op first
 (patterns/written_norms.py), and ops that read only a value's dtype and device
 (``new_empty``: timm's drop-path mask) factories that read nothing (patterns/shape_reads.py),
 and a GEMM read only split in two halves (a gated MLP's one-GEMM spelling) two GEMMs
-(patterns/split_gemms.py).
+(patterns/split_gemms.py). An ``unsqueeze(1)`` before a pooling along the features carries the
+pooling as its reason to stop a chain (patterns/feature_pooling.py).
 
 Dynamo records ``y.mul_(3)`` as a node whose later readers still name ``y``: the mutation is
 implicit in the node order. Where ``y`` is a fresh temporary, readers after the in-place node are
@@ -18,7 +19,7 @@ from __future__ import annotations
 from torch.fx import Graph, Node
 
 from . import patterns
-from .patterns import shape_reads, split_gemms, written_norms
+from .patterns import feature_pooling, shape_reads, split_gemms, written_norms
 from .canonical import AliasOp, CanonicalOp, GemmOp, NormOp, PointwiseOp, ReduceOp, Rejected, ReshapeOp
 
 FRESH_VALUE_OPS = (GemmOp, PointwiseOp, NormOp, ReduceOp)  # they produce new tensors, not views
@@ -32,7 +33,7 @@ def canonicalize(graph: Graph) -> dict[Node, CanonicalOp]:
     gemms = {node: op for node in graph.nodes if isinstance(op := _lookup(node), GemmOp)}
     split_gemms.split_in_two(graph, gemms)
     order = {node: i for i, node in enumerate(graph.nodes)}
-    rejected: dict[Node, Rejected] = {}
+    rejected: dict[Node, Rejected] = feature_pooling.blockers(graph)
     for node in graph.nodes:  # in order, so chains of in-place ops rewire one after another
         op = _lookup(node)
         if isinstance(op, PointwiseOp) and op.inplace:

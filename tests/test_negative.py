@@ -122,3 +122,13 @@ def test_a_norm_of_the_gemms_dtype_after_the_chain_widened_ends_the_chain():
 
     row = _row(epilogue, dtype=torch.bfloat16)
     assert row.status in ("partial", "not_fused") and "layer_norm" not in row.fused
+
+
+@pytest.mark.parametrize("pool", [
+    lambda y: F.avg_pool1d(y.unsqueeze(1), kernel_size=4).squeeze(1),
+    lambda y: nn.MaxPool1d(2, stride=2)(y.unsqueeze(1)).squeeze(1),
+], ids=["avg_pool1d", "max_pool1d"])
+def test_pooling_along_the_features_is_named_as_what_stops_the_chain(pool):
+    row = _row(lambda m, y: torch.relu(pool(torch.sigmoid(y))))
+    assert row.status == "partial" and row.fused[-1] == "sigmoid"
+    assert row.reason.endswith("pool1d along the features (of unsqueeze): pooling is not fused yet")
