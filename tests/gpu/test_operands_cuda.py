@@ -1,7 +1,8 @@
 """Real-model spellings on CUDA: GPT-2's Conv1D (a weight stored (K, N)), views that regroup rows
 and operands of the output's shape (a residual, a gate: read by the row kernels at each element's
-own position) and a second output (keep(): a residual sum the graph reads twice) run in the fused
-kernels and equal eager, outputs and gradients."""
+own position), a second output (keep(): a residual sum the graph reads twice), a gated MLP written
+with the up projection first and a row reduction broadcast back run in the fused kernels and equal
+eager, outputs and gradients."""
 
 from __future__ import annotations
 
@@ -15,7 +16,8 @@ import torch.nn as nn
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/: support, test_operands
 
 from support import check_against_eager  # noqa: E402
-from test_operands import B, K, N, T, BertOutput, Conv1DBlock, PreNormBlock, three_d  # noqa: E402
+from test_operands import (B, K, N, T, BertOutput, BroadcastBack, Conv1DBlock, PreNormBlock,  # noqa: E402
+                           UpFirstSwiGLU, three_d)
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 
@@ -61,3 +63,24 @@ def test_a_chain_that_returns_a_second_value_fuses_on_cuda(train, dtype):
     first, second = report.rows
     assert first.status == "fused" and "keep()" in first.program
     assert second.status == "fused"
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("train", [False, True], ids=["eval", "train"])
+def test_a_gated_mlp_with_the_up_projection_first_fuses_on_cuda(train, dtype):
+    """up(x) * silu(gate(x)): one op, the activation on its second GEMM (row path, and the in-GEMM
+    kernels where the selection takes them)."""
+    report = check_against_eager(UpFirstSwiGLU, lambda: [torch.randn(B, T, K)], dtype=dtype, device="cuda",
+                                 train=train, grads=train, draws=3)
+    up, gate, _ = report.rows
+    assert up.status == gate.status == "fused" and "silu(p0)" in up.program
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("train", [False, True], ids=["eval", "train"])
+def test_a_reduced_value_broadcast_back_fuses_on_cuda(train, dtype):
+    """mean(relu(y), keepdim) * w + b, then sigmoid: the row kernels fill the row with the mean."""
+    report = check_against_eager(BroadcastBack, lambda: [torch.randn(B, T, K)], dtype=dtype, device="cuda",
+                                 train=train, grads=train, draws=3)
+    (row,) = report.rows
+    assert row.status == "fused" and "mean(keepdim=True)" in row.program
