@@ -617,6 +617,11 @@ def run(
                 entry["error"] = _error(e)
                 _release()
             report["rows"].append(entry)
+    return _emit(report, show, json_path, png_path)
+
+
+def _emit(report: dict[str, Any], show: bool, json_path: str | Path | None, png_path: str | Path | None) -> dict[str, Any]:
+    """Print the tables (``show``), write the JSON and the chart where asked; the report."""
     if show:
         print(format_report(report))
     if json_path:
@@ -641,13 +646,7 @@ def run_apart(rows: list[str] | None, dtype: str, repeats: int, *, latency_calls
                        "--json", str(out), "--quiet"] + (["--rows", ",".join(rows)] if rows else [])
             subprocess.run(command, check=True)
             reports[compiler] = json.loads(out.read_text())
-    report = merge_apart(reports["inductor"], reports["fxfuse"])
-    print(format_report(report))
-    if json_path:
-        Path(json_path).write_text(json.dumps(report, indent=1))
-    if png_path:
-        plot(report, png_path)
-    return report
+    return _emit(merge_apart(reports["inductor"], reports["fxfuse"]), True, json_path, png_path)
 
 
 def merge_apart(inductor: dict[str, Any], fxfuse: dict[str, Any]) -> dict[str, Any]:
