@@ -250,7 +250,10 @@ class _Matcher:
             chain.append(describe(stop_node))
         best, shrink_reason = self._longest_closed_prefix()
         if best is None or not best.stages:
-            reason = shrink_reason or stop_reason or "no epilogue op after the GEMM"
+            dead = len(self.region) > 1 and not self.region[-1].users  # (a pooler output nobody reads)
+            reason = shrink_reason or stop_reason or (
+                "nothing reads the chain's value (dead code, which Inductor removes)" if dead
+                else "no epilogue op after the GEMM")
             after = chain[1 : len(self.region)]  # the ops matched after the GEMM
             if best is not None and not best.stages and best.bias is not None and not shrink_reason:
                 only_bias = self.op.bias is None and len(after) == 1

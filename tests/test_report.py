@@ -175,3 +175,23 @@ def test_a_gated_mlps_up_projection_row_names_the_op_it_joined_and_its_path_show
     gate, up = Row.all_of(0, replace(chain, decision=Decision("in-GEMM epilogue; measured: ...")))
     assert gate.status == up.status == "fused" and up.chain == ["linear", "second GEMM of linear's op"]
     assert gate.path == "in-GEMM epilogue; measured: ..." and up.path is None
+
+
+def test_a_chain_whose_value_nothing_reads_says_so():
+    """A GEMM chain computed and then dropped (transformers' pooler when only the last hidden
+    state is used) is not fused, and the report says why."""
+
+    class Model(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.body, self.pooler = nn.Linear(8, 8), nn.Linear(8, 8)
+
+        def forward(self, x):
+            h = torch.relu(self.body(x))
+            torch.tanh(self.pooler(h[:, 0]))  # computed, never used
+            return h
+
+    rows = fxfuse.report(Model(), torch.randn(2, 3, 8), allow_cpu=True).rows
+    assert rows[0].fused == ["linear", "relu"]  # (then read by the indexing, which it cannot take)
+    assert rows[1].status == "not_fused"
+    assert rows[1].reason == "nothing reads the chain's value (dead code, which Inductor removes)"
