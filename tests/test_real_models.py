@@ -75,7 +75,8 @@ def _inputs(name: str):
 # fuse, their dropout drawn inside the fused op.
 FUSED = {
     # attention output and FFN output (Linear + residual + LayerNorm), the intermediate's GELU;
-    # the pooler reads the first token (an indexing): partial
+    # the last output block stops at the pooler's indexing of the first token (partial); the
+    # pooler's own chain is never read (only the last hidden state is): not fused
     "bert": {"eval": (5, 13), "train": (5, 13)},
     # Conv1D (addmm with a (K, N) weight, views around it): c_fc + gelu_new (written out) in each
     # block; c_proj + residual, the sum returned too (keep()) for the next block and normalised by
@@ -91,8 +92,9 @@ FUSED = {
     # split into heads
     "t5": {"eval": (6, 12), "train": (6, 12)},
     "t5_gated_gelu": {"eval": (8, 14), "train": (8, 14)},
-    # the intermediate's GELU and the pooler; the attention output + residual, kept and normalised
-    # by layernorm_after in the same op, and the FFN output + residual + the next LayerNorm
+    # the intermediate's GELU; the attention output + residual, kept and normalised by
+    # layernorm_after in the same op, and the FFN output + residual + the next LayerNorm (the last
+    # one stops at the pooler's indexing: partial; the pooler's own chain is never read)
     "vit": {"eval": (5, 13), "train": (5, 13)},
 }
 
