@@ -23,7 +23,6 @@ import torch
 from torch.fx import Graph, GraphModule
 
 from .example_values import is_fake, mutates
-from .ir import Dropout
 from .match import Chain
 
 
@@ -48,12 +47,11 @@ class GraphTimes:
 def worth_timing(chains: Sequence[Chain], graph: Graph, example_inputs: Sequence) -> bool:
     """The graph's fused chains include a measured decision against Inductor, and timing the
     graph twice is harmless: it runs on CUDA tensors the compile was handed (not fakes), mutates
-    nothing and draws no random numbers (a dropout stage, a random op)."""
+    nothing and draws no random numbers (a random op, a dropout in training: a fused chain's
+    dropout is still its F.dropout node in the traced graph)."""
     measured = [c for c in chains if c.decision is not None and c.decision.selection is not None
                 and c.decision.selection.inductor_is_faster() is False]
     if not measured:
-        return False
-    if any(isinstance(s, Dropout) for c in chains if c.program for s in c.program.stages):
         return False
     inputs = list(example_inputs)
     if any(is_fake(v) for v in inputs) or not any(isinstance(v, torch.Tensor) and v.is_cuda for v in inputs):

@@ -134,3 +134,12 @@ def test_both_compiled_graphs_run_on_the_compiles_inputs_and_either_serves_the_m
             x = torch.randn(4, 16)
             torch.testing.assert_close(compiled(x), model(x), rtol=1e-4, atol=1e-4)
     assert [c.status for c in seen["rows"]] == (["fused", "not_fused"] if winner == "fused" else ["not_fused"] * 2)
+
+
+@pytest.mark.parametrize("train", [True, False], ids=["train", "eval"])
+def test_a_graph_with_dropout_in_training_draws_random_numbers_in_eval_it_does_not(train):
+    """Timing a graph runs it many times: one that draws random numbers (a dropout in training,
+    fused or not: its node is in the traced graph) is not timed."""
+    model = nn.Sequential(nn.Linear(8, 8), nn.Dropout(0.5)).train(train)
+    gm, _ = captured(model, torch.randn(4, 8))
+    assert any(graph_timing._draws_random_numbers(n) for n in gm.graph.nodes) is train
