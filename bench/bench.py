@@ -24,8 +24,10 @@ Each is timed three ways, because each answers a different question:
 * ``latency``: one call between ``torch.cuda.synchronize()`` calls on a host clock (what a single
   request sees; CPU-bound at decode shapes).
 
-Graph replays, pipelined, latency and CPU-cost samples are taken round-robin over the variants, so
-that drift of a shared host or of the GPU's clocks lands on all of them alike.
+Graph replays, pipelined, latency and CPU-cost samples are taken in blocks: each variant runs alone
+for a while, then is sampled, the variants in order and then in reverse order (``in_blocks``), so
+that no variant is timed in the state another left on the card and slow drift of a shared host or
+of the GPU's clocks lands on all of them alike.
 
 Plus peak memory per call, the per-call CPU cost of each variant on a tiny (8 x 64 -> 64) version of
 the model (and of Dynamo alone, ``backend="eager"``), and a check of fxfuse's output against eager.
@@ -323,31 +325,43 @@ def cpu_sample(fn: Fn, input_sets: Sequence[Inputs], round_: int) -> float:
 Sampler = Callable[[Fn, Sequence[Inputs], int], float]
 
 
-def interleaved(
-    sample: Sampler, fns: dict[str, Fn], input_sets: Sequence[Inputs], rounds: int
+def in_blocks(
+    sample: Sampler, fns: dict[str, Fn], input_sets: Sequence[Inputs], rounds: int, passes: int = 4,
+    settle_s: float = 0.2,
 ) -> tuple[dict[str, list[float]], dict[str, str]]:
-    """``rounds`` samples of every variant, taken round-robin, the order rotated each round.
+    """``rounds`` samples of every variant, taken in blocks: one variant at a time runs untimed
+    for ``settle_s``, then is sampled ``rounds / passes`` times; the variants in order, then in
+    reverse order, ``passes`` passes in all.
 
-    Timing one variant after the other lets slow drift of the host (other tenants, clocks,
-    Inductor's compile workers) fall on one variant only; at decode shapes, where a call is
-    CPU-bound, that drift was as large as the differences measured. Python's GC is off meanwhile,
-    as in timeit. A variant that raises is dropped; its error is returned.
+    A variant sampled right after another runs in the state that one left: a big GEMM runs at the
+    card's power limit, and round-robin samples timed S26 at 0.89x Inductor's where each variant
+    run alone measured 1.11x (BENCHMARKS.md section 17). Reversing the order every pass lets slow
+    drift of the host (other tenants, clocks, Inductor's compile workers) fall on all variants
+    alike; at decode shapes, where a call is CPU-bound, that drift was as large as the differences
+    measured. Python's GC is off meanwhile, as in timeit. A variant that raises is dropped; its
+    error is returned.
     """
     names = list(fns)
     samples: dict[str, list[float]] = {n: [] for n in names}
     errors: dict[str, str] = {}
+    per_block = max(1, -(-rounds // passes))
     gc_enabled = gc.isenabled()
     gc.disable()
     try:
-        for r in range(rounds):
-            k = r % len(names) if names else 0
-            for n in names[k:] + names[:k]:
+        for p in range(passes):
+            for n in names if p % 2 == 0 else names[::-1]:
+                if n in errors:
+                    continue
                 try:
-                    samples[n].append(sample(fns[n], input_sets, r))
+                    settled_at = time.perf_counter() + settle_s
+                    sample(fns[n], input_sets, 0)
+                    while time.perf_counter() < settled_at:
+                        sample(fns[n], input_sets, 0)
+                    for _ in range(min(per_block, rounds - len(samples[n]))):
+                        samples[n].append(sample(fns[n], input_sets, len(samples[n])))
                 except Exception as e:
                     traceback.print_exc(file=sys.stderr)
                     errors[n] = _error(e)
-            names = [n for n in names if n not in errors]
     finally:
         if gc_enabled:
             gc.enable()
@@ -462,7 +476,7 @@ def _sample_into(
     rounds: int,
 ) -> None:
     """Interleaved samples of ``kind`` for ``fns`` into ``variants``; failures become errors."""
-    samples, errors = interleaved(sample, fns, input_sets, rounds)
+    samples, errors = in_blocks(sample, fns, input_sets, rounds)
     for name, values in samples.items():
         if values:
             variants[name][f"{kind}_samples"] = values
@@ -534,7 +548,7 @@ def measure_cpu(row: SuiteRow, spec: DtypeSpec, cfg: Config) -> dict[str, float 
             traceback.print_exc(file=sys.stderr)
             errors[name] = _error(e)
     ready = {name: fn for name, fn in fns.items() if name not in errors}
-    samples, late_errors = interleaved(cpu_sample, ready, [inputs], cfg.cpu_calls)
+    samples, late_errors = in_blocks(cpu_sample, ready, [inputs], cfg.cpu_calls)
     errors.update(late_errors)
     del fns, ready, model, inputs
     _release()

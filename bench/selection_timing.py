@@ -57,7 +57,7 @@ def main() -> None:
     graph_timed = engine.time_candidates
 
     def both_methods(calls):
-        launches = engine.interleaved_medians(calls, engine.time_us)
+        launches = engine.blocked_medians(calls, engine.time_us)
         times, timing = graph_timed(calls)
         recorded.append((calls, launches, times))
         return times, timing
@@ -73,7 +73,7 @@ def main() -> None:
             fused(*inputs)
             print(fxfuse.last_report())
             for calls, launches_at_compile, graphs_at_compile in recorded:
-                launches = engine.interleaved_medians(calls, engine.time_us)
+                launches = engine.blocked_medians(calls, engine.time_us)
                 graphs, _ = graph_timed(calls)
                 print(f"\n{row.id}: {len(calls)} candidates, µs per call")
                 print(f"  {'candidate':58s} {'launches':>9s} {'graph':>9s} {'launches':>9s} {'graph':>9s}")

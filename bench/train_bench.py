@@ -8,7 +8,7 @@ eager, Inductor and fxfuse.
 For every row, in one process: each variant's model (its own copy, in training mode) runs
 ``STEP_CALLS`` forward + backward passes back to back between CUDA events (parameter gradients set
 to None before each pass, a fixed random output gradient), median over ``--repeats`` rounds taken
-round-robin over the variants; then the same with ``optimizer.step()`` (AdamW) after each backward,
+in blocks over the variants (bench.in_blocks); then the same with ``optimizer.step()`` (AdamW) after each backward,
 for context (the optimizer is the same work for every variant). Peak memory is what one forward +
 backward allocates at its peak beyond what was held before it. ``autocast`` runs the fp32 model
 under ``torch.autocast("cuda", dtype=torch.bfloat16)``; ``bf16`` converts the model.
@@ -35,7 +35,7 @@ import torch
 import torch.nn as nn
 from tabulate import tabulate
 
-from bench.bench import fxfuse_backend_arg, interleaved
+from bench.bench import fxfuse_backend_arg, in_blocks
 from examples.suite import build, make_inputs
 from examples.train_mlp import MLP
 
@@ -145,7 +145,7 @@ def measure(row: str, dtype: str, repeats: int, how: Compile = Compile()) -> dic
     for name, step in steps.items():
         result["variants"][name]["peak_mib"] = peak_mib(step)
     for kind, method in (("fwd_bwd", "forward_backward"), ("step", "full_step")):
-        samples, errors = interleaved(sampler(method), steps, [], repeats)
+        samples, errors = in_blocks(sampler(method), steps, [], repeats)
         for name in VARIANTS:
             entry = result["variants"][name]
             entry[f"{kind}_ms"] = statistics.median(samples[name]) if samples.get(name) else None

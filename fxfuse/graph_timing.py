@@ -91,15 +91,15 @@ def _timing_file(traced: GraphModule, rewritten: GraphModule, example_inputs: Se
 
 
 def time_both(fused: Callable, inductor: Callable, example_inputs: Sequence) -> GraphTimes:
-    """Both compiled graphs timed on ``example_inputs``, interleaved (every round times each
-    once), with the random number generators' state restored afterwards."""
-    from .cuda.engine import interleaved_medians, time_candidates, time_us
+    """Both compiled graphs timed on ``example_inputs``, each alone for a while in turn
+    (``blocked_medians``), with the random number generators' state restored afterwards."""
+    from .cuda.engine import blocked_medians, time_candidates, time_us
 
     calls = {"fused": _caller(fused, example_inputs), "inductor": _caller(inductor, example_inputs)}
     device = next(v.device for v in example_inputs if isinstance(v, torch.Tensor) and v.is_cuda)
     with torch.no_grad(), torch.random.fork_rng(devices=[device]):
         gpu, _ = time_candidates(calls)
-        launched = interleaved_medians(calls, time_us)
+        launched = blocked_medians(calls, time_us)
     return GraphTimes(gpu["fused"], gpu["inductor"], launched["fused"], launched["inductor"])
 
 

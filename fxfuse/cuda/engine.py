@@ -26,6 +26,7 @@ import multiprocessing
 import os
 import statistics
 import threading
+import time
 import warnings
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Callable
@@ -402,17 +403,27 @@ def inductor_chain(program: Program, x, weight, bias, params) -> Callable[[], to
     return lambda: isolated(lambda: compiled(*inputs))
 
 
-def interleaved_medians(calls: dict[str, Callable[[], object]], time_once: Callable[[Callable], float],
-                        rounds: int = 7) -> dict[str, float]:
-    """The median of ``rounds`` timings of each call, taken round-robin (every candidate once a
-    round, after one warm-up round), so that a drift of the card's clocks during the measurement
-    lands on all candidates alike rather than on whichever ran last."""
-    for call in calls.values():
-        time_once(call)
+def blocked_medians(calls: dict[str, Callable[[], object]], time_once: Callable[[Callable], float],
+                    samples_per_block: int = 4, passes: int = 2, settle_s: float = 0.15) -> dict[str, float]:
+    """The median of each call's timings, taken in blocks: one candidate at a time runs untimed
+    for ``settle_s`` (at least once), then is timed ``samples_per_block`` times; the candidates
+    in order, then in reverse order, ``passes`` passes in all.
+
+    A big GEMM runs at the card's power limit, and a candidate timed right after another runs in
+    the state that one left. Round-robin samples (every candidate once a round) timed S26's fused
+    graph at 0.89x Inductor's where each run alone for a while, as in a user's process, measured
+    1.11x, and 1.10x with the card idle between samples (BENCHMARKS.md section 17). Reversing the
+    order every pass gives each candidate the same mean position, so that a card whose clocks
+    drift as it heats slows all of them alike."""
     samples: dict[str, list[float]] = {name: [] for name in calls}
-    for _ in range(rounds):
-        for name, call in calls.items():
-            samples[name].append(time_once(call))
+    order = list(calls)
+    for p in range(passes):
+        for name in order if p % 2 == 0 else reversed(order):
+            settled_at = time.perf_counter() + settle_s
+            time_once(calls[name])
+            while time.perf_counter() < settled_at:
+                time_once(calls[name])
+            samples[name] += [time_once(calls[name]) for _ in range(samples_per_block)]
     return {name: statistics.median(values) for name, values in samples.items()}
 
 
@@ -426,9 +437,9 @@ def time_candidates(calls: dict[str, Callable[[], object]]) -> tuple[dict[str, f
         graphs = captured(calls, CALLS_PER_SAMPLE)
     except Exception:  # noqa: BLE001 - uncapturable (a host sync, an allocation that cannot be pooled)
         torch.cuda.synchronize()
-        return interleaved_medians(calls, time_us), LAUNCH_TIMING
+        return blocked_medians(calls, time_us), LAUNCH_TIMING
     replays = {name: graph.replay for name, graph in graphs.items()}
-    times = interleaved_medians(replays, lambda replay: time_us(replay, 1) / CALLS_PER_SAMPLE)
+    times = blocked_medians(replays, lambda replay: time_us(replay, 1) / CALLS_PER_SAMPLE)
     del graphs, replays  # their shared memory pool goes back to the allocator's cache
     return times, GRAPH_TIMING
 

@@ -302,10 +302,38 @@ def test_gemm_modules_are_keyed_on_the_kernel_program_parameter_dtypes_and_cutla
     build.cutlass_version.cache_clear()
 
 
-def test_the_selection_times_candidates_round_robin():
-    """A card that slows as it heats (0.5 % a timing here) slows every candidate alike: the 1 %
-    faster path wins in either order, where timing one candidate after the other would not."""
-    from fxfuse.cuda.engine import interleaved_medians
+def test_the_selection_times_each_candidate_alone_for_a_while():
+    """A candidate timed right after another runs in the state that one left (the card's clocks
+    under its power limit): here the first call after the 1 % slower in-GEMM path runs 10 %
+    slower. Timed in blocks, each candidate after settling on its own, the faster row path wins,
+    where round-robin samples (every candidate once a round) would pick the slower one."""
+    from fxfuse.cuda.engine import blocked_medians
+
+    def card_with_memory():
+        last = {"call": None}
+
+        def time_once(call):
+            slowed = last["call"] is not None and last["call"] is not call and last["call"]() > 100.0
+            last["call"] = call
+            return call() * (1.10 if slowed else 1.0)
+
+        return time_once
+
+    calls = {"in-GEMM": lambda: 101.0, "row": lambda: 100.0}
+    times = blocked_medians(calls, card_with_memory(), settle_s=0.0)
+    assert min(times, key=times.get) == "row"
+    round_robin, time_once = {name: [] for name in calls}, card_with_memory()
+    for _ in range(8):
+        for name, call in calls.items():
+            round_robin[name].append(time_once(call))
+    assert min(round_robin, key=lambda name: sorted(round_robin[name])[4]) == "in-GEMM"
+
+
+def test_the_selection_spreads_a_drifting_clock_over_all_candidates():
+    """A card that slows as it heats (0.5 % a timing here) slows every candidate alike: blocks run
+    in order, then in reverse order, so the 1 % faster path wins in either order, where timing
+    one candidate after the other once would not."""
+    from fxfuse.cuda.engine import blocked_medians
 
     def drifting_clock():
         timings = {"n": 0}
@@ -318,7 +346,7 @@ def test_the_selection_times_candidates_round_robin():
 
     for order in (("row", "in-GEMM"), ("in-GEMM", "row")):
         calls = {name: (lambda v=100.0 if name == "row" else 99.0: v) for name in order}
-        times = interleaved_medians(calls, drifting_clock())
+        times = blocked_medians(calls, drifting_clock(), settle_s=0.0)
         assert min(times, key=times.get) == "in-GEMM"
     one_after_the_other = drifting_clock()
     row = sorted(one_after_the_other(lambda: 100.0) for _ in range(8))[4]

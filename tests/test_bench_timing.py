@@ -1,9 +1,37 @@
-"""``bench.py --apart``: Inductor and fxfuse timed in processes of their own, merged into one table
-whose fxfuse times are scaled by the two processes' GEMM times (the merge, without a GPU)."""
+"""How ``bench.py`` samples, without a GPU: each variant alone for a while, in blocks, the order
+reversed every pass; and ``--apart``, Inductor and fxfuse timed in processes of their own, merged
+into one table whose fxfuse times are scaled by the two processes' GEMM times."""
 
 from __future__ import annotations
 
-from bench.bench import format_report, merge_apart
+from bench.bench import format_report, in_blocks, merge_apart
+
+
+def test_each_variant_is_sampled_in_blocks_the_order_reversed_every_pass():
+    calls = []
+
+    def sample(fn, _inputs, _i):
+        calls.append(fn())
+        return 1.0
+
+    fns = {"inductor": lambda: "inductor", "fxfuse": lambda: "fxfuse"}
+    samples, errors = in_blocks(sample, fns, [], rounds=8, passes=4, settle_s=0.0)
+    assert errors == {} and {n: len(v) for n, v in samples.items()} == {"inductor": 8, "fxfuse": 8}
+    # every block: one untimed settling call, then rounds / passes = 2 samples, of one variant
+    blocks = [calls[i:i + 3] for i in range(0, len(calls), 3)]
+    assert all(len(set(block)) == 1 for block in blocks)
+    assert [block[0] for block in blocks] == ["inductor", "fxfuse", "fxfuse", "inductor"] * 2
+
+
+def test_a_variant_that_raises_is_dropped_with_its_error():
+    def sample(fn, _inputs, _i):
+        return fn()
+
+    def broken():
+        raise RuntimeError("no kernel")
+
+    samples, errors = in_blocks(sample, {"gemm": lambda: 1.0, "fxfuse": broken}, [], rounds=4, settle_s=0.0)
+    assert samples["gemm"] == [1.0] * 4 and samples["fxfuse"] == [] and "no kernel" in errors["fxfuse"]
 
 ENV = {"date": "2026-11-26", "device": "NVIDIA H200", "torch": "2.11", "cuda": "13.0", "dtype": "bf16"}
 
