@@ -54,6 +54,9 @@ INDUCTOR_MARGIN = 0.03
 GRAPH_TIMING = "CUDA-graph replay"  # how a selection timed its candidates (Selection.timing)
 LAUNCH_TIMING = "back-to-back launches"  # where a candidate could not be captured
 CALLS_PER_SAMPLE = 10  # calls of a candidate in one timing sample
+# How candidates are timed, in the selections' disk key: selections timed another way (round-robin,
+# before blocked_medians) are measured again
+TIMING_METHOD = "blocks"
 
 
 @dataclass(frozen=True)
@@ -404,7 +407,7 @@ def inductor_chain(program: Program, x, weight, bias, params) -> Callable[[], to
 
 
 def blocked_medians(calls: dict[str, Callable[[], object]], time_once: Callable[[Callable], float],
-                    samples_per_block: int = 4, passes: int = 2, settle_s: float = 0.15) -> dict[str, float]:
+                    samples_per_block: int = 4, passes: int = 2, settle_s: float = 0.05) -> dict[str, float]:
     """The median of each call's timings, taken in blocks: one candidate at a time runs untimed
     for ``settle_s`` (at least once), then is timed ``samples_per_block`` times; the candidates
     in order, then in reverse order, ``passes`` passes in all.
@@ -414,7 +417,8 @@ def blocked_medians(calls: dict[str, Callable[[], object]], time_once: Callable[
     graph at 0.89x Inductor's where each run alone for a while, as in a user's process, measured
     1.11x, and 1.10x with the card idle between samples (BENCHMARKS.md section 17). Reversing the
     order every pass gives each candidate the same mean position, so that a card whose clocks
-    drift as it heats slows all of them alike."""
+    drift as it heats slows all of them alike. A selection times up to some forty candidates, so
+    each settles for 0.05 s by default; the whole-graph check, two, settles longer."""
     samples: dict[str, list[float]] = {name: [] for name in calls}
     order = list(calls)
     for p in range(passes):
@@ -427,7 +431,7 @@ def blocked_medians(calls: dict[str, Callable[[], object]], time_once: Callable[
     return {name: statistics.median(values) for name, values in samples.items()}
 
 
-def time_candidates(calls: dict[str, Callable[[], object]]) -> tuple[dict[str, float], str]:
+def time_candidates(calls: dict[str, Callable[[], object]], settle_s: float = 0.05) -> tuple[dict[str, float], str]:
     """Median GPU time per call of each candidate, and how it was taken: from replays of a CUDA
     graph of ``CALLS_PER_SAMPLE`` calls each, as the benchmark measures a compiled model's GPU
     time (launches between CUDA events read the same within 2 % on S26, during the compile and
@@ -437,9 +441,9 @@ def time_candidates(calls: dict[str, Callable[[], object]]) -> tuple[dict[str, f
         graphs = captured(calls, CALLS_PER_SAMPLE)
     except Exception:  # noqa: BLE001 - uncapturable (a host sync, an allocation that cannot be pooled)
         torch.cuda.synchronize()
-        return blocked_medians(calls, time_us), LAUNCH_TIMING
+        return blocked_medians(calls, time_us, settle_s=settle_s), LAUNCH_TIMING
     replays = {name: graph.replay for name, graph in graphs.items()}
-    times = blocked_medians(replays, lambda replay: time_us(replay, 1) / CALLS_PER_SAMPLE)
+    times = blocked_medians(replays, lambda replay: time_us(replay, 1) / CALLS_PER_SAMPLE, settle_s=settle_s)
     del graphs, replays  # their shared memory pool goes back to the allocator's cache
     return times, GRAPH_TIMING
 
@@ -480,7 +484,7 @@ def _selection_file(module_key: str, shape, bucket: int, device: torch.device):
     from .build import cache_root
 
     name = torch.cuda.get_device_name(device)
-    text = f"{module_key}\n{shape[1]} {shape[2]} {bucket}\n{name}\n{torch.__version__}"
+    text = f"{module_key}\n{shape[1]} {shape[2]} {bucket}\n{name}\n{torch.__version__}\n{TIMING_METHOD}"
     return cache_root() / "selections" / f"{hashlib.sha256(text.encode()).hexdigest()[:32]}.json"
 
 
