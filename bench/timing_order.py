@@ -80,6 +80,7 @@ def read_smi(path: Path) -> list[tuple[float, float, float, float]]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--row", default="S26")
+    parser.add_argument("--blocks", default="ABBAABBA", help="the order of the blocks (A: fxfuse, B: Inductor)")
     parser.add_argument("--csv", help="write every sample (with the clock and power during it) here")
     args = parser.parse_args()
     torch.manual_seed(0)
@@ -97,7 +98,7 @@ def main() -> None:
     time.sleep(1.0)
     try:
         samples = interleaved(replays, rounds=20)
-        samples += blocks(replays, "ABBAABBA", warm_up=6, timed=6)
+        samples += blocks(replays, args.blocks, warm_up=6, timed=6)
         samples += interleaved(replays, rounds=12, idle_s=0.15)
         samples += interleaved(replays, rounds=20)
     finally:
