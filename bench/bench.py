@@ -1,7 +1,7 @@
 """Time fxfuse against the bare GEMM, eager PyTorch and Inductor on the public suite (SUITE.md).
 
     python bench/bench.py [--rows S01,S02,S23] [--dtype bf16|fp16|fp32|tf32|autocast]
-                          [--json out.json] [--png out.png] [--repeats N] [--apart]
+                          [--json out.json] [--png out.png] [--repeats N]
 
 For every row, in one process, four variants of the model at its benchmark size on CUDA:
 
@@ -32,10 +32,6 @@ of the GPU's clocks lands on all of them alike.
 Plus peak memory per call, the per-call CPU cost of each variant on a tiny (8 x 64 -> 64) version of
 the model (and of Dynamo alone, ``backend="eager"``), and a check of fxfuse's output against eager.
 
-``--apart`` runs Inductor and fxfuse in processes of their own (each with the GEMM and eager), since
-what one compiler leaves on the card can change how the other's kernels run (BENCHMARKS.md section
-16); fxfuse's times are then scaled by the ratio of the two processes' GEMM times, so that every
-ratio against the GEMM is the one measured in fxfuse's own process.
 Inputs are ``torch.rand`` draws made up front, rotated among ``N_INPUT_SETS`` sets so that repeated
 calls do not just re-read the cache. Everything runs under ``torch.no_grad()``; models are in
 training mode (BatchNorm on batch statistics) unless the row is an eval row. Compilation happens in
@@ -111,7 +107,6 @@ class Config:
     latency_calls: int = 100
     cpu_calls: int = 500  # samples behind each CPU-cost median
     max_autotune: bool = False  # also time Inductor's max-autotune mode
-    compilers: tuple[str, ...] = ("inductor", "fxfuse")  # the compiled variants this process times
 
 
 # --------------------------------------------------------------------------------------------
@@ -492,8 +487,7 @@ def measure_row(row: SuiteRow, spec: DtypeSpec, cfg: Config) -> dict[str, Any]:
     input_sets = [first] + [
         make_inputs(row, device="cuda", dtype=spec.param_dtype) for _ in range(N_INPUT_SETS - 1)
     ]
-    names = tuple(n for n in VARIANTS if n not in ("inductor", "fxfuse") or n in cfg.compilers)
-    fns = make_variants(model, spec, names + ((MAX_AUTOTUNE,) if cfg.max_autotune else ()), first)
+    fns = make_variants(model, spec, VARIANTS + ((MAX_AUTOTUNE,) if cfg.max_autotune else ()), first)
     import fxfuse
 
     fxfuse.reset_report()
@@ -524,7 +518,7 @@ def measure_row(row: SuiteRow, spec: DtypeSpec, cfg: Config) -> dict[str, Any]:
         "fxfuse_left_to_inductor": left,
         "check": {
             name: check(fns[name], fns["eager"], exact, input_sets, spec.tol)
-            for name in cfg.compilers
+            for name in ("inductor", "fxfuse")
         },
     }
     del fns, model, input_sets, first
@@ -537,8 +531,7 @@ def measure_cpu(row: SuiteRow, spec: DtypeSpec, cfg: Config) -> dict[str, float 
     _release()
     torch.manual_seed(0)
     model, inputs = build(row, size=TINY_SIZE, device="cuda", dtype=spec.param_dtype)
-    names = tuple(n for n in CPU_VARIANTS if n not in ("inductor", "fxfuse") or n in cfg.compilers)
-    fns = make_variants(model, spec, names, inputs)
+    fns = make_variants(model, spec, CPU_VARIANTS, inputs)
     errors: dict[str, str] = {}
     for name, fn in fns.items():
         try:
@@ -552,7 +545,7 @@ def measure_cpu(row: SuiteRow, spec: DtypeSpec, cfg: Config) -> dict[str, float 
     errors.update(late_errors)
     del fns, ready, model, inputs
     _release()
-    return {name: errors.get(name) or _median(samples.get(name)) for name in names}
+    return {name: errors.get(name) or _median(samples.get(name)) for name in CPU_VARIANTS}
 
 
 # --------------------------------------------------------------------------------------------
@@ -600,7 +593,6 @@ def run(
     latency_calls: int = 100,
     cpu_calls: int = 500,
     max_autotune: bool = False,
-    compilers: tuple[str, ...] = ("inductor", "fxfuse"),
     json_path: str | Path | None = None,
     png_path: str | Path | None = None,
     show: bool = True,
@@ -614,7 +606,7 @@ def run(
         raise RuntimeError("bench.run needs a CUDA GPU")
     if dtype not in DTYPES:
         raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, not {dtype!r}")
-    spec, cfg = DTYPES[dtype], Config(dtype, repeats, latency_calls, cpu_calls, max_autotune, tuple(compilers))
+    spec, cfg = DTYPES[dtype], Config(dtype, repeats, latency_calls, cpu_calls, max_autotune)
     report: dict[str, Any] = {"env": environment(dtype), "config": asdict(cfg), "rows": []}
     cpu_cache: dict[str, dict[str, float | str]] = {}  # S23 rows share their base row's tiny model
     with torch.no_grad(), _tf32(spec.tf32):
@@ -631,11 +623,6 @@ def run(
                 entry["error"] = _error(e)
                 _release()
             report["rows"].append(entry)
-    return _emit(report, show, json_path, png_path)
-
-
-def _emit(report: dict[str, Any], show: bool, json_path: str | Path | None, png_path: str | Path | None) -> dict[str, Any]:
-    """Print the tables (``show``), write the JSON and the chart where asked; the report."""
     if show:
         print(format_report(report))
     if json_path:
@@ -643,54 +630,6 @@ def _emit(report: dict[str, Any], show: bool, json_path: str | Path | None, png_
     if png_path:
         plot(report, png_path)
     return report
-
-
-def run_apart(rows: list[str] | None, dtype: str, repeats: int, *, latency_calls: int = 100, cpu_calls: int = 500,
-              json_path: str | Path | None = None, png_path: str | Path | None = None) -> dict[str, Any]:
-    """``run`` with Inductor and fxfuse timed in processes of their own, merged (``merge_apart``)."""
-    import subprocess
-    import tempfile
-
-    reports = {}
-    with tempfile.TemporaryDirectory() as tmp:
-        for compiler in ("inductor", "fxfuse"):
-            out = Path(tmp) / f"{compiler}.json"
-            command = [sys.executable, str(Path(__file__).resolve()), "--dtype", dtype, "--repeats", str(repeats),
-                       "--latency-calls", str(latency_calls), "--cpu-calls", str(cpu_calls), "--only", compiler,
-                       "--json", str(out), "--quiet"] + (["--rows", ",".join(rows)] if rows else [])
-            subprocess.run(command, check=True)
-            reports[compiler] = json.loads(out.read_text())
-    return _emit(merge_apart(reports["inductor"], reports["fxfuse"]), True, json_path, png_path)
-
-
-def merge_apart(inductor: dict[str, Any], fxfuse: dict[str, Any]) -> dict[str, Any]:
-    """One report from a process that timed Inductor and one that timed fxfuse (each with the GEMM
-    and eager): the first's rows, with fxfuse's variant, check, paths and CPU cost from the second,
-    its times scaled by the first's GEMM time over the second's (so fxfuse's ratio to the GEMM is
-    the one its own process measured; its own times stay as ``<kind>_ms_own``)."""
-    theirs = {e["id"]: e for e in fxfuse["rows"]}
-    rows = []
-    for entry in inductor["rows"]:
-        entry, other = copy.deepcopy(entry), theirs.get(entry["id"], {})
-        fx = copy.deepcopy(other.get("variants", {}).get("fxfuse"))
-        if fx is not None:
-            here, there = entry.get("variants", {}).get("gemm") or {}, other["variants"].get("gemm") or {}
-            for kind in ("gpu", "pipelined", "latency"):
-                own = fx.get(f"{kind}_ms")
-                fx[f"{kind}_ms_own"] = own
-                scale = (here.get(f"{kind}_ms") or 0) / (there.get(f"{kind}_ms") or float("inf"))
-                fx[f"{kind}_ms"] = own * scale if own and scale else None
-            entry.setdefault("variants", {})["fxfuse"] = fx
-        entry.setdefault("check", {})["fxfuse"] = other.get("check", {}).get("fxfuse", {})
-        for key in ("fxfuse_paths", "fxfuse_left_to_inductor"):
-            entry[key] = other.get(key, [])
-        if "cpu_us" in entry and "fxfuse" in other.get("cpu_us", {}):
-            entry["cpu_us"] = {**entry["cpu_us"], "fxfuse": other["cpu_us"]["fxfuse"]}
-        if "error" in other:
-            entry["error"] = other["error"]
-        rows.append(entry)
-    env = {**inductor["env"], "apart": True}
-    return {"env": env, "config": {**inductor["config"], "compilers": ["inductor", "fxfuse"]}, "rows": rows}
 
 
 # --------------------------------------------------------------------------------------------
@@ -763,9 +702,6 @@ def format_report(report: dict[str, Any]) -> str:
     )
     if env.get("fxfuse_backend", '"fxfuse"') != '"fxfuse"':
         head += f"\nfxfuse backend: {env['fxfuse_backend']}"
-    if env.get("apart"):
-        head += ("\nInductor and fxfuse timed in processes of their own; fxfuse's ms scaled by the two "
-                 "processes' GEMM times")
     parts = [head, "", tabulate(table_rows(report), headers=TABLE_HEADERS, disable_numparse=True)]
     parts.append(
         "ms: GPU time per call (CUDA graph replay; * = profiler kernel sum);"
@@ -850,18 +786,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--max-autotune", action="store_true", help="also time Inductor's max-autotune mode")
     p.add_argument("--json", help="write every raw number here")
     p.add_argument("--png", help="write a bar chart here (needs matplotlib)")
-    p.add_argument("--apart", action="store_true", help="time Inductor and fxfuse in processes of their own")
-    p.add_argument("--only", choices=("inductor", "fxfuse"), help=argparse.SUPPRESS)  # one process of --apart
-    p.add_argument("--quiet", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if not torch.cuda.is_available():
         print("bench.py needs a CUDA GPU (torch.cuda.is_available() is False)", file=sys.stderr)
         return 2
     rows = [r for r in args.rows.split(",") if r.strip()] if args.rows else None
-    if args.apart:
-        run_apart(rows, args.dtype, args.repeats, latency_calls=args.latency_calls, cpu_calls=args.cpu_calls,
-                  json_path=args.json, png_path=args.png)
-        return 0
     run(
         rows,
         args.dtype,
@@ -869,10 +798,8 @@ def main(argv: list[str] | None = None) -> int:
         latency_calls=args.latency_calls,
         cpu_calls=args.cpu_calls,
         max_autotune=args.max_autotune,
-        compilers=(args.only,) if args.only else ("inductor", "fxfuse"),
         json_path=args.json,
         png_path=args.png,
-        show=not args.quiet,
     )
     return 0
 
