@@ -7,9 +7,9 @@ So where a graph's chains won a selection that timed Inductor's kernels (the mea
 the backend compiles the graph both ways and times both on the compile's example inputs, as the
 benchmark measures a model: GPU time (CUDA-graph replays) and back-to-back launches. The fused
 graph runs only where it is slower by neither; otherwise Inductor's, and the report says why.
-Within one process the measurement holds (BENCHMARKS.md section 16: S26 timed the same inside and
-after the compile, in either order); across processes Inductor's S26 ran 10 % faster where it was
-compiled before fxfuse's compile, which the check cannot see.
+Each graph runs alone for a while before it is sampled (``blocked_medians``): sampled round-robin,
+Inductor's S26 ran in the state fxfuse's CUTLASS kernels left on the card, and the check kept a
+graph that, run alone, was 11 % slower (BENCHMARKS.md section 17).
 """
 
 from __future__ import annotations
