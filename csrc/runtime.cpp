@@ -271,7 +271,7 @@ std::optional<Tensor> gated_weight(const Tensor& gate, const Tensor& up, int64_t
 // the module does not cover the call (layout, alignment, dtypes, sizes); the caller then takes
 // the row path.
 Result run_gemm(const FxGemmInfo* gemm, int32_t config, const Tensor& x, const Tensor& weight,
-                const std::optional<Tensor>& bias, at::TensorList params, const std::optional<Tensor>& out_buffer) {
+                const std::optional<Tensor>& bias, at::TensorList params) {
   TORCH_CHECK(gemm->abi_version == FX_ABI_VERSION, "fxfuse: GEMM module ABI ", gemm->abi_version,
               " != runtime ABI ", FX_ABI_VERSION);
   if (config < 0 || config >= gemm->num_configs) return std::nullopt;
@@ -321,11 +321,7 @@ Result run_gemm(const FxGemmInfo* gemm, int32_t config, const Tensor& x, const T
   const DeviceFacts facts = device_facts(device);
   std::vector<int64_t> shape(x.sizes().begin(), x.sizes().end() - 1);
   shape.push_back(n);
-  Tensor out = out_buffer ? *out_buffer : at::empty(shape, x.options().dtype(*scalar_type_of(gemm->out_dtype)));
-  TORCH_CHECK(out.sizes() == at::IntArrayRef(shape) && out.scalar_type() == *scalar_type_of(gemm->out_dtype) &&
-                  out.device() == x.device() && out.is_contiguous(),
-              "fxfuse: out buffer of the wrong shape, dtype, device or layout");
-  if (!aligned16(out.data_ptr())) return std::nullopt;
+  Tensor out = at::empty(shape, x.options().dtype(*scalar_type_of(gemm->out_dtype)));
   const int64_t ws_bytes = gemm->workspace(m, n, k, facts.sm_count, config);
   Tensor workspace;
   if (ws_bytes > 0) workspace = at::empty({ws_bytes}, x.options().dtype(at::kByte));
@@ -361,11 +357,10 @@ int bucket_of(int64_t m) {
 // save_gemm: the GEMM output is returned too (for the backward), so the epilogue may not overwrite it.
 // gemm_address / config: the program's GEMM module and the configuration to run (-1: the row path).
 Result run(int64_t info_address, const Tensor& x, const Tensor& weight, const std::optional<Tensor>& bias,
-           at::TensorList params, int64_t flags, const std::optional<Tensor>& out_buffer, bool save_gemm,
-           int64_t gemm_address = 0, int64_t config = -1) {
+           at::TensorList params, int64_t flags, bool save_gemm, int64_t gemm_address = 0, int64_t config = -1) {
   if (gemm_address != 0 && config >= 0 && !save_gemm) {
     Result result = run_gemm(reinterpret_cast<const FxGemmInfo*>(gemm_address), static_cast<int32_t>(config), x,
-                             weight, bias, params, out_buffer);
+                             weight, bias, params);
     if (result) return result;
   }
   if (info_address == 0) return std::nullopt;
@@ -422,13 +417,6 @@ Result run(int64_t info_address, const Tensor& x, const Tensor& weight, const st
   } else {
     if (info->out_kind == FX_OUT_REDUCED_KEEP) shape.push_back(1);
     out = at::empty(shape, out_options);
-  }
-  if (out_buffer) {  // tests: a caller-filled buffer shows any element the kernels do not write
-    const Tensor& b = *out_buffer;
-    TORCH_CHECK(b.sizes() == at::IntArrayRef(shape) && b.scalar_type() == out.scalar_type() &&
-                    b.device() == y.device() && b.is_contiguous(),
-                "fxfuse: out buffer of the wrong shape, dtype, device or layout");
-    out = b;
   }
   const auto floats = y.options().dtype(at::kFloat);
   Tensor stats = info->batch_train ? at::empty({2, n}, floats) : at::empty({0}, floats);
@@ -524,9 +512,9 @@ std::optional<GradOutputs> run_grad(int64_t info_address, const Tensor& grad, co
 }
 
 Result run_py(int64_t info_address, const Tensor& x, const Tensor& weight, const std::optional<Tensor>& bias,
-              const std::vector<Tensor>& params, int64_t flags, const std::optional<Tensor>& out_buffer,
-              bool save_gemm, int64_t gemm_address, int64_t config) {
-  return run(info_address, x, weight, bias, params, flags, out_buffer, save_gemm, gemm_address, config);
+              const std::vector<Tensor>& params, int64_t flags, bool save_gemm, int64_t gemm_address,
+              int64_t config) {
+  return run(info_address, x, weight, bias, params, flags, save_gemm, gemm_address, config);
 }
 
 // The op's kernel for the dispatcher: programs prepared in this process (Python registers each
@@ -637,8 +625,7 @@ Outputs linear_epilogue_kernel(c10::string_view program, const Tensor& x, const 
     const int64_t n = weight.dim() == 2 ? weight.size(0) : 0;
     const ProgramTable::Route route = table.route(program, *dtype, x.is_cpu() ? -1 : x.get_device(), m, n, k);
     if (route.info != 0) {
-      Result result = run(route.info, x, weight, bias, params, table.flags(), std::nullopt, save_gemm, route.gemm,
-                          route.config);
+      Result result = run(route.info, x, weight, bias, params, table.flags(), save_gemm, route.gemm, route.config);
       if (result) return *result;
     }
   }
@@ -775,6 +762,5 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "(keyset, program, x, weight, bias, params, save_gemm) only when a backward node must be recorded");
 #endif
   m.def("run", &run_py, "GEMM + epilogue; None when the kernels do not cover the call", py::arg("info"),
-        py::arg("x"), py::arg("weight"), py::arg("bias"), py::arg("params"), py::arg("flags") = 0, py::arg("out") = py::none(),
-        py::arg("save_gemm") = false, py::arg("gemm") = 0, py::arg("config") = -1);
+        py::arg("x"), py::arg("weight"), py::arg("bias"), py::arg("params"), py::arg("flags") = 0, py::arg("save_gemm") = false, py::arg("gemm") = 0, py::arg("config") = -1);
 }

@@ -38,7 +38,7 @@ def _cuda_target(device: torch.device):
     return cuda_target(device)
 
 
-engine = Engine(_cuda_target)  # the GPU's modules; tests may call engine.call(..., out=buffer)
+engine = Engine(_cuda_target)  # the GPU's modules
 _op.register_device_kernels("cuda", _op.DeviceKernels(engine.call, engine.backward, has_generated_backward))
 
 

@@ -239,7 +239,7 @@ class Engine:
         calls = {}
         for name, config in candidates.items():
             if config < 0 or module.supports(m, n, k, config):
-                calls[name] = (lambda config=config: runtime.run(handle, x, weight, bias, params, self._flags, None,
+                calls[name] = (lambda config=config: runtime.run(handle, x, weight, bias, params, self._flags,
                                                                  False, module.info, config))
         with torch.no_grad():
             if against_inductor:
@@ -289,19 +289,25 @@ class Engine:
 
     # -- calling -----------------------------------------------------------------------------------
 
-    def call(self, program: str, x, weight, bias, params, out=None, save_gemm: bool = False,
-             gemm=None, config: int = -1):
-        """``(out, batch_stats, gemm)`` of the fused op; ``out`` (tests) is a buffer to write into;
-        ``gemm`` and ``config`` (tests, selection) run a GEMM module's configuration where it
-        covers the call."""
+    def call(self, program: str, x, weight, bias, params, save_gemm: bool = False, gemm=None, config: int = -1):
+        """``(out, batch_stats, gemm, kept)`` of the fused op: from the kernels, or from the reference
+        where they do not cover the call."""
+        result = self.kernels(program, x, weight, bias, params, save_gemm, gemm, config)
+        if result is not None:
+            return result
+        return reference.op_forward(Program.parse(program), x, weight, bias, list(params), save_gemm)
+
+    def kernels(self, program: str, x, weight, bias, params, save_gemm: bool = False, gemm=None,
+                config: int = -1):
+        """The op's outputs from the program's kernels; None where they do not cover the call.
+        ``gemm`` and ``config`` run one configuration of a GEMM module where it covers the call
+        (the selection times each)."""
         handle = self._handle(program, x)
         runtime = self._runtime_module
-        if handle and runtime is not None:
-            result = runtime.run(handle, x, weight, bias, params, self._flags, out, save_gemm,
-                                 gemm.info if gemm is not None else 0, config)
-            if result is not None:
-                return result
-        return reference.op_forward(Program.parse(program), x, weight, bias, list(params), save_gemm)
+        if not handle or runtime is None:
+            return None
+        return runtime.run(handle, x, weight, bias, params, self._flags, save_gemm,
+                           gemm.info if gemm is not None else 0, config)
 
     def backward(self, program: str, grad, gemm, params):
         """``fxfuse::epilogue_backward``: ``(dgemm, sums)`` by the program module's backward kernel,
@@ -317,11 +323,6 @@ class Engine:
         if not handle or self._runtime_module is None:
             return None
         return self._runtime_module.run_grad(handle, grad, gemm, list(params), self._flags)
-
-    def covers(self, program: str, x, weight, bias, params) -> bool:
-        """Whether ``call`` would run the kernels (tests): it does run them once."""
-        handle = self._handle(program, x)
-        return bool(handle) and self._runtime_module.run(handle, x, weight, bias, params, self._flags, None) is not None
 
 
 def _register_autograd(runtime) -> None:
