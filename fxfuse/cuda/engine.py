@@ -54,8 +54,8 @@ INDUCTOR_MARGIN = 0.03
 GRAPH_TIMING = "CUDA-graph replay"  # how a selection timed its candidates (Selection.timing)
 LAUNCH_TIMING = "back-to-back launches"  # where a candidate could not be captured
 CALLS_PER_SAMPLE = 10  # calls of a candidate in one timing sample
-# How candidates are timed, in the selections' disk key: selections timed another way (round-robin,
-# before blocked_medians) are measured again
+# How candidates are timed, in the selections' disk key (keyed on the modules, not on this file):
+# selections timed another way (round-robin, before blocked_medians) are measured again
 TIMING_METHOD = "blocks"
 
 
@@ -410,8 +410,9 @@ def inductor_chain(program: Program, x, weight, bias, params) -> Callable[[], to
 def blocked_medians(calls: dict[str, Callable[[], object]], time_once: Callable[[Callable], float],
                     samples_per_block: int = 4, passes: int = 2, settle_s: float = 0.05) -> dict[str, float]:
     """The median of each call's timings, taken in blocks: one candidate at a time runs untimed
-    for ``settle_s`` (at least once), then is timed ``samples_per_block`` times; the candidates
-    in order, then in reverse order, ``passes`` passes in all.
+    for ``settle_s`` (at least once, at most ten times as long as its first untimed run took),
+    then is timed ``samples_per_block`` times; the candidates in order, then in reverse order,
+    ``passes`` passes in all.
 
     A big GEMM runs at the card's power limit, and a candidate timed right after another runs in
     the state that one left. Round-robin samples (every candidate once a round) timed S26's fused
@@ -419,13 +420,16 @@ def blocked_medians(calls: dict[str, Callable[[], object]], time_once: Callable[
     1.11x, and 1.10x with the card idle between samples (BENCHMARKS.md section 17). Reversing the
     order every pass gives each candidate the same mean position, so that a card whose clocks
     drift as it heats slows all of them alike. A selection times up to some forty candidates, so
-    each settles for 0.05 s by default; the whole-graph check, two, settles longer."""
+    each settles for 0.05 s by default; the whole-graph check, two, settles longer. A short run
+    (microseconds: decode sizes, tests) settles for ten runs' time, so that the selections of a
+    model's small chains stay quick."""
     samples: dict[str, list[float]] = {name: [] for name in calls}
     order = list(calls)
     for p in range(passes):
         for name in order if p % 2 == 0 else reversed(order):
-            settled_at = time.perf_counter() + settle_s
+            started = time.perf_counter()
             time_once(calls[name])
+            settled_at = started + min(settle_s, 10 * (time.perf_counter() - started))
             while time.perf_counter() < settled_at:
                 time_once(calls[name])
             samples[name] += [time_once(calls[name]) for _ in range(samples_per_block)]

@@ -329,6 +329,24 @@ def test_the_selection_times_each_candidate_alone_for_a_while():
     assert min(round_robin, key=lambda name: sorted(round_robin[name])[4]) == "in-GEMM"
 
 
+def test_a_short_run_settles_for_ten_runs_time_not_the_whole_settling_time():
+    """A candidate of a few milliseconds (and a decode-size one of microseconds) settles for about
+    ten of its runs, so a selection of forty small candidates stays quick."""
+    import time
+
+    from fxfuse.cuda.engine import blocked_medians
+
+    runs = []
+
+    def time_once(call):
+        time.sleep(0.002)
+        runs.append(call())
+        return 1.0
+
+    blocked_medians({"row": lambda: "row"}, time_once, samples_per_block=1, passes=1, settle_s=60.0)
+    assert 3 <= len(runs) <= 13  # the first untimed run, about ten more, one sample
+
+
 def test_the_selection_spreads_a_drifting_clock_over_all_candidates():
     """A card that slows as it heats (0.5 % a timing here) slows every candidate alike: blocks run
     in order, then in reverse order, so the 1 % faster path wins in either order, where timing
