@@ -672,14 +672,21 @@ def table_rows(report: dict[str, Any]) -> list[list[str]]:
         mark = "*" if fx and fx.get("gpu_method") == "profiler" else ""
         line = [e["id"], _fmt(_ms(gemm, "gpu")), _fmt(_ms(eager, "gpu")), _fmt(_ms(ind, "gpu"))]
         line.append(_fmt(_ms(fx, "gpu")) + mark)
+        same_graph = "=" if _fused_nothing(e) else ""
         for kind in ("gpu", "pipelined", "latency"):
             g, i, f = _ms(gemm, kind), _ms(ind, kind), _ms(fx, kind)
-            line += [_ratio(f, g), _ratio(i, g), _ratio(f, i)]
+            line += [_ratio(f, g), _ratio(i, g), _ratio(f, i) + same_graph]
         line.append(_ratio(_ms(fx, "gpu"), _ms(v.get(MAX_AUTOTUNE), "gpu")))
         line += [_fmt((fx or {}).get("peak_mib"), ".1f"), _fmt((ind or {}).get("peak_mib"), ".1f")]
         line.append("ERR" if e.get("error") else _correct(e))
         out.append(line)
     return out
+
+
+def _fused_nothing(entry: dict[str, Any]) -> bool:
+    """fxfuse left every chain of the row to Inductor: its compiled model is Inductor's compile
+    of the same graph, and the two columns time one program twice."""
+    return not entry.get("fxfuse_paths") and bool(entry.get("fxfuse_left_to_inductor"))
 
 
 TABLE_HEADERS = [
@@ -705,7 +712,8 @@ def format_report(report: dict[str, Any]) -> str:
     parts = [head, "", tabulate(table_rows(report), headers=TABLE_HEADERS, disable_numparse=True)]
     parts.append(
         "ms: GPU time per call (CUDA graph replay; * = profiler kernel sum);"
-        " ratios < 1: fxfuse faster; fx/max: against Inductor max-autotune (--max-autotune)"
+        " ratios < 1: fxfuse faster; fx/max: against Inductor max-autotune (--max-autotune);"
+        " fx/ind =: fxfuse fused nothing, both columns time Inductor's graph (the ratio is noise)"
     )
     paths = [f"  {e['id']}: {p}" for e in report["rows"] for p in e.get("fxfuse_paths", [])]
     if paths:

@@ -4,7 +4,7 @@ card: BENCHMARKS.md section 17)."""
 
 from __future__ import annotations
 
-from bench.bench import in_blocks
+from bench.bench import in_blocks, table_rows
 
 
 def test_each_variant_is_sampled_in_blocks_the_order_reversed_every_pass():
@@ -72,3 +72,14 @@ def _report(compiler: str, gemm_ms: float, compiled_ms: float) -> dict:
         "fxfuse_paths": ["in-GEMM epilogue (gated)"] if compiler == "fxfuse" else [],
         "cpu_us": {"gemm": 60.0, "eager": 100.0, compiler: 130.0},
     }]}
+
+
+def test_a_row_fxfuse_left_to_inductor_is_marked_as_the_same_graph_timed_twice():
+    def row(paths, left):
+        timing = {f"{kind}_ms": 1.0 for kind in ("gpu", "pipelined", "latency")}
+        return {"id": "S26", "variants": {"gemm": timing, "eager": timing, "inductor": timing, "fxfuse": timing},
+                "fxfuse_paths": paths, "fxfuse_left_to_inductor": left, "check": {}}
+
+    fused, left = table_rows({"rows": [row(["in-GEMM epilogue"], []), row([], ["Inductor is faster"])]})
+    assert not any(cell.endswith("=") for cell in fused)
+    assert [cell for cell in left if cell.endswith("=")] == ["1.00="] * 3  # fx/ind: gpu, pipelined, latency
