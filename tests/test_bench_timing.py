@@ -33,46 +33,6 @@ def test_a_variant_that_raises_is_dropped_with_its_error():
     samples, errors = in_blocks(sample, {"gemm": lambda: 1.0, "fxfuse": broken}, [], rounds=4, settle_s=0.0)
     assert samples["gemm"] == [1.0] * 4 and samples["fxfuse"] == [] and "no kernel" in errors["fxfuse"]
 
-def test_each_variant_is_sampled_in_blocks_the_order_reversed_every_pass():
-    calls = []
-
-    def sample(fn, _inputs, _i):
-        calls.append(fn())
-        return 1.0
-
-    fns = {"inductor": lambda: "inductor", "fxfuse": lambda: "fxfuse"}
-    samples, errors = in_blocks(sample, fns, [], rounds=8, passes=4, settle_s=0.0)
-    assert errors == {} and {n: len(v) for n, v in samples.items()} == {"inductor": 8, "fxfuse": 8}
-    # every block: one untimed settling call, then rounds / passes = 2 samples, of one variant
-    blocks = [calls[i:i + 3] for i in range(0, len(calls), 3)]
-    assert all(len(set(block)) == 1 for block in blocks)
-    assert [block[0] for block in blocks] == ["inductor", "fxfuse", "fxfuse", "inductor"] * 2
-
-
-def test_a_variant_that_raises_is_dropped_with_its_error():
-    def sample(fn, _inputs, _i):
-        return fn()
-
-    def broken():
-        raise RuntimeError("no kernel")
-
-    samples, errors = in_blocks(sample, {"gemm": lambda: 1.0, "fxfuse": broken}, [], rounds=4, settle_s=0.0)
-    assert samples["gemm"] == [1.0] * 4 and samples["fxfuse"] == [] and "no kernel" in errors["fxfuse"]
-
-ENV = {"date": "2026-11-26", "device": "NVIDIA H200", "torch": "2.11", "cuda": "13.0", "dtype": "bf16"}
-
-
-def _report(compiler: str, gemm_ms: float, compiled_ms: float) -> dict:
-    timing = {f"{kind}_ms": compiled_ms for kind in ("gpu", "pipelined", "latency")}
-    return {"env": ENV, "config": {"compilers": [compiler]}, "rows": [{
-        "id": "S26", "description": "Llama MLP",
-        "variants": {"gemm": {f"{kind}_ms": gemm_ms for kind in ("gpu", "pipelined", "latency")},
-                     "eager": {"gpu_ms": 3.6}, compiler: {**timing, "peak_mib": 236.0}},
-        "check": {compiler: {"ok": True}},
-        "fxfuse_paths": ["in-GEMM epilogue (gated)"] if compiler == "fxfuse" else [],
-        "cpu_us": {"gemm": 60.0, "eager": 100.0, compiler: 130.0},
-    }]}
-
 
 def test_a_row_fxfuse_left_to_inductor_is_marked_as_the_same_graph_timed_twice():
     def row(paths, left):
