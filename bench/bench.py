@@ -2,6 +2,7 @@
 
     python bench/bench.py [--rows S01,S02,S23] [--dtype bf16|fp16|fp32|tf32|autocast]
                           [--json out.json] [--png out.png] [--repeats N]
+    python bench/bench.py --merge part1.json part2.json ... [--json all.json]
 
 For every row, in one process, four variants of the model at its benchmark size on CUDA:
 
@@ -709,6 +710,8 @@ def format_report(report: dict[str, Any]) -> str:
     )
     if env.get("fxfuse_backend", '"fxfuse"') != '"fxfuse"':
         head += f"\nfxfuse backend: {env['fxfuse_backend']}"
+    if env.get("parts"):
+        head += f"\nmerged from {len(env['parts'])} runs on this card, started {', '.join(env['parts'])}"
     parts = [head, "", tabulate(table_rows(report), headers=TABLE_HEADERS, disable_numparse=True)]
     parts.append(
         "ms: GPU time per call (CUDA graph replay; * = profiler kernel sum);"
@@ -784,6 +787,21 @@ def plot(report: dict[str, Any], path: str | Path) -> None:
     plt.close(fig)
 
 
+def merge(reports: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """One report of the rows of several runs of this script (a suite timed in parts, each in a
+    command of its own), in their order. The runs must share device, torch version and dtype: only
+    ratios measured on one card are comparable."""
+    if not reports:
+        raise ValueError("no reports to merge")
+    env = reports[0]["env"]
+    for other in reports[1:]:
+        mismatched = [key for key in ("device", "torch", "dtype") if other["env"].get(key) != env.get(key)]
+        if mismatched:
+            raise ValueError(f"reports differ in {', '.join(mismatched)}: {other['env']} against {env}")
+    return {"env": {**env, "parts": [r["env"]["date"] for r in reports]}, "config": reports[0]["config"],
+            "rows": [row for r in reports for row in r["rows"]]}
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--rows", help="comma-separated row ids, e.g. S01,S02,S23 (default: all)")
@@ -794,7 +812,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--max-autotune", action="store_true", help="also time Inductor's max-autotune mode")
     p.add_argument("--json", help="write every raw number here")
     p.add_argument("--png", help="write a bar chart here (needs matplotlib)")
+    p.add_argument("--merge", nargs="+", metavar="JSON", help="print (and with --json write) the rows of "
+                   "several runs' --json files as one report, timing nothing")
     args = p.parse_args(argv)
+    if args.merge:
+        report = merge([json.loads(Path(f).read_text()) for f in args.merge])
+        print(format_report(report))
+        if args.json:
+            Path(args.json).write_text(json.dumps(report, indent=1))
+        return 0
     if not torch.cuda.is_available():
         print("bench.py needs a CUDA GPU (torch.cuda.is_available() is False)", file=sys.stderr)
         return 2

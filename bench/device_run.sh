@@ -3,7 +3,8 @@
 # in $OUT.
 #   bash bench/device_run.sh STAGES [bench args...]
 # STAGES, comma-separated: tests (tests/gpu, the suite tests in parallel shards), profile (the
-# epilogue breakdown and an ncu summary of each kernel; PROFILE_ARGS), bench (bench/bench.py), sanitize
+# epilogue breakdown and an ncu summary of each kernel; PROFILE_ARGS), bench (bench/bench.py;
+# BENCH_PARTS times groups of rows in processes of their own and merges them), sanitize
 # (compute-sanitizer over one run of each kernel template; SANITIZE_TOOLS picks the tools),
 # gradients (every suite model's gradients and the training example on CUDA), train
 # (bench/train_bench.py; TRAIN_ARGS).
@@ -71,6 +72,17 @@ if has train; then  # forward + backward timings (TRAIN_ARGS: bench/train_bench.
   python3 bench/train_bench.py --json "$OUT/train.json" ${TRAIN_ARGS:-} 2>&1 | tee "$OUT/train.log"
 fi
 if has bench; then
-  python3 bench/bench.py --json "$OUT/bench.json" --png "$OUT/bench.png" "$@" 2>&1 | tee "$OUT/bench.log"
+  if [ -n "${BENCH_PARTS:-}" ]; then
+    # BENCH_PARTS: space-separated groups of rows ("S01,S02 S26"), each timed by a process of its
+    # own under BENCH_PART_TIMEOUT seconds (a part cut short loses only its rows), then merged
+    parts=()
+    for part in $BENCH_PARTS; do
+      timeout "${BENCH_PART_TIMEOUT:-400}" python3 bench/bench.py --rows "$part" --json "$LOGS/bench_$part.json" "$@" \
+        >>"$OUT/bench.log" 2>&1 && parts+=("$LOGS/bench_$part.json") || status=1
+    done
+    [ ${#parts[@]} -gt 0 ] && python3 bench/bench.py --merge "${parts[@]}" --json "$OUT/bench.json" | tee -a "$OUT/bench.log"
+  else
+    python3 bench/bench.py --json "$OUT/bench.json" --png "$OUT/bench.png" "$@" 2>&1 | tee "$OUT/bench.log"
+  fi
 fi
 exit "$status"

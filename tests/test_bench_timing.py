@@ -1,10 +1,12 @@
-"""How ``bench.py`` samples, without a GPU: each variant alone for a while, in blocks, the order
+"""How ``bench.py`` samples and reports, without a GPU: each variant alone for a while, in blocks, the order
 reversed every pass (a variant sampled right after another runs in the state that one left on the
 card: BENCHMARKS.md section 17)."""
 
 from __future__ import annotations
 
-from bench.bench import in_blocks, table_rows
+import pytest
+
+from bench.bench import format_report, in_blocks, merge, table_rows
 
 
 def test_each_variant_is_sampled_in_blocks_the_order_reversed_every_pass():
@@ -43,3 +45,19 @@ def test_a_row_fxfuse_left_to_inductor_is_marked_as_the_same_graph_timed_twice()
     fused, left = table_rows({"rows": [row(["in-GEMM epilogue"], []), row([], ["Inductor is faster"])]})
     assert not any(cell.endswith("=") for cell in fused)
     assert [cell for cell in left if cell.endswith("=")] == ["1.00="] * 3  # fx/ind: gpu, pipelined, latency
+
+
+def _run(date: str, rows: list[str], device: str = "NVIDIA H200") -> dict:
+    timing = {f"{kind}_ms": 1.0 for kind in ("gpu", "pipelined", "latency")}
+    env = {"date": date, "device": device, "torch": "2.11", "cuda": "13.0", "dtype": "bf16"}
+    return {"env": env, "config": {}, "rows": [
+        {"id": r, "description": r, "variants": {"gemm": timing, "inductor": timing, "fxfuse": timing}, "check": {}}
+        for r in rows]}
+
+
+def test_runs_of_parts_of_the_suite_merge_into_one_table_on_one_card():
+    merged = merge([_run("2026-11-26T06:00", ["S01", "S02"]), _run("2026-11-26T06:09", ["S26"])])
+    assert [r["id"] for r in merged["rows"]] == ["S01", "S02", "S26"]
+    assert "merged from 2 runs" in format_report(merged)
+    with pytest.raises(ValueError, match="device"):
+        merge([_run("2026-11-26T06:00", ["S01"]), _run("2026-11-26T06:09", ["S26"], device="NVIDIA H100")])
