@@ -124,6 +124,15 @@ class ReshapeOp:
 
 
 @dataclass(frozen=True)
+class RowSelection:
+    """``input[:, 0]``: whole rows of ``input`` picked by indexing its leading dims (BERT's and
+    ViT's poolers take the first token). The chain's epilogue has nothing left to do there: like
+    the next GEMM, it ends a chain that is fused in full."""
+
+    input: Node
+
+
+@dataclass(frozen=True)
 class Rejected:
     """A spelling fxfuse knows but cannot fuse in this form; ``reason`` goes into the report."""
 
@@ -136,4 +145,4 @@ class RejectedGemm(Rejected):
     of two activations): it still gets a report row of its own, with ``reason``."""
 
 
-CanonicalOp = Union[GemmOp, PointwiseOp, NormOp, ReduceOp, DropoutOp, AliasOp, ReshapeOp, Rejected]
+CanonicalOp = Union[GemmOp, PointwiseOp, NormOp, ReduceOp, DropoutOp, AliasOp, ReshapeOp, RowSelection, Rejected]

@@ -20,7 +20,7 @@ from torch.fx import Graph, Node
 
 from . import patterns
 from .patterns import feature_pooling, shape_reads, split_gemms, written_norms
-from .canonical import AliasOp, CanonicalOp, GemmOp, NormOp, PointwiseOp, ReduceOp, Rejected, ReshapeOp
+from .canonical import AliasOp, CanonicalOp, GemmOp, NormOp, PointwiseOp, ReduceOp, Rejected, ReshapeOp, RowSelection
 
 FRESH_VALUE_OPS = (GemmOp, PointwiseOp, NormOp, ReduceOp)  # they produce new tensors, not views
 
@@ -67,4 +67,4 @@ def _functionalize(node: Node, op: PointwiseOp, order: dict[Node, int]) -> str |
 def _reads_value_only(user: Node) -> bool:
     """True when ``user`` cannot hold an alias of its input (so mutation is not observed there)."""
     op = _lookup(user)
-    return user.op == "output" or (op is not None and not isinstance(op, (AliasOp, ReshapeOp, Rejected)))
+    return user.op == "output" or (op is not None and not isinstance(op, (AliasOp, ReshapeOp, RowSelection, Rejected)))

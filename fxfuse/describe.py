@@ -14,9 +14,20 @@ def describe(node: Node) -> str:
     target = node.target
     name = target if isinstance(target, str) else getattr(target, "__name__", str(target))
     if name == "getitem":
-        return f"[{node.args[1]}]"
+        index = node.args[1]
+        return f"[{', '.join(map(_index_entry, index if isinstance(index, tuple) else (index,)))}]"
     numbers = [a for a in (*node.args, *node.kwargs.values()) if _is_number(a)]
     return f"{name}({', '.join(repr(a) for a in numbers)})" if numbers else name
+
+
+def _index_entry(entry) -> str:
+    """An index as Python writes it: ``:``, ``1:3``, ``...``, ``0``."""
+    if entry is Ellipsis:
+        return "..."
+    if isinstance(entry, slice):
+        text = ":".join("" if v is None else str(v) for v in (entry.start, entry.stop))
+        return text + (f":{entry.step}" if entry.step is not None else "")
+    return str(entry)
 
 
 def _is_number(value) -> bool:

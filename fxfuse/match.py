@@ -37,6 +37,7 @@ from .canonical import (
     Rejected,
     RejectedGemm,
     ReshapeOp,
+    RowSelection,
     example_value,
 )
 from .describe import describe
@@ -377,8 +378,8 @@ class _Matcher:
 
     def _absorb(self, node: Node) -> None:
         op = self.canon.get(node)
-        if node.op == "output" or isinstance(op, GemmOp):
-            raise Stop(None)
+        if node.op == "output" or isinstance(op, (GemmOp, RowSelection)):
+            raise Stop(None)  # the chain's natural end: a complete chain
         if op is None:
             raise Stop(f"{describe(node)} is not an epilogue op")
         if node in self.claimed:

@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch.fx import Node
 
-from ..canonical import AliasOp, PointwiseOp, ReduceOp, Rejected
+from ..canonical import AliasOp, PointwiseOp, ReduceOp, Rejected, RowSelection, example_value
 from . import spell
 
 
@@ -110,13 +110,32 @@ def _row_map(kind: str):
 
 
 def getitem(value, index):
-    """``max(dim)[0]`` / ``.values`` is the reduction's value; anything else is not ours."""
+    """``max(dim)[0]`` / ``.values`` is the reduction's value; ``y[:, 0]`` (leading dims indexed,
+    the last left whole) selects rows; anything else is not ours."""
     from . import lookup
 
     reduce = lookup(value) if isinstance(value, Node) else None
-    if not (isinstance(reduce, ReduceOp) and reduce.tuple_output):
-        return Rejected("indexing")
-    return AliasOp(value) if index == 0 else Rejected(f"reads the indices of {reduce.kind}(dim)")
+    if isinstance(reduce, ReduceOp) and reduce.tuple_output:
+        return AliasOp(value) if index == 0 else Rejected(f"reads the indices of {reduce.kind}(dim)")
+    if isinstance(value, Node) and _selects_rows(example_value(value), index):
+        return RowSelection(value)
+    return Rejected("indexing")
+
+
+def _selects_rows(value, index) -> bool:
+    """``value[index]`` picks whole rows: basic indexing (ints, slices, one ``...``) of the
+    leading dims of a tensor of at least two, its last dim untouched."""
+    if not isinstance(value, torch.Tensor) or value.dim() < 2:
+        return False
+    entries = index if isinstance(index, tuple) else (index,)
+    if not entries or not all(isinstance(e, (int, slice)) or e is Ellipsis for e in entries):
+        return False
+    if sum(e is Ellipsis for e in entries) > 1:
+        return False
+    if Ellipsis in entries:  # the entries after it index the trailing dims: the last must be whole
+        after = entries[entries.index(Ellipsis) + 1:]
+        return not after or after[-1] == slice(None)
+    return len(entries) < value.dim() or entries[value.dim() - 1] == slice(None)
 
 
 SPELLINGS = (

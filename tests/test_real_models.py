@@ -74,10 +74,10 @@ def _inputs(name: str):
 # with the models' dropout (inactive); training with dropout off, and with it on: the same chains
 # fuse, their dropout drawn inside the fused op.
 FUSED = {
-    # attention output and FFN output (Linear + residual + LayerNorm), the intermediate's GELU;
-    # the last output block stops at the pooler's indexing of the first token (partial); the
-    # pooler's own chain is never read (only the last hidden state is): not fused
-    "bert": {"eval": (5, 13), "train": (5, 13)},
+    # attention output and FFN output (Linear + residual + LayerNorm; the last one's value is also
+    # the pooler's first token, a row selection, which ends the chain), the intermediate's GELU;
+    # the pooler's own chain is never read (only the last hidden state is): not fused
+    "bert": {"eval": (6, 13), "train": (6, 13)},
     # Conv1D (addmm with a (K, N) weight, views around it): c_fc + gelu_new (written out) in each
     # block; c_proj + residual, the sum returned too (keep()) for the next block and normalised by
     # the next LayerNorm in the same op; the attention's c_attn feeds a split
@@ -94,8 +94,8 @@ FUSED = {
     "t5_gated_gelu": {"eval": (8, 14), "train": (8, 14)},
     # the intermediate's GELU; the attention output + residual, kept and normalised by
     # layernorm_after in the same op, and the FFN output + residual + the next LayerNorm (the last
-    # one stops at the pooler's indexing: partial; the pooler's own chain is never read)
-    "vit": {"eval": (5, 13), "train": (5, 13)},
+    # one's value also the pooler's first token; the pooler's own chain is never read)
+    "vit": {"eval": (6, 13), "train": (6, 13)},
 }
 
 

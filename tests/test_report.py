@@ -192,6 +192,29 @@ def test_a_chain_whose_value_nothing_reads_says_so():
             return h
 
     rows = fxfuse.report(Model(), torch.randn(2, 3, 8), allow_cpu=True).rows
-    assert rows[0].fused == ["linear", "relu"]  # (then read by the indexing, which it cannot take)
+    assert rows[0].fused == ["linear", "relu"]  # (then read by the pooler's row selection)
     assert rows[1].status == "not_fused"
     assert rows[1].reason == "nothing reads the chain's value (dead code, which Inductor removes)"
+
+
+def test_a_chain_read_by_a_row_selection_is_fused_in_full():
+    """BERT's and ViT's last block: Linear, + residual, LayerNorm, its value returned and its first
+    token taken by the pooler (``h[:, 0]``). Picking whole rows leaves the epilogue nothing to do:
+    the chain ends there as it ends at the next GEMM. An index into the features does not."""
+
+    class Model(nn.Module):
+        def __init__(self, index):
+            super().__init__()
+            self.dense, self.norm, self.pooler, self.index = nn.Linear(8, 8), nn.LayerNorm(8), nn.Linear(8, 8), index
+
+        def forward(self, x, residual):
+            h = self.norm(self.dense(x) + residual)
+            picked = h[self.index]
+            return h, torch.tanh(self.pooler(picked)) if picked.shape[-1] == 8 else picked
+
+    inputs = (torch.randn(2, 3, 8), torch.randn(2, 3, 8))
+    for index, shown in (((slice(None), 0), "[:, 0]"), ((Ellipsis, 0, slice(None)), "[..., 0, :]"), (0, "[0]")):
+        rows = fxfuse.report(Model(index), *inputs, allow_cpu=True).rows
+        assert (rows[0].status, rows[0].chain[-1]) == ("fused", shown)
+    rows = fxfuse.report(Model((Ellipsis, slice(None, 4))), *inputs, allow_cpu=True).rows
+    assert (rows[0].status, rows[0].chain[-1], rows[0].reason) == ("partial", "[..., :4]", "indexing")
