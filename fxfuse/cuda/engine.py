@@ -292,13 +292,13 @@ class Engine:
     def call(self, program: str, x, weight, bias, params, save_gemm: bool = False, gemm=None, config: int = -1):
         """``(out, batch_stats, gemm, kept)`` of the fused op: from the kernels, or from the reference
         where they do not cover the call."""
-        result = self.kernels(program, x, weight, bias, params, save_gemm, gemm, config)
+        result = self.forward_kernels(program, x, weight, bias, params, save_gemm, gemm, config)
         if result is not None:
             return result
         return reference.op_forward(Program.parse(program), x, weight, bias, list(params), save_gemm)
 
-    def kernels(self, program: str, x, weight, bias, params, save_gemm: bool = False, gemm=None,
-                config: int = -1):
+    def forward_kernels(self, program: str, x, weight, bias, params, save_gemm: bool = False, gemm=None,
+                        config: int = -1):
         """The op's outputs from the program's kernels; None where they do not cover the call.
         ``gemm`` and ``config`` run one configuration of a GEMM module where it covers the call
         (the selection times each)."""

@@ -89,7 +89,7 @@ def run_config(module, program, x, w, b, params, config: int) -> torch.Tensor:
     n = w.shape[0]
     m = x.numel() // x.shape[-1]
     assert module.supports(m, n, x.shape[-1], config)
-    result = fxcuda.engine.kernels(program.to_string(), x, w, b, params, gemm=module, config=config)
+    result = fxcuda.engine.forward_kernels(program.to_string(), x, w, b, params, gemm=module, config=config)
     assert result is not None, "the call did not take the in-GEMM path"
     return result[0]
 

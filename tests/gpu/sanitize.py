@@ -78,7 +78,7 @@ def main() -> int:
         b = torch.randn(n, generator=g).to("cuda", dtype) if program.gemm.bias else None
         params = make_params(program, n, dtype=dtype, device="cuda", generator=g)
         ref, _ = reference.forward(program, x, w, b, params)
-        result = fxcuda.engine.kernels(program.to_string(), x, w, b, params)
+        result = fxcuda.engine.forward_kernels(program.to_string(), x, w, b, params)
         torch.cuda.synchronize()
         tol = 1e-4 if dtype == torch.float32 else 1e-2
         ok = result is not None and torch.allclose(result[0], ref, rtol=tol, atol=tol, equal_nan=True)

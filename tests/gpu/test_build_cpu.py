@@ -225,7 +225,7 @@ def test_prepare_many_builds_in_worker_processes(emulate_target):
     failed = engine.prepare_many(items, torch.device("cpu"), workers=2)
     assert list(failed) == [(bad.to_string(), torch.float32)]
     x, w, b = torch.randn(3, 8), torch.randn(16, 8), torch.randn(16)
-    assert engine.kernels(PROGRAMS["s10_div_gelu"].to_string(), x, w, b, []) is not None
+    assert engine.forward_kernels(PROGRAMS["s10_div_gelu"].to_string(), x, w, b, []) is not None
 
 
 # -- a cache that heals -------------------------------------------------------------------------------

@@ -69,7 +69,7 @@ def check(program, dtype, x, w, b, params, cpu_too=False):
     """The kernels and the registered op against the reference."""
     text = program.to_string()
     ref_out, ref_stats, _, ref_kept = reference.op_forward(program, x, w, b, params, False)
-    result = fxcuda.engine.kernels(text, x, w, b, params)
+    result = fxcuda.engine.forward_kernels(text, x, w, b, params)
     assert result is not None, "the kernels do not cover the call"
     out, stats, _, kept = result
     tol = TOL[dtype]

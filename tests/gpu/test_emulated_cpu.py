@@ -100,7 +100,7 @@ def run_and_compare(engine, program, dtype, x, w, b, params):
     text = program.to_string()
     with norms_as_on_cuda(dtype):
         ref_out, ref_stats, _, ref_kept = reference.op_forward(program, x, w, b, params, False)
-    result = engine.kernels(text, x, w, b, params)
+    result = engine.forward_kernels(text, x, w, b, params)
     assert result is not None, "the kernels do not cover the call"
     out, stats, _, kept = result
     tol = TOL[dtype]
