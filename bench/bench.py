@@ -26,9 +26,9 @@ Each is timed three ways, because each answers a different question:
   request sees; CPU-bound at decode shapes).
 
 Graph replays, pipelined, latency and CPU-cost samples are taken in blocks: each variant runs alone
-for a while, then is sampled, the variants in order and then in reverse order (``in_blocks``), so
-that no variant is timed in the state another left on the card and slow drift of a shared host or
-of the GPU's clocks lands on all of them alike.
+for a while, then is sampled, the order rotated by one every pass (``in_blocks``), so that no
+variant is timed in the state another left on the card and slow drift of a shared host or of the
+GPU's clocks lands on all of them alike.
 
 Plus peak memory per call, the per-call CPU cost of each variant on a tiny (8 x 64 -> 64) version of
 the model (and of Dynamo alone, ``backend="eager"``), and a check of fxfuse's output against eager.
@@ -322,22 +322,25 @@ Sampler = Callable[[Fn, Sequence[Inputs], int], float]
 
 
 def in_blocks(
-    sample: Sampler, fns: dict[str, Fn], input_sets: Sequence[Inputs], rounds: int, passes: int = 4,
+    sample: Sampler, fns: dict[str, Fn], input_sets: Sequence[Inputs], rounds: int, passes: int | None = None,
     settle_s: float = 0.2,
 ) -> tuple[dict[str, list[float]], dict[str, str]]:
     """``rounds`` samples of every variant, taken in blocks: one variant at a time runs untimed
-    for ``settle_s``, then is sampled ``rounds / passes`` times; the variants in order, then in
-    reverse order, ``passes`` passes in all.
+    for ``settle_s``, then is sampled ``rounds / passes`` times; the order rotated by one every
+    pass, ``passes`` passes in all (by default one per variant).
 
     A variant sampled right after another runs in the state that one left: a big GEMM runs at the
     card's power limit, and round-robin samples timed S26 at 0.89x Inductor's where each variant
-    run alone measured 1.11x (BENCHMARKS.md section 17). Reversing the order every pass lets slow
-    drift of the host (other tenants, clocks, Inductor's compile workers) fall on all variants
-    alike; at decode shapes, where a call is CPU-bound, that drift was as large as the differences
-    measured. Python's GC is off meanwhile, as in timeit. A variant that raises is dropped; its
-    error is returned.
+    run alone measured 1.11x (BENCHMARKS.md section 17). Rotating the order puts every variant
+    at every position once (with a pass per variant), so slow drift of the host (other tenants,
+    clocks, Inductor's compile workers) falls on all variants alike, and no variant runs two blocks
+    in a row, deeper into its own state than the others (with more than two variants). At decode
+    shapes, where a call is CPU-bound, that drift was as large as the differences measured.
+    Python's GC is off meanwhile, as in timeit. A variant that raises is dropped; its error is
+    returned.
     """
     names = list(fns)
+    passes = passes or max(1, len(names))
     samples: dict[str, list[float]] = {n: [] for n in names}
     errors: dict[str, str] = {}
     per_block = max(1, -(-rounds // passes))
@@ -345,7 +348,8 @@ def in_blocks(
     gc.disable()
     try:
         for p in range(passes):
-            for n in names if p % 2 == 0 else names[::-1]:
+            k = p % len(names) if names else 0
+            for n in names[k:] + names[:k]:
                 if n in errors:
                     continue
                 try:

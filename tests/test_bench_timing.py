@@ -1,6 +1,6 @@
-"""How ``bench.py`` samples and reports, without a GPU: each variant alone for a while, in blocks, the order
-reversed every pass (a variant sampled right after another runs in the state that one left on the
-card: BENCHMARKS.md section 17)."""
+"""How ``bench.py`` samples and reports, without a GPU: each variant alone for a while, in blocks, the
+order rotated every pass (a variant sampled right after another runs in the state that one left on
+the card: BENCHMARKS.md section 17)."""
 
 from __future__ import annotations
 
@@ -9,20 +9,23 @@ import pytest
 from bench.bench import format_report, in_blocks, merge, table_rows
 
 
-def test_each_variant_is_sampled_in_blocks_the_order_reversed_every_pass():
+def test_each_variant_is_sampled_in_blocks_at_every_position_once():
     calls = []
 
     def sample(fn, _inputs, _i):
         calls.append(fn())
         return 1.0
 
-    fns = {"inductor": lambda: "inductor", "fxfuse": lambda: "fxfuse"}
-    samples, errors = in_blocks(sample, fns, [], rounds=8, passes=4, settle_s=0.0)
-    assert errors == {} and {n: len(v) for n, v in samples.items()} == {"inductor": 8, "fxfuse": 8}
-    # every block: one untimed settling call, then rounds / passes = 2 samples, of one variant
+    fns = {name: (lambda name=name: name) for name in ("gemm", "eager", "inductor", "fxfuse")}
+    samples, errors = in_blocks(sample, fns, [], rounds=8, settle_s=0.0)
+    assert errors == {} and all(len(v) == 8 for v in samples.values())
+    # a pass per variant; every block: one untimed settling call, then rounds / passes = 2 samples
     blocks = [calls[i:i + 3] for i in range(0, len(calls), 3)]
     assert all(len(set(block)) == 1 for block in blocks)
-    assert [block[0] for block in blocks] == ["inductor", "fxfuse", "fxfuse", "inductor"] * 2
+    order = [block[0] for block in blocks]
+    assert order == ["gemm", "eager", "inductor", "fxfuse", "eager", "inductor", "fxfuse", "gemm",
+                     "inductor", "fxfuse", "gemm", "eager", "fxfuse", "gemm", "eager", "inductor"]
+    assert all(a != b for a, b in zip(order, order[1:]))  # no variant runs two blocks in a row
 
 
 def test_a_variant_that_raises_is_dropped_with_its_error():

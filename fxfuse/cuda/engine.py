@@ -244,7 +244,9 @@ class Engine:
         with torch.no_grad():
             if against_inductor:
                 try:
-                    calls[INDUCTOR] = inductor_chain(program, x, weight, bias, params)
+                    # first: the candidate at the turn of the blocks' order runs two blocks in a
+                    # row (blocked_medians), and that should not be the one the chain's fate turns on
+                    calls = {INDUCTOR: inductor_chain(program, x, weight, bias, params), **calls}
                 except Exception as error:  # noqa: BLE001 - the policy's rules decide without it
                     self._warn_once(f"inductor {program.to_string()}",
                                     f"fxfuse: Inductor's kernels for a chain could not be timed "
@@ -419,7 +421,8 @@ def blocked_medians(calls: dict[str, Callable[[], object]], time_once: Callable[
     graph at 0.89x Inductor's where each run alone for a while, as in a user's process, measured
     1.11x, and 1.10x with the card idle between samples (BENCHMARKS.md section 17). Reversing the
     order every pass gives each candidate the same mean position, so that a card whose clocks
-    drift as it heats slows all of them alike. A selection times up to some forty candidates, so
+    drift as it heats slows all of them alike; the candidate at each turn runs two blocks in a row,
+    its second deeper into its own state. A selection times up to some forty candidates, so
     each settles for 0.05 s by default; the whole-graph check, two, settles longer. A short run
     (microseconds: decode sizes, tests) settles for ten runs' time, so that the selections of a
     model's small chains stay quick."""
@@ -436,7 +439,8 @@ def blocked_medians(calls: dict[str, Callable[[], object]], time_once: Callable[
     return {name: statistics.median(values) for name, values in samples.items()}
 
 
-def time_candidates(calls: dict[str, Callable[[], object]], settle_s: float = 0.05) -> tuple[dict[str, float], str]:
+def time_candidates(calls: dict[str, Callable[[], object]], settle_s: float = 0.05,
+                    passes: int = 2) -> tuple[dict[str, float], str]:
     """Median GPU time per call of each candidate, and how it was taken: from replays of a CUDA
     graph of ``CALLS_PER_SAMPLE`` calls each, as the benchmark measures a compiled model's GPU
     time (launches between CUDA events read the same within 2 % on S26, during the compile and
@@ -446,9 +450,10 @@ def time_candidates(calls: dict[str, Callable[[], object]], settle_s: float = 0.
         graphs = captured(calls, CALLS_PER_SAMPLE)
     except Exception:  # noqa: BLE001 - uncapturable (a host sync, an allocation that cannot be pooled)
         torch.cuda.synchronize()
-        return blocked_medians(calls, time_us, settle_s=settle_s), LAUNCH_TIMING
+        return blocked_medians(calls, time_us, passes=passes, settle_s=settle_s), LAUNCH_TIMING
     replays = {name: graph.replay for name, graph in graphs.items()}
-    times = blocked_medians(replays, lambda replay: time_us(replay, 1) / CALLS_PER_SAMPLE, settle_s=settle_s)
+    times = blocked_medians(replays, lambda replay: time_us(replay, 1) / CALLS_PER_SAMPLE, passes=passes,
+                            settle_s=settle_s)
     del graphs, replays  # their shared memory pool goes back to the allocator's cache
     return times, GRAPH_TIMING
 
