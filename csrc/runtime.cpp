@@ -762,5 +762,6 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "(keyset, program, x, weight, bias, params, save_gemm) only when a backward node must be recorded");
 #endif
   m.def("run", &run_py, "GEMM + epilogue; None when the kernels do not cover the call", py::arg("info"),
-        py::arg("x"), py::arg("weight"), py::arg("bias"), py::arg("params"), py::arg("flags") = 0, py::arg("save_gemm") = false, py::arg("gemm") = 0, py::arg("config") = -1);
+        py::arg("x"), py::arg("weight"), py::arg("bias"), py::arg("params"), py::arg("flags") = 0,
+        py::arg("save_gemm") = false, py::arg("gemm") = 0, py::arg("config") = -1);
 }
