@@ -63,6 +63,10 @@ def three_d():
     return [torch.randn(B, T, K), torch.randn(B, T, N)]
 
 
+def x_alone():
+    return [torch.randn(B, T, K)]
+
+
 def two_d():
     return [torch.randn(B * T, K), torch.randn(B * T, N)]
 
@@ -131,7 +135,7 @@ class BroadcastBack(nn.Module):
 @pytest.mark.parametrize("train", [False, True], ids=["eval", "train"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
 def test_a_reduced_value_broadcast_back_against_columns_fuses_with_its_gradients(dtype, train):
-    report = check_against_eager(BroadcastBack, lambda: [torch.randn(B, T, K)], dtype=dtype, train=train, grads=train)
+    report = check_against_eager(BroadcastBack, x_alone, dtype=dtype, train=train, grads=train)
     (row,) = report.rows
     assert row.status == "fused", row.reason
     assert "mean(keepdim=True)" in row.program and row.program.split("||")[1].split() == ["col", "col"]
@@ -142,7 +146,7 @@ def test_after_a_reduction_broadcast_back_a_second_reduction_ends_the_chain():
         def forward(self, x):
             return (self.proj(x).sum(-1, keepdim=True) * self.w).amax(-1)
 
-    report = check_against_eager(Twice, lambda: [torch.randn(B, T, K)])
+    report = check_against_eager(Twice, x_alone)
     (row,) = report.rows
     assert row.status == "partial" and row.reason == "max after a row reduction"
 
@@ -255,7 +259,7 @@ def test_an_operand_computed_from_the_chain_stops_it():
             y = self.proj(x)
             return torch.relu(y) + y.flip(-1)
 
-    report = check_against_eager(FromChain, lambda: [torch.randn(B, T, K)])
+    report = check_against_eager(FromChain, x_alone)
     assert any("computed from the chain" in (r.reason or "") or r.status != "fused" for r in report.rows)
 
 
@@ -314,7 +318,7 @@ def test_a_gated_mlp_is_one_op_running_both_gemms(train, dtype):
     """silu(gate(x)) * up(x): the up projection is a GEMM on the same x that only the multiply
     reads, so the gate's op runs it too (its weight a "gemm" parameter); the report gives both
     GEMMs the op's row, and gradients reach both weights and x."""
-    report = check_against_eager(SwiGLU, lambda: [torch.randn(B, T, K)], dtype=dtype, train=train, grads=train)
+    report = check_against_eager(SwiGLU, x_alone, dtype=dtype, train=train, grads=train)
     gate, up, down = report.rows
     assert gate.status == "fused" and gate.program.split(" || ")[1] == "gemm" and "* p0" in gate.program
     assert up.status == "fused" and up.program == gate.program and up.chain[1] == f"second GEMM of {gate.gemm}'s op"
@@ -338,7 +342,7 @@ class UpFirstSwiGLU(nn.Module):
 def test_a_gated_mlp_with_the_up_projection_first_is_one_op_too(train, dtype):
     """The later GEMM (the gate) is the op's second GEMM, and the silu applied to it (read only by
     the multiply) is computed on its output inside the op, rounded where eager rounds."""
-    report = check_against_eager(UpFirstSwiGLU, lambda: [torch.randn(B, T, K)], dtype=dtype, train=train,
+    report = check_against_eager(UpFirstSwiGLU, x_alone, dtype=dtype, train=train,
                                  grads=train)
     up, gate, down = report.rows
     assert up.status == "fused" and up.fused == ["linear", "silu", "mul"] and up.program.endswith("|| gemm")
@@ -348,7 +352,7 @@ def test_a_gated_mlp_with_the_up_projection_first_is_one_op_too(train, dtype):
 
 
 def test_a_gated_mlp_under_autocast_casts_both_weights_as_autocast_does():
-    report = check_against_eager(SwiGLU, lambda: [torch.randn(B, T, K)], autocast=torch.bfloat16, train=True,
+    report = check_against_eager(SwiGLU, x_alone, autocast=torch.bfloat16, train=True,
                                  grads=True)
     gate, up, _ = report.rows
     assert gate.status == up.status == "fused" and gate.program.endswith("|| gemm")
@@ -367,7 +371,7 @@ class BiasedGeGLU(nn.Module):
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
 def test_a_second_gemm_with_a_bias_adds_it_as_a_column_parameter_rounded_as_its_output(dtype):
-    report = check_against_eager(BiasedGeGLU, lambda: [torch.randn(B, T, K)], dtype=dtype, train=True, grads=True)
+    report = check_against_eager(BiasedGeGLU, x_alone, dtype=dtype, train=True, grads=True)
     gate, up = report.rows
     assert gate.status == up.status == "fused" and gate.program.endswith("|| gemm col")
     assert ("bf16(p0 + p1)" in gate.program) == (dtype == torch.bfloat16)
@@ -382,7 +386,7 @@ def test_a_second_gemm_read_elsewhere_too_is_an_operand_of_the_output_shape():
             up = self.up_proj(x)
             return F.silu(self.gate_proj(x)) * up, up
 
-    report = check_against_eager(Twice, lambda: [torch.randn(B, T, K)], grads=True)
+    report = check_against_eager(Twice, x_alone, grads=True)
     up, gate = report.rows  # graph order: the up projection runs first here
     assert gate.status == "fused" and gate.program.endswith("|| full")
     assert up.status == "not_fused"
@@ -414,7 +418,7 @@ def test_a_gated_mlp_of_one_gemm_split_in_halves_is_the_same_op(spelling, bias):
     """Each half is the GEMM of x with half of the weight's rows (and of the bias): the one GEMM
     becomes two on views of the weight, and they fuse as a gated pair; the weight's gradient is
     eager's."""
-    report = check_against_eager(lambda: OneGemmGLU(spelling, bias), lambda: [torch.randn(B, T, K)], grads=True)
+    report = check_against_eager(lambda: OneGemmGLU(spelling, bias), x_alone, grads=True)
     gate, up = report.rows
     assert gate.status == up.status == "fused"
     assert gate.program.split(" || ")[1] == ("gemm col" if bias else "gemm")
@@ -430,7 +434,7 @@ def test_a_split_into_unequal_parts_stays_one_gemm():
             a, b = self.proj(x).split([N - 8, N + 8], dim=-1)
             return a.relu(), b
 
-    report = check_against_eager(Unequal, lambda: [torch.randn(B, T, K)], grads=True)
+    report = check_against_eager(Unequal, x_alone, grads=True)
     (row,) = report.rows
     assert row.status == "not_fused" and "split" in row.reason
 
@@ -466,7 +470,7 @@ def test_a_view_that_changes_the_feature_dim_stops_the_chain():
         def forward(self, x):
             return torch.relu(self.proj(x)).view(B, T, 4, N // 4).transpose(1, 2)
 
-    (row,) = check_against_eager(Heads, lambda: [torch.randn(B, T, K)]).rows
+    (row,) = check_against_eager(Heads, x_alone).rows
     assert row.status == "partial" and "changes the feature dim" in row.reason
 
 
@@ -485,7 +489,7 @@ def test_an_in_place_op_after_a_view_of_the_value_still_shows_through_the_view()
             y.relu_()
             return v * 2.0
 
-    check_against_eager(ViewThenInPlace, lambda: [torch.randn(B, T, K)], train=False)
+    check_against_eager(ViewThenInPlace, x_alone, train=False)
 
 
 class PreNormBlock(nn.Module):

@@ -17,7 +17,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/: support,
 
 from support import check_against_eager  # noqa: E402
 from test_operands import (B, K, N, T, BertOutput, BroadcastBack, Conv1DBlock, PreNormBlock,  # noqa: E402
-                           UpFirstSwiGLU, three_d)
+                           UpFirstSwiGLU, three_d, x_alone)
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 
@@ -38,7 +38,7 @@ class Conv1DMlp(nn.Module):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
 @pytest.mark.parametrize("train", [False, True], ids=["eval", "train"])
 def test_a_conv1d_block_fuses_on_cuda(dtype, train):
-    report = check_against_eager(Conv1DMlp, lambda: [torch.randn(B, T, K)], dtype=dtype, device="cuda",
+    report = check_against_eager(Conv1DMlp, x_alone, dtype=dtype, device="cuda",
                                  train=train, grads=train, draws=3)
     (row,) = report.rows
     assert row.status == "fused" and row.fused[:2] == ["addmm", f"view({B}, {T}, {N})"]
@@ -70,7 +70,7 @@ def test_a_chain_that_returns_a_second_value_fuses_on_cuda(train, dtype):
 def test_a_gated_mlp_with_the_up_projection_first_fuses_on_cuda(train, dtype):
     """up(x) * silu(gate(x)): one op, the activation on its second GEMM (row path, and the in-GEMM
     kernels where the selection takes them)."""
-    report = check_against_eager(UpFirstSwiGLU, lambda: [torch.randn(B, T, K)], dtype=dtype, device="cuda",
+    report = check_against_eager(UpFirstSwiGLU, x_alone, dtype=dtype, device="cuda",
                                  train=train, grads=train, draws=3)
     up, gate, _ = report.rows
     assert up.status == gate.status == "fused" and "silu(p0)" in up.program
@@ -80,7 +80,7 @@ def test_a_gated_mlp_with_the_up_projection_first_fuses_on_cuda(train, dtype):
 @pytest.mark.parametrize("train", [False, True], ids=["eval", "train"])
 def test_a_reduced_value_broadcast_back_fuses_on_cuda(train, dtype):
     """mean(relu(y), keepdim) * w + b, then sigmoid: the row kernels fill the row with the mean."""
-    report = check_against_eager(BroadcastBack, lambda: [torch.randn(B, T, K)], dtype=dtype, device="cuda",
+    report = check_against_eager(BroadcastBack, x_alone, dtype=dtype, device="cuda",
                                  train=train, grads=train, draws=3)
     (row,) = report.rows
     assert row.status == "fused" and "mean(keepdim=True)" in row.program
