@@ -5,11 +5,12 @@ graph (or a cached one, in another process) needs nothing registered beyond this
 kernel is the reference; a GPU back end registers the kernels for its device type
 (``register_device_kernels``: fxfuse.cuda does on import, and its runtime module registers a C++
 kernel for the CUDA key once loaded), so this module depends on no back end; the fake kernel
-derives shapes from the Program, so batch dims may be symbolic. The op returns ``(out, batch_stats, gemm, kept)``: batch_stats is the (2, N) float32 mean and
-unbiased variance of a training-mode BatchNorm stage, which the rewritten graph folds into the
-running statistics with ordinary ops (empty when the program has no such stage); gemm is the GEMM
-output when ``save_gemm`` asks for it (a graph that will run backward), else empty; kept is the
-value of a ``keep()`` stage (a chain value the graph also reads elsewhere), else empty. A
+derives shapes from the Program, so batch dims may be symbolic. The op returns ``(out,
+batch_stats, gemm, kept)``: batch_stats is the (2, N) float32 mean and unbiased variance of a
+training-mode BatchNorm stage, which the rewritten graph folds into the running statistics with
+ordinary ops (empty when the program has no such stage); gemm is the GEMM output when
+``save_gemm`` asks for it (a graph that will run backward), else empty; kept is the value of a
+``keep()`` stage (a chain value the graph also reads elsewhere), else empty. A
 program's second GEMMs (a gated MLP's up projection: "gemm" parameters, their weights among the
 params) run inside the op on the same x; their outputs are saved stacked with the GEMM's.
 
