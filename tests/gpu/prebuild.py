@@ -30,11 +30,23 @@ def main() -> int:
         return 2
     import sanitize
     import test_cuda_kernels
+    import test_gemm_epilogue
+    import test_gemm_group_norm
+    from gemm_harness import param_dtypes
 
-    pairs = test_cuda_kernels.all_builds() + [(sanitize.PROGRAMS[n], d) for n, d, *_ in sanitize.CALLS]
+    # the in-GEMM tests' modules: a row module and a GEMM module per (program, dtype), as
+    # gemm_harness.build_modules builds them
+    in_gemm = [*test_gemm_epilogue.BUILDS.values(), *test_gemm_group_norm.CASES.values()]
+    pairs = (test_cuda_kernels.all_builds() + [(sanitize.PROGRAMS[n], d) for n, d, *_ in sanitize.CALLS]
+             + in_gemm)
+    gemms = [(program, dtype, param_dtypes(program, dtype)) for program, dtype in in_gemm]
     start = time.time()
-    failed = fxcuda.prepare_many(pairs, workers=args.workers)
-    unique = len({(p.to_string(), d) for p, d in pairs})
+    failed = fxcuda.prepare_many(pairs, workers=args.workers, gemm_items=gemms)
+    unique = len({(p.to_string(), d) for p, d in pairs}) + len(in_gemm)
+    device = torch.device("cuda", torch.cuda.current_device())
+    for program, dtype, params in gemms:
+        if fxcuda.engine.prepare_gemm(program, dtype, params, device) is None:
+            failed[(program.to_string(), dtype)] = fxcuda.engine.gemm_error(program, dtype, params, device)
     print(f"{unique} modules ready in {time.time() - start:.0f} s on {torch.cuda.get_device_name()}, {len(failed)} failed")
     for (program, dtype), error in failed.items():
         print(f"FAILED {program} [{dtype}]\n{error}\n")

@@ -53,6 +53,9 @@ def program_of(name: str) -> Program:
     return EXTRA.get(name) or PROGRAMS[name]
 
 
+BUILDS = {(name, dtype): (program_of(name), dtype) for name, dtype in CASES}  # also built by prebuild.py
+
+
 @pytest.fixture(scope="module")
 def hopper():
     """Skips without a Hopper GPU, nvcc or CUTLASS (tests that build their own modules)."""
@@ -61,7 +64,7 @@ def hopper():
 
 @pytest.fixture(scope="module")
 def modules():
-    return build_modules({(name, dtype): (program_of(name), dtype) for name, dtype in CASES})
+    return build_modules(BUILDS)
 
 
 @pytest.mark.parametrize("m,n,k", SHAPES)
