@@ -241,7 +241,7 @@ def _unfused_if_slower(chain: Chain, after_selection: bool = False) -> Chain:
     if measured is False:
         return chain
     if measured:
-        reason = ("Inductor is faster at this shape (measured when the graph compiled; "
+        reason = (f"{selection.why_inductor()} (measured when the graph compiled; "
                   f"fxfuse's fastest: {chain.path}); policy='always' fuses it")
     else:
         reason = inductor_is_faster(chain.program, gemm_out, stopped_at, after_selection)

@@ -78,6 +78,15 @@ class Selection:
             return None
         return self.times_us[INDUCTOR] < self.times_us[self.path] * (1 + INDUCTOR_MARGIN)
 
+    def why_inductor(self) -> str:
+        """Why the chain goes to Inductor, where ``inductor_is_faster``: Inductor measured faster,
+        or fxfuse's fastest path won by less than the margin."""
+        fastest, inductor = self.times_us[self.path], self.times_us[INDUCTOR]
+        if inductor <= fastest:
+            return "Inductor is faster at this shape"
+        return (f"fxfuse's fastest is {inductor / fastest - 1:.1%} faster than Inductor at this shape, "
+                f"under the {INDUCTOR_MARGIN:.0%} margin")
+
     def describe(self) -> str:
         times = ", ".join(f"{name} {t:.1f} us" for name, t in sorted(self.times_us.items(), key=lambda kv: kv[1]))
         where = "in-GEMM epilogue" if self.config >= 0 else "cuBLAS + row pass"
