@@ -8,7 +8,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#define FX_ABI_VERSION 14
+#define FX_ABI_VERSION 15
 
 // Widest row the row kernel holds in registers (64 floats a thread, 512 threads a row).
 #define FX_MAX_N 32768
@@ -37,7 +37,8 @@ enum FxFlags : int32_t {
 };
 
 enum FxOutKind : int32_t {
-  FX_OUT_ROWS = 0,         // (M, N): same shape as the GEMM output (written in place or to out)
+  FX_OUT_ROWS = 0,         // (M, out_width(N)): the GEMM output's shape unless a pooling narrows the
+                           // rows (written in place or to out)
   FX_OUT_REDUCED = 1,      // (M,): one value per row
   FX_OUT_REDUCED_KEEP = 2  // (M, 1)
 };
@@ -50,7 +51,8 @@ struct FxParam {
 
 struct FxLaunch {
   const void* y;          // (m, n) row-major GEMM output, dtype of the module
-  void* out;              // out_dtype; FX_OUT_ROWS: (m, n), may equal y when of its dtype; else (m,)
+  void* out;              // out_dtype; FX_OUT_ROWS: (m, out_width(n)), may equal y when of its dtype
+                          // and width; else (m,)
   void* kept;             // (m, n) row-major, kept_dtype: the keep() stage's value; null without one
   float* stats;           // (2, n) float32 [mean, unbiased var] of a training BatchNorm, else null
   float* workspace;       // workspace_floats(m, n, sm_count) floats, else null when that is 0
@@ -103,6 +105,8 @@ struct FxProgramInfo {
   // chunks of rows of the backward's column sums; -1 where the kernel does not cover (m, n)
   int64_t (*grad_chunks)(int64_t m, int64_t n, int32_t sm_count);
   const char* (*launch_grad)(const FxGradLaunch* args, void* stream);
+  // the output rows' width for GEMM rows of n (n, or what a pooling along the features leaves)
+  int64_t (*out_width)(int64_t n);
 };
 
 // The in-GEMM back end (csrc/gemm_epilogue.cuh): a GEMM module computes x @ weight.T (+ bias) and

@@ -23,6 +23,7 @@ struct Row {
   int lt;          // thread index within the row (segment)
   int lr;          // row (segment) index within the block
   int64_t row;
+  int n;           // the row's width: the GEMM's, until a pooling narrows it (Pool stages)
   int first;       // the segment's first column
   bool active;
   float v[ITEMS][VEC];
@@ -30,7 +31,7 @@ struct Row {
   // Unit `unit` of the grid's walk: row unit / segs, segment unit % segs (a segment is rt threads
   // of ITEMS chunks: whole groups of a row-local program, see Launcher::apply_plan).
   FX_DEVICE Row(const A& a_, const Thread& t_, float* red_, float* scratch_, int lt_, int lr_, int64_t unit)
-      : a(a_), t(t_), red(red_), scratch(scratch_), lt(lt_), lr(lr_) {
+      : a(a_), t(t_), red(red_), scratch(scratch_), lt(lt_), lr(lr_), n(a_.n) {
     if (a.segs == 1) {
       row = unit;
       first = 0;
@@ -48,6 +49,7 @@ struct Row {
   // Become `o` (a row of the same slot loaded ahead: for_each_row's prefetch)
   FX_DEVICE void take(const Row& o) {
     row = o.row;
+    n = o.n;
     first = o.first;
     active = o.active;
 #pragma unroll
@@ -107,18 +109,18 @@ struct Row {
     constexpr int U_VEC = DType<U>::kVec;
     static_assert(VEC % U_VEC == 0, "the stored type is T or float");
     if (!active) return;
-    const int64_t base = row * a.n;
+    const int64_t base = row * n;
 #pragma unroll
     for (int i = 0; i < ITEMS; ++i) {
       const int c0 = col(i, 0);
       if constexpr (ALIGNED) {
-        if (c0 < a.n)
+        if (c0 < n)
 #pragma unroll
           for (int k = 0; k < VEC; k += U_VEC) Mem<U>::store_vec(dst, base + c0 + k, v[i] + k);
       } else {
 #pragma unroll
         for (int e = 0; e < VEC; ++e)
-          if (c0 + e < a.n) Mem<U>::store(dst, base + c0 + e, v[i][e]);
+          if (c0 + e < n) Mem<U>::store(dst, base + c0 + e, v[i][e]);
       }
     }
   }
@@ -198,7 +200,7 @@ struct Row {
 #pragma unroll
       for (int e = 0; e < VEC; ++e) {
         const int c = col(i, e);
-        v[i][e] = f(v[i][e], c < a.n ? c : a.n - 1);
+        v[i][e] = f(v[i][e], c < n ? c : n - 1);
       }
   }
 
@@ -226,12 +228,12 @@ struct Row {
     for (int i = 0; i < ITEMS; ++i)
 #pragma unroll
       for (int e = 0; e < VEC; ++e)
-        if (active && col(i, e) < a.n) acc = op(acc, f(v[i][e]));
+        if (active && col(i, e) < n) acc = op(acc, f(v[i][e]));
     return allreduce(acc, op);
   }
 
   FX_DEVICE float reduce_sum() const { return reduce(0.0f, OpAdd(), [](float x) { return x; }); }
-  FX_DEVICE float reduce_mean() const { return reduce_sum() / static_cast<float>(a.n); }
+  FX_DEVICE float reduce_mean() const { return reduce_sum() / static_cast<float>(n); }
   FX_DEVICE float reduce_max() const { return reduce(-INFINITY, OpMax(), [](float x) { return x; }); }
   FX_DEVICE float reduce_min() const { return reduce(INFINITY, OpMin(), [](float x) { return x; }); }
 
@@ -298,6 +300,49 @@ struct Row {
       }
     });
   }
+
+  // Pooling along the features (a Pool stage): windows of K values, S apart, every one inside the
+  // row; the row narrows to (n - K) / S + 1 values, the mean of each window (Max: its max, NaN where
+  // it holds one, as eager's), which later stages and the store see. Through the row's scratch
+  // (n floats: Prog::scratch_floats); whole rows a segment (Prog::row_local is false).
+  template <bool Max, int K, int S>
+  FX_DEVICE void pool() {
+    if (active) {
+#pragma unroll
+      for (int i = 0; i < ITEMS; ++i)
+#pragma unroll
+        for (int e = 0; e < VEC; ++e)
+          if (col(i, e) < n) scratch[col(i, e)] = v[i][e];
+    }
+    t.sync();
+    const int width = (n - K) / S + 1;
+#pragma unroll
+    for (int i = 0; i < ITEMS; ++i)
+#pragma unroll
+      for (int e = 0; e < VEC; ++e) {
+        const int c = col(i, e);
+        if (!active || c >= width) {
+          v[i][e] = 0.0f;  // past the narrowed row: never stored or reduced
+          continue;
+        }
+        const float* w = scratch + c * S;
+        float acc = Max ? -INFINITY : 0.0f;
+        for (int k = 0; k < K; ++k) {
+          if constexpr (Max) {
+            if (w[k] > acc || w[k] != w[k]) acc = w[k];  // eager's max pooling: a NaN wins
+          } else {
+            acc += w[k];
+          }
+        }
+        v[i][e] = Max ? acc : acc / static_cast<float>(K);
+      }
+    t.sync();  // the scratch is free again (a later stage, the next row)
+    n = width;
+  }
+  template <int K, int S>
+  FX_DEVICE void pool_avg() { pool<false, K, S>(); }
+  template <int K, int S>
+  FX_DEVICE void pool_max() { pool<true, K, S>(); }
 
   // Dropout in training: v / (1 - p) where the mask keeps the element, v * 0 elsewhere (NaN and
   // Inf become NaN, as in eager's product); the mask is a hash of (seed parameter K, row, column)

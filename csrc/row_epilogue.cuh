@@ -281,7 +281,7 @@ struct Launcher {
     Plan rows, apply;
     if (m < 1 || !row_plan(n, &rows, true) || !apply_plan(m, n, &apply)) return 0;
     if (Prog::kBatchTrain && m < 2) return 0;
-    if (!Prog::groups_ok(n)) return 0;
+    if (!Prog::groups_ok(n) || Prog::out_width(n) < 1) return 0;
     const size_t smem = smem_bytes(n, apply) > smem_bytes(n, rows) ? smem_bytes(n, apply) : smem_bytes(n, rows);
     if (smem > static_cast<size_t>(smem_optin)) return 0;
     return 1;
@@ -312,7 +312,8 @@ struct Launcher {
     a.flags = L->flags;
     const bool out_vec = (Prog::kOutKind != FX_OUT_ROWS || reinterpret_cast<uintptr_t>(L->out) % 16 == 0) &&
                          reinterpret_cast<uintptr_t>(L->kept) % 16 == 0;
-    const bool aligned = L->n % VEC == 0 && reinterpret_cast<uintptr_t>(L->y) % 16 == 0 && out_vec;
+    const bool aligned = L->n % VEC == 0 && Prog::out_width(L->n) % VEC == 0 &&
+                         reinterpret_cast<uintptr_t>(L->y) % 16 == 0 && out_vec;
     if constexpr (Prog::kBatchTrain) {
       const int64_t grid = stats_grid(L->m, rows, L->sm_count);
       with_plan(a, rows);
@@ -399,7 +400,8 @@ struct Launcher {
                                        &fx::Launcher<PROG, T>::launch,                               \
                                        PROG::kGradKind != fx::kNoGrad ? 1 : 0,                       \
                                        &fx::GradLauncher<PROG, T>::chunks,                           \
-                                       &fx::GradLauncher<PROG, T>::launch};                          \
+                                       &fx::GradLauncher<PROG, T>::launch,                           \
+                                       &PROG::out_width};                                            \
     return &info;                                                                                    \
   }
 

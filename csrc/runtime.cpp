@@ -411,8 +411,9 @@ Result run(int64_t info_address, const Tensor& x, const Tensor& weight, const st
   const auto out_options = y.options().dtype(*scalar_type_of(info->out_dtype));
   Tensor out;
   if (info->out_kind == FX_OUT_ROWS) {
-    shape.push_back(n);
-    const bool in_place = !save_gemm && info->out_dtype == info->dtype;
+    const int64_t width = info->out_width(n);
+    shape.push_back(width);
+    const bool in_place = !save_gemm && info->out_dtype == info->dtype && width == n;
     out = in_place ? y : at::empty(shape, out_options);
   } else {
     if (info->out_kind == FX_OUT_REDUCED_KEEP) shape.push_back(1);
@@ -447,11 +448,13 @@ Result run(int64_t info_address, const Tensor& x, const Tensor& weight, const st
 
 using GradOutputs = std::tuple<Tensor, Tensor>;  // (dgemm, sums), as fxfuse::epilogue_backward
 
-// The output's shape for a GEMM output of y's shape (a reduction's: one value a row, kept or not)
-std::vector<int64_t> output_shape(const Tensor& y, int32_t out_kind) {
+// The output's shape for a GEMM output of y's shape (a reduction's: one value a row, kept or not;
+// a pooling's: narrower rows)
+std::vector<int64_t> output_shape(const Tensor& y, const FxProgramInfo* info) {
   std::vector<int64_t> shape(y.sizes().begin(), y.sizes().end());
-  if (out_kind == FX_OUT_REDUCED) shape.pop_back();
-  if (out_kind == FX_OUT_REDUCED_KEEP) shape.back() = 1;
+  if (info->out_kind == FX_OUT_ROWS) shape.back() = info->out_width(shape.back());
+  if (info->out_kind == FX_OUT_REDUCED) shape.pop_back();
+  if (info->out_kind == FX_OUT_REDUCED_KEEP) shape.back() = 1;
   return shape;
 }
 
@@ -468,7 +471,7 @@ std::optional<GradOutputs> run_grad(int64_t info_address, const Tensor& grad, co
   if (scalar_type_of(info->dtype) != y.scalar_type() || scalar_type_of(info->out_dtype) != grad.scalar_type()) {
     return std::nullopt;
   }
-  if (grad.sizes() != at::IntArrayRef(output_shape(y, info->out_kind)) || grad.device() != y.device()) {
+  if (grad.sizes() != at::IntArrayRef(output_shape(y, info)) || grad.device() != y.device()) {
     return std::nullopt;
   }
   if (static_cast<int64_t>(params.size()) != info->num_params) return std::nullopt;

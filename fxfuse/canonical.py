@@ -84,6 +84,17 @@ class ReduceOp:
 
 
 @dataclass(frozen=True)
+class PoolOp:
+    """Pooling along the feature dim of a 2-D value (patterns/feature_pooling.py): windows of
+    ``kernel`` values, ``stride`` apart, each inside the row."""
+
+    kind: str  # "avg" or "max"
+    input: Node
+    kernel: int
+    stride: int
+
+
+@dataclass(frozen=True)
 class DropoutOp:
     """Dropout in training mode with 0 < p < 1 (random: each element kept with probability 1 - p)."""
 
@@ -145,4 +156,4 @@ class RejectedGemm(Rejected):
     of two activations): it still gets a report row of its own, with ``reason``."""
 
 
-CanonicalOp = Union[GemmOp, PointwiseOp, NormOp, ReduceOp, DropoutOp, AliasOp, ReshapeOp, RowSelection, Rejected]
+CanonicalOp = Union[GemmOp, PointwiseOp, NormOp, ReduceOp, PoolOp, DropoutOp, AliasOp, ReshapeOp, RowSelection, Rejected]

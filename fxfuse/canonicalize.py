@@ -4,8 +4,9 @@ Norms written out op by op (transformers' RMSNorms) become the norm op first
 (patterns/written_norms.py), and ops that read only a value's dtype and device
 (``new_empty``: timm's drop-path mask) factories that read nothing (patterns/shape_reads.py),
 and a GEMM read only split in two halves (a gated MLP's one-GEMM spelling) two GEMMs
-(patterns/split_gemms.py). An ``unsqueeze(1)`` before a pooling along the features carries the
-pooling as its reason to stop a chain (patterns/feature_pooling.py).
+(patterns/split_gemms.py). A pooling along the features, written as a pooling of the rows viewed
+as one channel, becomes one node of the rows (patterns/feature_pooling.py); where its windows
+reach past a row, the ``unsqueeze(1)`` carries the reason to stop a chain.
 
 Dynamo records ``y.mul_(3)`` as a node whose later readers still name ``y``: the mutation is
 implicit in the node order. Where ``y`` is a fresh temporary, readers after the in-place node are
@@ -20,9 +21,9 @@ from torch.fx import Graph, Node
 
 from . import patterns
 from .patterns import feature_pooling, shape_reads, split_gemms, written_norms
-from .canonical import AliasOp, CanonicalOp, GemmOp, NormOp, PointwiseOp, ReduceOp, Rejected, ReshapeOp, RowSelection
+from .canonical import AliasOp, CanonicalOp, GemmOp, NormOp, PointwiseOp, PoolOp, ReduceOp, Rejected, ReshapeOp, RowSelection
 
-FRESH_VALUE_OPS = (GemmOp, PointwiseOp, NormOp, ReduceOp)  # they produce new tensors, not views
+FRESH_VALUE_OPS = (GemmOp, PointwiseOp, NormOp, ReduceOp, PoolOp)  # they produce new tensors, not views
 
 
 def canonicalize(graph: Graph) -> dict[Node, CanonicalOp]:
@@ -33,7 +34,7 @@ def canonicalize(graph: Graph) -> dict[Node, CanonicalOp]:
     gemms = {node: op for node in graph.nodes if isinstance(op := _lookup(node), GemmOp)}
     split_gemms.split_in_two(graph, gemms)
     order = {node: i for i, node in enumerate(graph.nodes)}
-    rejected: dict[Node, Rejected] = feature_pooling.blockers(graph)
+    rejected: dict[Node, Rejected] = feature_pooling.recognise(graph)
     for node in graph.nodes:  # in order, so chains of in-place ops rewire one after another
         op = _lookup(node)
         if isinstance(op, PointwiseOp) and op.inplace:

@@ -12,6 +12,9 @@ def describe(node: Node) -> str:
     if node.op == "output":
         return "output"
     target = node.target
+    label = getattr(target, "report_label", None)  # a function canonicalization wrote into the graph
+    if label is not None:
+        return label(*node.args, **node.kwargs)
     name = target if isinstance(target, str) else getattr(target, "__name__", str(target))
     if name == "getitem":
         index = node.args[1]

@@ -15,7 +15,9 @@ dtype), a bfloat16/float16 chain carries its rounding points in its expressions,
 stage marks where the chain widens to float32, as autocast and type promotion widen eager's, and a
 ``keep()`` stage marks a value the op returns too (a value the graph also reads elsewhere); a
 ``narrow()`` stage marks the cast back to the GEMM's dtype after a widened stretch; a
-``dropout(p=0.1, seed=p2)`` stage is training-mode dropout, its masks drawn per call.
+``dropout(p=0.1, seed=p2)`` stage is training-mode dropout, its masks drawn per call; an
+``avg_pool(kernel=4, stride=4)`` / ``max_pool(...)`` stage pools windows of a row's values, and
+the stages after it see the narrower row.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ import sympy
 import torch
 
 from . import expr as E
+from .patterns.feature_pooling import FAMILY as POOLS
 from .patterns.reductions import FAMILY as REDUCTIONS
 
 # a per-column vector of N values, one value, a tensor of the output's shape (a residual, a gate),
@@ -136,7 +139,23 @@ class Dropout:
     seed: int
 
 
-Stage = Union[Pointwise, Norm, Reduce, Widen, Narrow, Keep, Dropout]
+@dataclass(frozen=True)
+class Pool:
+    """Pooling along the feature dim (KernelBench's ``avg_pool1d(y.unsqueeze(1), k).squeeze(1)``,
+    ``max_pool1d`` the same way): a row of n values becomes ``width(n)`` values, the mean
+    (``kind="avg"``) or the max (NaN if the window holds one, as eager's) of each window of
+    ``kernel`` values, windows ``stride`` apart, every window inside the row (no padding, floor
+    mode). The result is rounded to the chain's dtype (eager's pooling returns its input's)."""
+
+    kind: Literal["avg", "max"]
+    kernel: int
+    stride: int
+
+    def width(self, n: int) -> int:
+        return (n - self.kernel) // self.stride + 1
+
+
+Stage = Union[Pointwise, Norm, Reduce, Widen, Narrow, Keep, Dropout, Pool]
 
 
 @dataclass(frozen=True)
@@ -221,11 +240,23 @@ class Program:
         float32 after a Widen, the GEMM's again after a Narrow."""
         return torch.promote_types(dtype, torch.float32) if self.ends_widened else dtype
 
+    def width(self, n: int) -> int:
+        """The row's width after every stage for a GEMM of ``n`` columns (a pooling narrows it;
+        a row reduction's one value is ``output_shape``'s business)."""
+        for stage in self.stages:
+            if isinstance(stage, Pool):
+                n = stage.width(n)
+        return n
+
+    @property
+    def pools(self) -> bool:
+        return any(isinstance(s, Pool) for s in self.stages)
+
     def output_shape(self, batch_shape: tuple, n: int) -> tuple:
         """Shape of the op's output for an input of shape ``(*batch_shape, K)``."""
         reduction = self.reduction
         if reduction is None:
-            return (*batch_shape, n)
+            return (*batch_shape, self.width(n))
         return (*batch_shape, 1) if reduction.keepdim else tuple(batch_shape)
 
     # -- string form --------------------------------------------------------------------------
@@ -359,6 +390,8 @@ def _stage_string(stage: Stage) -> str:
         return f"{_NARROW_NAME}()"
     if isinstance(stage, Dropout):
         return f"{_DROPOUT_NAME}(p={stage.p!r}, seed=p{stage.seed})"
+    if isinstance(stage, Pool):
+        return f"{stage.kind}_pool(kernel={stage.kernel}, stride={stage.stride})"
     defaults = Norm(kind=stage.kind, eps=0.0)
     items = [f"eps={stage.eps!r}"]
     for f in fields(Norm)[2:]:
@@ -403,4 +436,6 @@ def _parse_stage(text: str) -> Stage:
         return Narrow()
     if name == _DROPOUT_NAME and not node.args:
         return Dropout(**_keywords(node))
+    if name.endswith("_pool") and name[: -len("_pool")] in POOLS and not node.args:
+        return Pool(kind=name[: -len("_pool")], **_keywords(node))
     raise ValueError(f"unknown stage {text!r}")

@@ -33,6 +33,7 @@ from .canonical import (
     NormOp,
     Operand,
     PointwiseOp,
+    PoolOp,
     ReduceOp,
     Rejected,
     RejectedGemm,
@@ -41,7 +42,7 @@ from .canonical import (
     example_value,
 )
 from .describe import describe
-from .ir import Dropout, Gemm, Keep, Narrow, Norm, Pointwise, Program, Reduce, Stage, Widen
+from .ir import Dropout, Gemm, Keep, Narrow, Norm, Pointwise, Pool, Program, Reduce, Stage, Widen
 from .vocabulary import ROUNDING, call, is_rounding
 from .patterns.norms import FAMILY as NORMS
 from .patterns.reductions import FAMILY as REDUCTIONS
@@ -209,6 +210,7 @@ class _Matcher:
         self.reduced = False  # a row reduction changed the shape
         self.keeps_reduced_dim = False  # the reduced value keeps its feature dim, of size 1
         self.broadcast_back = False  # the reduced value met a per-column vector: a row of N again
+        self.pooled = False  # a pooling narrowed the rows (self.shape[-1] < self.n)
         self.snapshots: list[_Snapshot] = []
         self._downstream: set[Node] | None = None
         self.dtype: torch.dtype | None = None  # the GEMM's output dtype: the chain's element type
@@ -398,9 +400,9 @@ class _Matcher:
             expr = self._rounded(self._pointwise(node, op))
         elif isinstance(op, ReduceOp) and self._reduces_one_value(op):
             expr, is_tuple = self._one_value(op), op.tuple_output
-        else:  # a norm, dropout or reduction: the next segment reads its result
-            stage = self._norm(op) if isinstance(op, NormOp) else (
-                self._dropout(node, op) if isinstance(op, DropoutOp) else self._reduce(op))
+        else:  # a norm, dropout, pooling or reduction: the next segment reads its result
+            stage = (self._norm(op) if isinstance(op, NormOp) else self._dropout(node, op) if isinstance(op, DropoutOp)
+                     else self._pool(op) if isinstance(op, PoolOp) else self._reduce(op))
             self._close_segment(op.input, stage)
             self.segment, is_tuple = {}, isinstance(op, ReduceOp) and op.tuple_output
         self.segment[node] = expr
@@ -418,6 +420,8 @@ class _Matcher:
         ops after it read it as the next segment's input."""
         if self.reduced or not isinstance(value, torch.Tensor) or tuple(value.shape) != tuple(self.shape):
             raise Stop(f"{describe(node)} is read outside the chain after a row reduction")
+        if self.pooled:
+            raise Stop(f"{describe(node)} is read outside the chain after a pooling")
         if self.widened and self.node_dtype != torch.float32:
             raise Stop(f"{describe(node)} is read outside the chain in {self.node_dtype} after a cast back")
         self.stages[:] = self._stages_with(expr)
@@ -428,7 +432,7 @@ class _Matcher:
         """A view of the chain's value that keeps the feature dim: the kernels see the same rows."""
         if self.reduced:
             raise Stop(f"{describe(node)} after a row reduction")
-        if not isinstance(value, torch.Tensor) or value.dim() not in (2, 3) or value.shape[-1] != self.n:
+        if not isinstance(value, torch.Tensor) or value.dim() not in (2, 3) or value.shape[-1] != self.shape[-1]:
             raise Stop(f"{describe(node)} changes the feature dim")
         self.ndim, self.shape = value.dim(), tuple(value.shape)
 
@@ -615,6 +619,9 @@ class _Matcher:
             raise Stop(f"operand {describe(node)} of shape {shape} would broadcast the output")
         if all(d == 1 for d in shape):
             return "scalar"
+        if self.pooled and not (self.reduced and self.keeps_reduced_dim and self._is_per_row(shape)):
+            raise Stop(f"operand {describe(node)} of shape {shape} after a pooling (only scalars, and one value "
+                       "per row after a reduction, are read there)")
         if not self.reduced and shape[-1] == self.n and all(d == 1 for d in shape[:-1]):
             return "col"
         if (self.reduced and (self.keeps_reduced_dim or self.broadcast_back) and shape[-1] == self.n
@@ -660,6 +667,8 @@ class _Matcher:
     def _norm(self, op: NormOp) -> Norm:
         if self.reduced:
             raise Stop("a norm after a row reduction")
+        if self.pooled:
+            raise Stop("a norm after a pooling")
         family = NORMS[op.kind]
         if family.over_channels and self.ndim != 2:
             raise Stop(f"{op.kind}_norm of a {self.ndim}-D value normalises dim 1, not the features")
@@ -694,9 +703,18 @@ class _Matcher:
     def _dropout(self, node: Node, op: DropoutOp) -> Dropout:
         """A dropout stage; its seed is an operand the rewrite draws on each call. Later ops read
         the dropped values only (a value from before it ends the chain, as after a norm)."""
-        if self.reduced:
-            raise Stop("dropout after a row reduction")
+        if self.reduced or self.pooled:
+            raise Stop(f"dropout after a {'row reduction' if self.reduced else 'pooling'}")
         return Dropout(op.p, self._param(DropoutSeed(node), "seed"))
+
+    def _pool(self, op: PoolOp) -> Pool:
+        """A pooling along the features: the rows narrow to the pooled width from here on."""
+        if self.reduced or self.pooled:
+            raise Stop(f"a pooling after a {'row reduction' if self.reduced else 'pooling'}")
+        stage = Pool(op.kind, op.kernel, op.stride)
+        self.pooled = True
+        self.shape = (*self.shape[:-1], stage.width(self.shape[-1]))
+        return stage
 
     def _reduces_one_value(self, op: ReduceOp) -> bool:
         """A reduction over the size-1 feature dim a row reduction with keepdim left: each row

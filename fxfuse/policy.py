@@ -33,6 +33,9 @@ more than the chain's output; Inductor's pointwise kernel reads it too, and S26 
 SwiGLU product and the residual add, bf16, H100) measured 1.04x Inductor's GPU time through the
 row pass: where the in-GEMM path cannot take them, such chains go to Inductor at large sizes.
 
+A pooling along the features runs in the row kernels (through shared memory) but has not been
+timed against Inductor on a GPU: until it is, such chains go to Inductor at large sizes too.
+
 A chain cut short by an op that computes in a dtype it cannot take (float64; autocast's float32
 ops and float32 promotions widen the chain instead) also goes to Inductor: Inductor fuses that op
 and what follows with the chain's ops into kernels that read the GEMM output, while a fused prefix
@@ -78,14 +81,17 @@ def inductor_is_faster(program: Program, gemm_out: torch.Tensor, stopped_at: str
         return (f"Inductor is faster: {stopped_at}, and Inductor fuses that op with the chain into "
                 "kernels reading the GEMM output (a fused prefix costs one more pass over it; "
                 "BENCHMARKS.md); policy='always' fuses the prefix")
-    slower = _measured_slower(program)
-    if slower is None or (gemm_out.requires_grad and _trains_faster(program, gemm_out)):
+    slower, untimed = _measured_slower(program), _untimed(program)
+    if (slower is None and untimed is None) or (gemm_out.requires_grad and _trains_faster(program, gemm_out)):
         return None
     if not after_selection and not gemm_out.requires_grad and in_gemm_takes(program, gemm_out):
         return None
     elements = math.prod(size_hint(s) for s in gemm_out.shape)
     if elements < LARGE_ELEMENTS:
         return None
+    if slower is None:
+        return (f"left to Inductor: {untimed} over {elements} elements have not been timed against Inductor on a "
+                "GPU yet; policy='always' fuses them")
     kind, measured = slower
     return f"Inductor is faster: {kind} over {elements} elements ({measured}); policy='always' fuses them"
 
@@ -129,3 +135,9 @@ def _measured_slower(program: Program) -> tuple[str, str] | None:
     if program.ends_widened and not any(isinstance(s, Reduce) for s in program.stages):
         return "pointwise epilogues that widen to float32", "1.01-1.04x Inductor's time on CUDA, S09 under bf16 autocast"
     return None
+
+
+def _untimed(program: Program) -> str | None:
+    """The kind of chain ``program`` is where no benchmark has timed that kind against Inductor
+    on a GPU yet: until one does, "never slower than Inductor" leaves it to Inductor at large sizes."""
+    return "poolings along the features" if program.pools else None

@@ -16,7 +16,8 @@ import torch.nn.functional as F
 
 from . import expr as E
 from . import masks
-from .ir import Dropout, Keep, Narrow, Norm, Pointwise, Program, Reduce, Widen, read_as
+from .ir import Dropout, Keep, Narrow, Norm, Pointwise, Pool, Program, Reduce, Widen, read_as
+from .patterns.feature_pooling import feature_pool
 from .patterns.norms import FAMILY as NORMS
 from .patterns.reductions import FAMILY as REDUCTIONS
 
@@ -131,6 +132,8 @@ def epilogue_and_kept(program: Program, y: torch.Tensor,
                 kept = v.to(dtype, copy=True)  # never the output itself (an op's outputs may not alias)
             elif isinstance(stage, Dropout):
                 v = _dropout(stage, v, params[stage.seed]).to(dtype).to(v.dtype)
+            elif isinstance(stage, Pool):
+                v = feature_pool(v, stage.kind, stage.kernel, stage.stride).to(dtype).to(v.dtype)
             else:
                 v = _reduce(stage, v)
         return v.to(program.output_dtype(y.dtype)), stats, kept

@@ -124,11 +124,17 @@ def test_a_norm_of_the_gemms_dtype_after_the_chain_widened_ends_the_chain():
     assert row.status in ("partial", "not_fused") and "layer_norm" not in row.fused
 
 
-@pytest.mark.parametrize("pool", [
-    lambda y: F.avg_pool1d(y.unsqueeze(1), kernel_size=4).squeeze(1),
-    lambda y: nn.MaxPool1d(2, stride=2)(y.unsqueeze(1)).squeeze(1),
-], ids=["avg_pool1d", "max_pool1d"])
-def test_pooling_along_the_features_is_named_as_what_stops_the_chain(pool):
+@pytest.mark.parametrize("pool,why", [
+    (lambda y: F.avg_pool1d(y.unsqueeze(1), kernel_size=4, padding=1).squeeze(1), "padding 1 is not fused"),
+    (lambda y: nn.MaxPool1d(3, stride=4, ceil_mode=True)(y.unsqueeze(1)).squeeze(1), "ceil_mode is not fused"),
+    (lambda y: F.max_pool1d(y.unsqueeze(1), 2, dilation=2).squeeze(1), "dilation or return_indices is not fused"),
+], ids=["padding", "ceil_mode", "dilation"])
+def test_pooling_windows_past_the_row_or_with_gaps_stop_the_chain_and_say_why(pool, why):
     row = _row(lambda m, y: torch.relu(pool(torch.sigmoid(y))))
     assert row.status == "partial" and row.fused[-1] == "sigmoid"
-    assert row.reason.endswith("pool1d along the features (of unsqueeze): pooling is not fused yet")
+    assert "pool1d along the features (of unsqueeze): " in row.reason and why in row.reason
+
+
+def test_a_norm_after_a_pooling_ends_the_chain_at_the_pooling():
+    row = _row(lambda m, y: F.layer_norm(F.avg_pool1d(y.unsqueeze(1), 2).squeeze(1), (N // 2,)))
+    assert row.status == "partial" and row.fused[-1] == "avg_pool1d(2)" and row.reason == "a norm after a pooling"

@@ -59,6 +59,16 @@ def test_large_chains_reading_a_residual_go_to_inductor_small_ones_stay():
     assert inductor_is_faster(RESIDUAL_ADD, gemm_output(1024, 8192, device="cpu")) is None
 
 
+POOLING_SUM = Program.parse("linear(bias=True) | max_pool(kernel=2, stride=2) | sum(keepdim=False)")
+
+
+def test_large_pooling_chains_not_yet_timed_on_a_gpu_go_to_inductor_and_say_so():
+    reason = inductor_is_faster(POOLING_SUM, gemm_output(1024, 8192))
+    assert reason is not None and reason.startswith("left to Inductor: poolings along the features")
+    assert "have not been timed against Inductor on a GPU yet" in reason
+    assert inductor_is_faster(POOLING_SUM, gemm_output(16, 8192)) is None
+
+
 def test_a_chain_the_in_gemm_path_takes_is_kept_for_the_selection_to_time_against_inductor(
         hopper_with_cutlass):
     """x + proj(h) in bf16 outside training: no rule decides, the selection's measurement does

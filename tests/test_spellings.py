@@ -154,6 +154,22 @@ REDUCTIONS = [
      "max(keepdim=False) | pointwise(x * 2.0)"),
 ]
 
+# pooling along the features (KernelBench): the rows viewed as one channel, pooled, viewed back
+POOLINGS = [
+    ("max_pool1d-sum-scale", lambda m, y: F.max_pool1d(y.unsqueeze(1), 2).squeeze(1).sum(1) * 0.5,
+     "max_pool(kernel=2, stride=2) | sum(keepdim=False) | pointwise(x * 0.5)"),
+    ("AvgPool1d-gelu-max", lambda m, y: torch.max(F.gelu(nn.AvgPool1d(4)(y.unsqueeze(1)).squeeze(1)) * 2.0, 1).values,
+     "avg_pool(kernel=4, stride=4) | pointwise(gelu(x) * 2.0) | max(keepdim=False, ties='first')"),
+    ("MaxPool1d-overlapping", lambda m, y: nn.MaxPool1d(3, stride=2)(torch.sigmoid(y).unsqueeze(1)).squeeze(1) - 0.5,
+     "max_pool(kernel=3, stride=2) | pointwise(x - 0.5)"),
+    ("avg_pool1d-keywords", lambda m, y: F.avg_pool1d(y.unsqueeze(dim=1), kernel_size=(5,), stride=(3,)).squeeze(dim=1),
+     "avg_pool(kernel=5, stride=3)"),
+    ("ceil_mode-where-windows-fit", lambda m, y: F.avg_pool1d(y.unsqueeze(1), 4, ceil_mode=True).squeeze(1),
+     "avg_pool(kernel=4, stride=4)"),
+    ("row-operand-after-the-reduction", lambda m, y: F.max_pool1d(y.unsqueeze(1), 2).squeeze(1).mean(1, keepdim=True)
+     * m.linear.bias[:M].reshape(M, 1), "max_pool(kernel=2, stride=2) | mean(keepdim=True) | pointwise(x * p0)"),
+]
+
 GEMMS = [
     ("F.linear", lambda m, x: F.linear(x, m.weight, m.vector), "linear(bias=True)"),
     ("F.linear-no-bias", lambda m, x: F.linear(x, m.weight), "linear(bias=False)"),
@@ -194,6 +210,16 @@ def test_norm_spelling_fuses_and_matches_eager(name, epilogue, fragment):
 @pytest.mark.parametrize("name,epilogue,fragment", REDUCTIONS, ids=[c[0] for c in REDUCTIONS])
 def test_reduction_spelling_fuses_and_matches_eager(name, epilogue, fragment):
     _check(epilogue, fragment)
+
+
+@pytest.mark.parametrize("name,epilogue,fragment", POOLINGS, ids=[c[0] for c in POOLINGS])
+def test_pooling_along_the_features_fuses_with_what_follows_and_has_eagers_gradients(name, epilogue, fragment):
+    """The row narrows to the pooled width; pointwise ops, a reduction and a per-row operand after
+    it join the op, and the gradients (through the windows, overlapping or not) are eager's."""
+    model = lambda: Chain(epilogue)
+    report = check_against_eager(model, _inputs(), grads=True)
+    (row,) = report.rows
+    assert row.status == "fused" and fragment in row.program, row
 
 
 # max and min where two columns tie in every row: amax/amin split the gradient between them,

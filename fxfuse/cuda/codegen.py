@@ -18,14 +18,16 @@ import torch
 
 from .. import expr as E
 from .. import masks
-from ..ir import Dropout, Keep, Narrow, Norm, Pointwise, Program, Reduce, RowSplit, Stage, Widen, composed, gradient_form, row_split
+from ..ir import (Dropout, Keep, Narrow, Norm, Pointwise, Pool, Program, Reduce, RowSplit, Stage, Widen, composed,
+                  gradient_form, row_split)
+from ..patterns.feature_pooling import FAMILY as POOLS
 from ..patterns.norms import FAMILY as NORMS
 from ..patterns.reductions import FAMILY as REDUCTIONS
 from ..vocabulary import ROUNDING, call, is_rounding
 from .gradient import print_gradient
 from .printer import UnsupportedExpression, float_literal, print_expr
 
-CODEGEN_VERSION = "10"
+CODEGEN_VERSION = "11"
 
 ELEMENT_TYPES = {
     torch.float32: "float",
@@ -120,6 +122,7 @@ def _program_header(program: Program, dtype: torch.dtype, namespace: str) -> str
     reduction = program.reduction
     kinds = [PARAM_KINDS[kind] for kind in program.params] or ["FX_PARAM_SCALAR"]
     groups = [s.groups for s in program.stages if isinstance(s, Norm) and NORMS[s.kind].statistics == "row group"]
+    pools = [s for s in program.stages if isinstance(s, Pool)]
     bn = program.batch_norm_training
     # torch's batch and group norms take dim 1 as channels: the kernels cover them for 2-D x only
     channels_dim1 = any(isinstance(s, Norm) and NORMS[s.kind].over_channels for s in program.stages)
@@ -158,9 +161,16 @@ def _program_header(program: Program, dtype: torch.dtype, namespace: str) -> str
             f"    return {_row_local(program)};",
             "  }",
             "",
+            "  // the output rows' width (a pooling narrows them)",
+            "  static int64_t out_width(int64_t n) {",
+            *[f"    n = n < {p.kernel} ? 0 : (n - {p.kernel}) / {p.stride} + 1;" for p in pools],
+            "    return n;",
+            "  }",
+            "",
             "  static int64_t scratch_floats(int64_t n, int vec) {",
             "    int64_t s = 0;",
             *[f"    s = fx::group_norm_scratch(s, n, vec, {g});" for g in groups],
+            *(["    s = s > n ? s : n;  // a pooling's row"] if pools else []),
             "    (void)n;",
             "    (void)vec;",
             "    return s;",
@@ -221,6 +231,14 @@ def _check(program: Program) -> None:
         if isinstance(stage, Dropout) and not (0 <= stage.seed < len(program.params)
                                                and program.params[stage.seed] == "seed"):
             raise UnsupportedProgram(f"dropout seed p{stage.seed} is not a seed parameter")
+    pools = [i for i, s in enumerate(program.stages) if isinstance(s, Pool)]
+    if len(pools) > 1:
+        raise UnsupportedProgram("more than one pooling")
+    if pools and any(isinstance(s, (Norm, Keep, Dropout, Pool)) for s in program.stages[pools[0] + 1:]):
+        raise UnsupportedProgram("a norm, dropout or second output after a pooling")
+    for stage in program.stages:
+        if isinstance(stage, Pool) and (stage.kernel < 1 or stage.stride < 1 or stage.kind not in POOLS):
+            raise UnsupportedProgram(f"pooling {stage}")
     reduced = False
     for stage in program.stages:
         if reduced and not isinstance(stage, Pointwise):
@@ -259,7 +277,7 @@ def _row_local(program: Program) -> str:
     small groups; batch norms take column statistics from another kernel)."""
     terms = []
     for stage in program.stages:
-        if isinstance(stage, Reduce) or (isinstance(stage, Norm) and NORMS[stage.kind].statistics == "row"):
+        if isinstance(stage, (Reduce, Pool)) or (isinstance(stage, Norm) and NORMS[stage.kind].statistics == "row"):
             return "false"
         if isinstance(stage, Norm) and NORMS[stage.kind].statistics == "row group":
             terms.append(f"fx::group_in_lanes(n, {stage.groups}, vec)")
@@ -459,6 +477,11 @@ class _Emitter:
                 if self.rounding is not None:
                     lines.append("r.round_input();")
                 self.rounded = True
+            elif isinstance(stage, Pool):  # eager pools values of the chain's dtype and returns one
+                lines += self.norm_input()
+                lines.append(f"r.template {POOLS[stage.kind].row_stage}<{stage.kernel}, {stage.stride}>();")
+                if stage.kind == "avg" and self.rounding is not None:
+                    lines.append("r.round_input();")
             elif stage.changes_shape:
                 lines.append(f"float s = r.{REDUCTIONS[stage.kind].row_stage}();")
                 reduced, self.rounded = True, False

@@ -262,6 +262,18 @@ PROGRAMS["narrow_traced_bf16"] = Program.parse(
 PROGRAMS["dropout_traced_bf16"] = Program.parse(
     "linear(bias=True) | pointwise(bf16(gelu(x))) | dropout(p=0.1, seed=p0) | pointwise(bf16(x + p1)) || seed full")
 
+# pooling along the features (KernelBench's max_pool1d / avg_pool1d of the rows viewed as one channel)
+PROGRAMS["pool_max_sum_scale"] = Program.parse(
+    "linear(bias=True) | max_pool(kernel=2, stride=2) | sum(keepdim=False) | pointwise(x * 0.5)")
+PROGRAMS["pool_avg_gelu_scale_max"] = Program.parse(
+    "linear(bias=True) | avg_pool(kernel=4, stride=4) | pointwise(gelu(x) * 2.0) | max(keepdim=False, ties='first')")
+PROGRAMS["pool_avg_overlapping_rows"] = Program.parse(  # windows overlap; odd widths: the scalar stores
+    "linear(bias=False) | pointwise(sigmoid(x * p0)) | avg_pool(kernel=3, stride=2) | pointwise(x * 2.0 + 1.0) || col")
+PROGRAMS["pool_max_rows"] = Program.parse("linear(bias=True) | max_pool(kernel=4, stride=4)")
+PROGRAMS["pool_traced_bf16"] = Program.parse(  # the pooled value rounds to bf16, as eager's pooling returns it
+    "linear(bias=True) | pointwise(bf16(relu(x))) | avg_pool(kernel=2, stride=2) | pointwise(bf16(bf16(x) * 3.0)) "
+    "| sum(keepdim=True)")
+
 _names = list(POINTWISE)
 PROGRAMS["vocabulary_1"] = vocabulary_program(_names[: len(_names) // 2])
 PROGRAMS["vocabulary_2"] = vocabulary_program(_names[len(_names) // 2 :])
@@ -273,10 +285,18 @@ LOW_PRECISION = ["s01_scale_leaky", "s04_group_silu_vec_silu", "s03_batch_train_
                  "full_residual_layer", "full_gate_silu", "keep_residual_layer", "narrow_traced_bf16",
                  "dropout_residual_layer", "gelu_dropout", "dropout_traced_bf16", "row_scale_gelu",
                  "row_after_sum", "gemm_gate_silu", "gemm_gate_gelu_scaled", "reduce_sum_keep_broadcast",
-                 "reduce_mean_broadcast_traced_bf16"] + [
+                 "reduce_mean_broadcast_traced_bf16", "pool_max_sum_scale", "pool_avg_overlapping_rows",
+                 "pool_traced_bf16"] + [
                      name for name in PROGRAMS if name.startswith("widen_")]
 TRACED_IN_BF16 = ["s05_traced_bf16", "s11_traced_bf16", "narrow_traced_bf16", "dropout_traced_bf16",
-                  "reduce_mean_broadcast_traced_bf16"]  # their rounding points are a bf16 chain's
+                  "reduce_mean_broadcast_traced_bf16", "pool_traced_bf16"]  # their rounding points are a bf16 chain's
+
+
+def fits(program: Program, n: int) -> bool:
+    """Whether rows of ``n`` suit ``program``: its group norms' groups divide them and its
+    poolings' windows fit in them (else eager raises, and so does the op)."""
+    groups = all(n % s.groups == 0 for s in program.stages if isinstance(s, Norm) and s.kind == "group")
+    return groups and program.width(n) >= 1
 
 
 def dtypes_of(name: str) -> list[torch.dtype]:

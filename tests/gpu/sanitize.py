@@ -44,6 +44,8 @@ CALLS = [  # (program, dtype, M, N, K)
     ("widen_s20_layer_silu", torch.float16, 3, 1000, 16),  # widened, unaligned tail: one element at a time
     ("widen_s07_vec_batch_train", torch.bfloat16, 37, 200, 16),  # widened BN statistics + combine + row
     ("widen_s09_vec_relu", torch.bfloat16, 7, 1000, 16),  # chunks of 4 values: 8-byte loads, one store
+    ("pool_avg_overlapping_rows", torch.bfloat16, 40, 256, 16),  # pooling through shared memory, many rows a block
+    ("pool_max_sum_scale", torch.float32, 3, 4096, 16),  # pooling of a multi-warp row, then a reduction
 ]
 GRAD_CALLS = [  # (program, dtype, M, N) of the backward kernel
     ("s01_scale_leaky", torch.bfloat16, 300, 256),  # 16-byte path, many chunks of rows a column

@@ -17,7 +17,7 @@ import fxfuse.cuda as fxcuda
 from fxfuse import reference
 from fxfuse.cuda import codegen
 from fxfuse.ir import Gemm, Norm, Program, row_split
-from programs import LOW_PRECISION, PROGRAMS, assert_backward_close, dtypes_of, grad_cases, make_params, poison
+from programs import LOW_PRECISION, PROGRAMS, assert_backward_close, dtypes_of, fits, grad_cases, make_params, poison
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 
@@ -96,16 +96,12 @@ def check(program, dtype, x, w, b, params, cpu_too=False):
             torch.testing.assert_close(stats.cpu(), cpu_stats, rtol=tol, atol=tol, equal_nan=True)
 
 
-def groups_divide(program, n):
-    return all(n % s.groups == 0 for s in program.stages if isinstance(s, Norm) and s.kind == "group")
-
-
 def cases():
     for name, program in PROGRAMS.items():
         dtypes = dtypes_of(name)
         for dtype in dtypes:
             for m, n, k in SHAPES:
-                if groups_divide(program, n) and not (program.batch_norm_training and m < 2):
+                if fits(program, n) and not (program.batch_norm_training and m < 2):
                     yield pytest.param(name, dtype, m, n, k, id=f"{name}-{str(dtype)[6:]}-{m}x{k}x{n}")
 
 

@@ -26,11 +26,12 @@ from fxfuse.cuda.engine import Engine
 from fxfuse.ir import Gemm, Norm, Program
 from fxfuse.vocabulary import call
 from progress import shown
-from programs import LOW_PRECISION, PROGRAMS, assert_backward_close, dtypes_of, grad_cases, make_params, poison, pw
+from programs import LOW_PRECISION, PROGRAMS, assert_backward_close, dtypes_of, fits, grad_cases, make_params, poison, pw
 
 SHAPES = [(7, 1000, 300), (1, 64, 16), (5, 256, 16), (3, 4096, 8), (4, 3, 8), (6, 24, 5)]
 EXTRA = ["s16_sigmoid_sum", "s04_group_silu_vec_silu", "group_odd", "s03_batch_train_gelu_relu",
-         "widen_s08_silu_vec_group", "full_residual_layer", "full_residual", "gelu_dropout"]  # widest rows
+         "widen_s08_silu_vec_group", "full_residual_layer", "full_residual", "gelu_dropout",
+         "pool_max_sum_scale", "pool_avg_overlapping_rows"]  # widest rows
 TOL = {torch.float32: 1e-4, torch.bfloat16: 1e-2, torch.float16: 1e-2}
 
 
@@ -53,10 +54,6 @@ def engine(request):
         failed = engine.prepare_many(sorted(pairs, key=str), torch.device("cpu"))  # parallel builds
     assert not failed, failed
     return engine
-
-
-def groups_divide(program, n: int) -> bool:
-    return all(n % s.groups == 0 for s in program.stages if isinstance(s, Norm) and s.kind == "group")
 
 
 def inputs(program, dtype, m, n, k, seed, layout="contiguous"):
@@ -118,7 +115,7 @@ def cases():
         dtypes = dtypes_of(name)
         for dtype in dtypes:
             for m, n, k in SHAPES:
-                if not groups_divide(program, n) or (program.batch_norm_training and m < 2):
+                if not fits(program, n) or (program.batch_norm_training and m < 2):
                     continue
                 yield pytest.param(name, dtype, m, n, k, id=f"{name}-{str(dtype)[6:]}-{m}x{k}x{n}")
 
@@ -131,7 +128,8 @@ def test_program_matches_reference(engine, name, dtype, m, n, k):
 
 
 @pytest.mark.parametrize("name", ["group_odd", "s21_rms_silu", "s11_gelu_softmax", "s03_batch_train_gelu_relu",
-                                  "full_residual_layer", "keep_residual_layer", "dropout_residual_layer"])
+                                  "full_residual_layer", "keep_residual_layer", "dropout_residual_layer",
+                                  "pool_max_rows", "pool_avg_overlapping_rows"])
 def test_rows_off_a_16_byte_boundary_take_the_scalar_kernels(engine, name):
     """N = 290 float32 values: every other row starts 8 bytes off a 16-byte boundary, and the
     kernels load and store one element at a time."""
@@ -203,7 +201,8 @@ def test_a_gated_pair_saves_both_gemm_outputs_for_the_backward(engine, name, lay
     "name",
     ["s02_group_leaky_double", "s20_layer_silu", "s21_rms_silu", "s11_gelu_softmax", "log_softmax_then_pointwise",
      "reduce_max_drop", "reduce_min_keep", "reduce_logsumexp_keep", "s03_batch_train_gelu_relu", "s22_batch_eval_relu",
-     "group_odd", "vocabulary_2", "full_residual_layer", "full_gate_silu"],  # vocabulary_1: gelu's CPU kernel differs at inf
+     "group_odd", "vocabulary_2", "full_residual_layer", "full_gate_silu", "pool_max_rows", "pool_max_sum_scale",
+     "pool_avg_gelu_scale_max"],  # vocabulary_1: gelu's CPU kernel differs at inf
 )
 def test_nan_inf_propagate(engine, name):
     """NaN in an input row, NaN/Inf in weight rows and bias: every stage propagates as torch does."""
