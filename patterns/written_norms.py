@@ -6,6 +6,18 @@ transformers' LlamaRMSNorm, Qwen2RMSNorm and T5LayerNorm compute an RMS norm by 
     r = torch.rsqrt(v.pow(2).mean(-1, keepdim=True) + eps)
     out = v * r            # T5: h * r, where h promotes to float32 against r
 
+A layer norm written out (ConvNeXt's and many models' own LayerNorm) centres the row on its mean
+and divides by the square root of its biased variance::
+
+    u = x.mean(-1, keepdim=True)
+    s = (x - u).pow(2).mean(-1, keepdim=True)      # or x.var(-1, keepdim=True, unbiased=False)
+    out = (x - u) / torch.sqrt(s + eps)           # or (x - u) * torch.rsqrt(s + eps)
+
+and becomes ``F.layer_norm(x, (N,), None, None, eps)`` (the weight and bias after it stay pointwise
+ops). Where x is bfloat16/float16 the written norm rounds after every op and the norm rounds once
+(more accurate: the correctness rule's float64 truth decides); under autocast, which runs
+layer_norm in float32, only a float32 row is rewritten, so the output dtype stays eager's.
+
 Likewise an instance norm of rows viewed as (B, 1, 1, N) (KernelBench) is the layer norm of the
 rows it computes.
 
@@ -29,16 +41,20 @@ from ..canonical import example_value
 
 _MUL = {operator.mul, torch.mul, "mul"}
 _ADD = {operator.add, torch.add, "add"}
+_SUB = {operator.sub, torch.sub, "sub"}
+_DIV = {operator.truediv, torch.div, torch.true_divide, "div", "true_divide"}
 _RSQRT = {torch.rsqrt, "rsqrt"}
+_SQRT = {torch.sqrt, "sqrt"}
 _POW = {operator.pow, torch.pow, "pow"}
 _MEAN = {torch.mean, "mean"}
+_VAR = {torch.var, "var"}
 _TO_FLOAT = {"to", "float"}
 
 
 def recognise(graph: Graph) -> int:
     """Rewrite every written-out RMS norm of ``graph`` into a ``torch.rms_norm`` node, and every
     instance norm of rows in disguise into a ``layer_norm``; how many."""
-    found = _instance_norms_of_rows(graph)
+    found = _instance_norms_of_rows(graph) + _written_layer_norms(graph)
     for node in list(graph.nodes):
         match = _written_rms_norm(node)
         if match is None:
@@ -173,3 +189,124 @@ def _same_row(value, row: Node, product: Node) -> bool:
     out, v = example_value(product), example_value(row)
     return (isinstance(out, torch.Tensor) and isinstance(v, torch.Tensor) and out.shape == v.shape
             and out.dtype == v.dtype and v.is_floating_point())
+
+
+def _written_layer_norms(graph: Graph) -> int:
+    """Rewrite every layer norm written out op by op (module docstring) into ``F.layer_norm``."""
+    found = 0
+    autocast = any(getattr(n.target, "__name__", None) == "_enter_autocast" for n in graph.nodes)
+    for node in list(graph.nodes):
+        match = _written_layer_norm(node)
+        if match is None:
+            continue
+        row, eps, inner = match
+        value = example_value(row)
+        if value.dtype != torch.float32 and (autocast or torch.is_autocast_enabled(value.device.type)):
+            continue
+        with graph.inserting_before(node):
+            norm = graph.call_function(F.layer_norm, (row, (int(value.shape[-1]),), None, None, eps))
+        norm.meta = dict(node.meta)
+        node.replace_all_uses_with(norm)
+        for dead in [node, *inner]:  # in reverse order of the graph: each then has no readers left
+            graph.erase_node(dead)
+        found += 1
+    return found
+
+
+def _written_layer_norm(node: Node) -> tuple[Node, float, list[Node]] | None:
+    """``(row, eps, inner nodes, last first)`` when ``node`` is ``(row - mean) / sqrt(var + eps)``,
+    ``(row - mean) / (var + eps) ** 0.5`` or ``(row - mean) * rsqrt(var + eps)`` with ``mean`` the
+    row's mean and ``var`` its biased variance over the last dim, its inner values read by nothing
+    else, and the result of the row's shape and dtype."""
+    if len(node.args) != 2 or node.kwargs:
+        return None
+    if _is(node, _DIV):
+        candidates = [(node.args[0], node.args[1], _SQRT)]
+    elif _is(node, _MUL):
+        candidates = [(node.args[0], node.args[1], _RSQRT), (node.args[1], node.args[0], _RSQRT)]
+    else:
+        return None
+    for numerator, scale, root_kind in candidates:
+        root = _root_of(scale, root_kind)
+        if root is None or not _only_reader(scale, node):
+            continue
+        add = root  # var + eps
+        if not _is(add, _ADD) or add.kwargs or len(add.args) != 2 or not _only_reader(add, scale):
+            continue
+        var, eps = add.args if isinstance(add.args[1], (int, float)) else add.args[::-1]
+        if not isinstance(eps, (int, float)) or isinstance(eps, bool) or not isinstance(var, Node):
+            continue
+        row_mean = _centered(numerator)
+        if row_mean is None:
+            continue
+        row, mean = row_mean
+        variance_nodes = _biased_variance(var, row, mean, numerator)
+        if variance_nodes is None or not _only_reader(var, add):
+            continue
+        inner = list(dict.fromkeys([scale, add, *variance_nodes, numerator]))
+        centres = [n for n in inner if _centered(n) == (row, mean)]
+        if any(not set(n.users) <= {node, *inner} for n in inner) or not set(mean.users) <= set(centres):
+            continue  # an inner value read elsewhere: rewriting would take it away
+        out, v = example_value(node), example_value(row)
+        if not (isinstance(out, torch.Tensor) and isinstance(v, torch.Tensor) and out.shape == v.shape
+                and out.dtype == v.dtype and v.is_floating_point()):
+            continue
+        return row, float(eps), _in_reverse_graph_order([*inner, mean])
+    return None
+
+
+def _root_of(scale: Node, root_kind: set) -> Node | None:
+    """The radicand of ``sqrt(v)`` / ``v.sqrt()`` / ``v ** 0.5`` (root_kind _SQRT), or of
+    ``rsqrt(v)`` (_RSQRT)."""
+    if _is(scale, root_kind) and len(scale.args) == 1 and not scale.kwargs:
+        return scale.args[0]
+    if root_kind is _SQRT and _is(scale, _POW) and len(scale.args) == 2 and scale.args[1] == 0.5 and not scale.kwargs:
+        return scale.args[0]
+    return None
+
+
+def _centered(node) -> tuple[Node, Node] | None:
+    """``(row, mean)`` where ``node`` is ``row - mean`` and mean is the row's last-dim mean
+    (keepdim)."""
+    if not _is(node, _SUB) or len(node.args) != 2 or node.kwargs:
+        return None
+    row, mean = node.args
+    if not isinstance(row, Node) or not _is(mean, _MEAN) or not _is_last_dim_mean(mean):
+        return None
+    return (row, mean) if mean.args[0] is row else None
+
+
+def _biased_variance(var: Node, row: Node, mean: Node, numerator: Node) -> list[Node] | None:
+    """The nodes computing ``var`` (``var`` first) where it is the row's biased variance over the
+    last dim: the mean of the squared centred row (that centring ``numerator`` or another ``row -
+    mean``), or ``row.var(-1, keepdim=True, unbiased=False)`` / ``correction=0``."""
+    if _is(var, _VAR):
+        args = dict(zip(("input", "dim", "unbiased", "keepdim"), var.args), **var.kwargs)
+        dim = args.get("dim")
+        dim = dim[0] if isinstance(dim, (list, tuple)) and len(dim) == 1 else dim
+        value = example_value(row)
+        biased = args.get("unbiased") is False or args.get("correction") in (0, 0.0)
+        if (args.get("input") is row and biased and args.get("keepdim") is True
+                and isinstance(value, torch.Tensor) and dim in (-1, value.dim() - 1)):
+            return [var]
+        return None
+    if not _is(var, _MEAN) or not _is_last_dim_mean(var):
+        return None
+    square = var.args[0]
+    if not _only_reader(square, var):
+        return None
+    centred = _squared(square)
+    if centred is not None:
+        factors = [centred]
+    elif _is(square, _MUL) and len(square.args) == 2 and not square.kwargs:  # (h - u) * (h - u), two nodes
+        factors = list(square.args)
+    else:
+        return None
+    if not all(f is numerator or _centered(f) == (row, mean) for f in factors):
+        return None
+    return [var, square, *(f for f in dict.fromkeys(factors) if f is not numerator)]
+
+
+def _in_reverse_graph_order(nodes: list[Node]) -> list[Node]:
+    order = {n: i for i, n in enumerate(nodes[0].graph.nodes)}
+    return sorted(nodes, key=lambda n: order[n], reverse=True)

@@ -1,6 +1,7 @@
-"""Norms written out op by op — transformers' LlamaRMSNorm and T5LayerNorm — are recognised as the
-RMS norm they compute and fuse like ``torch.rms_norm``; outputs and gradients equal eager's. A
-written-out norm whose inner values something else reads is left as written."""
+"""Norms written out op by op — transformers' LlamaRMSNorm and T5LayerNorm, the LayerNorms models
+write themselves (ConvNeXt's) — are recognised as the RMS or layer norm they compute and fuse like
+``torch.rms_norm`` / ``F.layer_norm``; outputs and gradients equal eager's. A written-out norm whose
+inner values something else reads is left as written."""
 
 from __future__ import annotations
 
@@ -114,3 +115,68 @@ def test_an_affine_instance_norm_stays_as_written():
                                  lambda: [torch.randn(6, K), torch.randn(6, N)], grads=True)
     (row,) = report.rows
     assert row.status != "fused" and "layer_norm" not in (row.program or "")
+
+
+class WrittenLayerNorm(nn.Module):
+    """Linear, then a LayerNorm written out — the mean, the biased variance, the centred row over
+    its square root — then the weight, the bias and a GELU."""
+
+    SPELLINGS = {
+        "pow-div-sqrt": lambda h, u: (h - u) / torch.sqrt((h - u).pow(2).mean(-1, keepdim=True) + 1e-6),
+        "square-rsqrt": lambda h, u: (h - u) * torch.rsqrt(((h - u) * (h - u)).mean(-1, keepdim=True) + 1e-5),
+        "var-pow-half": lambda h, u: (h - u) / (h.var(-1, keepdim=True, unbiased=False) + 1e-5) ** 0.5,
+        "var-correction-0-sqrt-method": lambda h, u: (h - u) / (torch.var(h, -1, keepdim=True, correction=0) + 1e-5).sqrt(),
+    }
+
+    def __init__(self, spelling: str = "pow-div-sqrt", centred_once: bool = False):
+        super().__init__()
+        self.proj = nn.Linear(K, N)
+        self.weight = nn.Parameter(torch.rand(N) + 0.5)
+        self.bias = nn.Parameter(torch.randn(N))
+        self.spelling, self.centred_once = spelling, centred_once
+
+    def forward(self, x):
+        h = self.proj(x)
+        u = h.mean(-1, keepdim=True)
+        if self.centred_once:  # one centred value, read by the variance and the division
+            c = h - u
+            y = c / torch.sqrt((c ** 2).mean(-1, keepdim=True) + 1e-6)
+        else:
+            y = self.SPELLINGS[self.spelling](h, u)
+        return torch.nn.functional.gelu(self.weight * y + self.bias)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("model", [*(lambda s=s: WrittenLayerNorm(s) for s in WrittenLayerNorm.SPELLINGS),
+                                   lambda: WrittenLayerNorm(centred_once=True)],
+                         ids=[*WrittenLayerNorm.SPELLINGS, "centred-once"])
+def test_a_written_out_layer_norm_fuses_as_layer_norm(model, dtype):
+    """In bfloat16 the written norm rounds after every op, the fused one computes in float32 and
+    rounds once: the correctness rule's float64 truth judges it."""
+    report = check_against_eager(model, lambda: [torch.randn(6, K)], dtype=dtype, grads=True)
+    (row,) = report.rows
+    assert row.status == "fused", row.reason
+    assert "| layer_norm(eps=" in row.program and "gelu(" in row.program and row.program.endswith("|| col col")
+
+
+def test_a_written_layer_norm_whose_mean_is_read_elsewhere_stays_written():
+    class MeanToo(WrittenLayerNorm):
+        def forward(self, x):
+            h = self.proj(x)
+            u = h.mean(-1, keepdim=True)
+            return (h - u) / torch.sqrt((h - u).pow(2).mean(-1, keepdim=True) + 1e-6) + u
+
+    report = check_against_eager(MeanToo, lambda: [torch.randn(6, K)], grads=True)
+    (row,) = report.rows
+    assert "layer_norm" not in (row.program or "")
+
+
+def test_an_unbiased_variance_is_not_a_layer_norm():
+    class Unbiased(WrittenLayerNorm):
+        def forward(self, x):
+            h = self.proj(x)
+            return (h - h.mean(-1, keepdim=True)) / torch.sqrt(h.var(-1, keepdim=True) + 1e-6)
+
+    report = check_against_eager(Unbiased, lambda: [torch.randn(6, K)], grads=True)
+    (row,) = report.rows
+    assert "layer_norm" not in (row.program or "")
