@@ -36,7 +36,7 @@ if has tests; then
   # The other files of tests/gpu in groups of their own (in one process they ran past 420 s, the
   # in-GEMM tests never reached); the CPU-side files run in CPU CI.
   groups=("tests/gpu/test_cuda_kernels.py --deselect tests/gpu/test_cuda_kernels.py::test_kernels_match_reference tests/gpu/test_cuda_device_functions.py tests/gpu/test_dropout_cuda.py tests/gpu/test_distributed.py"
-          "tests/gpu/test_gemm_epilogue.py" "tests/gpu/test_gemm_group_norm.py tests/gpu/test_operands_cuda.py"
+          "tests/gpu/test_gemm_epilogue.py" "tests/gpu/test_gemm_group_norm.py tests/gpu/test_operands_cuda.py tests/gpu/test_pooling_cuda.py"
           "tests/gpu/test_graph_timing_cuda.py")
   pids=()
   for i in "${!groups[@]}"; do
