@@ -234,8 +234,12 @@ def _check(program: Program) -> None:
     pools = [i for i, s in enumerate(program.stages) if isinstance(s, Pool)]
     if len(pools) > 1:
         raise UnsupportedProgram("more than one pooling")
-    if pools and any(isinstance(s, (Norm, Keep, Dropout, Pool)) for s in program.stages[pools[0] + 1:]):
+    after_pool = program.stages[pools[0] + 1:] if pools else ()
+    if any(isinstance(s, (Norm, Keep, Dropout, Pool)) for s in after_pool):
         raise UnsupportedProgram("a norm, dropout or second output after a pooling")
+    read_after_pool = {E.param_index(sym) for s in after_pool if isinstance(s, Pointwise) for sym in s.expr.free_symbols}
+    if any(i is not None and program.operand_kinds[i] not in ("scalar", "row") for i in read_after_pool):
+        raise UnsupportedProgram("an operand other than a scalar or one value per row after a pooling")
     for stage in program.stages:
         if isinstance(stage, Pool) and (stage.kernel < 1 or stage.stride < 1 or stage.kind not in POOLS):
             raise UnsupportedProgram(f"pooling {stage}")

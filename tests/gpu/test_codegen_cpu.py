@@ -283,6 +283,28 @@ def test_after_the_chain_widens_nothing_rounds_and_norms_compute_in_float32():
     assert "batch_norm_train<__nv_bfloat16, -1, -1>()" in header and "using Out = float;" in header
 
 
+def test_a_pooling_narrows_the_rows_through_shared_memory_and_rounds_an_average():
+    """Prog::out_width gives the runtime the output's width; the pooling needs the row in shared
+    memory (whole rows a block); an average is rounded to T as eager's pooling returns it, a max
+    is already a T value."""
+    avg = Program.parse("linear(bias=True) | pointwise(bf16(relu(x))) | avg_pool(kernel=3, stride=2) | "
+                        "pointwise(bf16(bf16(x) * 3.0))")
+    header = codegen.generate(avg, torch.bfloat16, "n", "e")["program.cuh"]
+    rest = body_of(header, "rest")
+    assert "r.template pool_avg<3, 2>();\n    r.round_input();" in rest
+    assert "n = n < 3 ? 0 : (n - 3) / 2 + 1;" in header and "s = s > n ? s : n;" in header
+    assert "return false;" in header[header.index("row_local"):header.index("out_width")]
+    max_sum = Program.parse("linear(bias=True) | max_pool(kernel=2, stride=2) | sum(keepdim=False)")
+    rest = body_of(codegen.generate(max_sum, torch.bfloat16, "n", "e")["program.cuh"], "rest")
+    assert "r.template pool_max<2, 2>();" in rest and "round_input" not in rest
+
+
+def test_after_a_pooling_only_scalars_and_per_row_values_are_read():
+    program = Program.parse("linear(bias=True) | max_pool(kernel=2, stride=2) | pointwise(x * p0) || col")
+    with pytest.raises(codegen.UnsupportedProgram, match="after a pooling"):
+        codegen.generate(program, torch.float32, "n", "e")
+
+
 def test_a_program_widens_at_most_once():
     program = Program(Gemm(True), (Widen(), Reduce("softmax"), Widen()))
     with pytest.raises(codegen.UnsupportedProgram, match="more than one widening"):
