@@ -1,11 +1,12 @@
 """The pooling family: pooling along the feature dim, as KernelBench writes it —
 ``avg_pool1d(y.unsqueeze(1), k).squeeze(1)`` or ``max_pool1d`` (``nn.AvgPool1d`` / ``nn.MaxPool1d``)
-of a 2-D value viewed as one channel, viewed back.
+of a 2-D value viewed as one channel (or ``y[:, None]``, ``y.view(M, 1, N)``), viewed back
+(``[:, 0]``, ``.view(M, -1)``, ``.flatten(1)``, ...).
 
 ``recognise`` rewrites each such view-pool-view of a graph into one ``feature_pool`` node (a
 function of the rows, as eager computes it, so a graph left to Inductor runs the same ops); its
 spelling is the IR's Pool stage. Windows that reach past the row (padding, ceil mode) or skip
-elements (dilation) are not taken: there the ``unsqueeze(1)`` carries the reason to stop a chain.
+elements (dilation) are not taken: there the view in carries the reason to stop a chain.
 ``FAMILY`` holds what the reference and the row kernels need of each kind.
 """
 
@@ -13,6 +14,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Callable
+
+import operator
 
 import torch
 import torch.nn.functional as F
@@ -69,36 +72,39 @@ def _max_pool1d_args(input, kernel_size, stride=None, padding=0, dilation=1, cei
 
 
 _ARGUMENTS = {"avg": _avg_pool1d_args, "max": _max_pool1d_args}  # eager's signatures, bound as eager binds them
-_UNSQUEEZE = {"unsqueeze", torch.unsqueeze}
-_SQUEEZE = {"squeeze", torch.squeeze}
+# views that take (M, N) rows to (M, 1, N) and (M, 1, L) back to (M, L), each keeping the row-major
+# order of the values (which the shapes then pin down): unsqueeze(1), view, reshape, [:, None];
+# squeeze(1), squeeze(), view, reshape, flatten(1), [:, 0]
+_IN_VIEWS = {"unsqueeze", torch.unsqueeze, "view", "reshape", torch.reshape, operator.getitem}
+_OUT_VIEWS = {"squeeze", torch.squeeze, "view", "reshape", torch.reshape, "flatten", torch.flatten, operator.getitem}
 
 
 def recognise(graph: Graph) -> dict[Node, Rejected]:
-    """Rewrite every ``pool(y.unsqueeze(1)).squeeze(1)`` of a 2-D ``y`` whose windows lie inside
-    the row into ``feature_pool(y, kind, kernel, stride)``; the ``unsqueeze(1)`` of the others,
-    with the reason they stop a chain."""
+    """Rewrite every ``pool(y.unsqueeze(1)).squeeze(1)`` of a 2-D ``y`` (or another view in and
+    out, ``_IN_VIEWS`` / ``_OUT_VIEWS``) whose windows lie inside the row into ``feature_pool(y,
+    kind, kernel, stride)``; the view in of the others, with the reason they stop a chain."""
     rejected = {}
     for node in list(graph.nodes):
         found = _pool_of_rows(node)
         if found is None:
             continue
-        unsqueeze, kind, window, squeeze = found
+        view_in, kind, window, view_out = found
         if isinstance(window, str):
-            rejected[unsqueeze] = Rejected(f"{kind}_pool1d along the features (of {unsqueeze.name}): {window}")
+            rejected[view_in] = Rejected(f"{kind}_pool1d along the features (of {view_in.name}): {window}")
             continue
         kernel, stride = window
-        rows = unsqueeze.args[0]
-        with graph.inserting_before(squeeze):
+        rows = view_in.args[0]
+        with graph.inserting_before(view_out):
             pooled = graph.call_function(feature_pool, (rows, kind, kernel, stride))
-        pooled.meta = dict(squeeze.meta)
-        squeeze.replace_all_uses_with(pooled)
-        for dead in (squeeze, node, unsqueeze):  # the last view first: each then has no readers left
+        pooled.meta = dict(view_out.meta)
+        view_out.replace_all_uses_with(pooled)
+        for dead in (view_out, node, view_in):  # the last view first: each then has no readers left
             graph.erase_node(dead)
     return rejected
 
 
 def _pool_of_rows(node: Node) -> tuple[Node, str, tuple[int, int] | str, Node] | None:
-    """``(the unsqueeze, the kind, (kernel, stride) or why not, the squeeze)`` where ``node`` is a
+    """``(the view in, the kind, (kernel, stride) or why not, the view out)`` where ``node`` is a
     1-d pooling of a 2-D value viewed as one channel and viewed back."""
     if node.op != "call_function" or _POOLS.get(node.target) is None:
         return None
@@ -107,16 +113,20 @@ def _pool_of_rows(node: Node) -> tuple[Node, str, tuple[int, int] | str, Node] |
         args = _ARGUMENTS[kind](*node.args, **node.kwargs)
     except TypeError:
         return None
-    unsqueeze = args["input"]
-    if not _is_view(unsqueeze, _UNSQUEEZE) or len(unsqueeze.users) != 1 or len(node.users) != 1:
+    view_in = args["input"]
+    if not isinstance(view_in, Node) or len(view_in.users) != 1 or len(node.users) != 1 or not view_in.args:
         return None
-    rows = example_value(unsqueeze.args[0])
-    squeeze = next(iter(node.users))
-    if not isinstance(rows, torch.Tensor) or rows.dim() != 2 or _dim(unsqueeze) not in (1, -2):
+    rows, channel, pooled = example_value(view_in.args[0]), example_value(view_in), example_value(node)
+    view_out = next(iter(node.users))
+    back = example_value(view_out)
+    if not all(isinstance(v, torch.Tensor) for v in (rows, channel, pooled, back)) or rows.dim() != 2:
         return None
-    if not _is_view(squeeze, _SQUEEZE) or _dim(squeeze) not in (1, -2):
+    m, n = rows.shape
+    if tuple(channel.shape) != (m, 1, n) or not _is_view(view_in, _IN_VIEWS):
         return None
-    return unsqueeze, kind, _window(kind, args, rows.shape[-1]), squeeze
+    if tuple(back.shape) != (m, pooled.shape[-1]) or not _is_view(view_out, _OUT_VIEWS):
+        return None
+    return view_in, kind, _window(kind, args, n), view_out
 
 
 def _window(kind: str, args: dict, n: int) -> tuple[int, int] | str:
@@ -143,12 +153,13 @@ def _one(value):
     return value
 
 
-def _is_view(node, targets: set) -> bool:
-    return isinstance(node, Node) and node.op in ("call_function", "call_method") and node.target in targets
-
-
-def _dim(view: Node):
-    """The dim argument of an unsqueeze or squeeze node (None where it has none)."""
-    if len(view.args) > 1:
-        return view.args[1]
-    return view.kwargs.get("dim")
+def _is_view(node: Node, targets: set) -> bool:
+    """``node`` calls one of ``targets``; an indexing only with ``:``, ``None`` and ``0`` (a view
+    whose result the shapes pin down; a step or a range would pick other values)."""
+    if node.op not in ("call_function", "call_method") or node.target not in targets:
+        return False
+    if node.target is not operator.getitem:
+        return True
+    index = node.args[1] if len(node.args) > 1 else None
+    entries = index if isinstance(index, tuple) else (index,)
+    return all(e is None or e == 0 or e == slice(None) for e in entries)

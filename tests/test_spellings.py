@@ -164,6 +164,9 @@ POOLINGS = [
      "max_pool(kernel=3, stride=2) | pointwise(x - 0.5)"),
     ("avg_pool1d-keywords", lambda m, y: F.avg_pool1d(y.unsqueeze(dim=1), kernel_size=(5,), stride=(3,)).squeeze(dim=1),
      "avg_pool(kernel=5, stride=3)"),
+    ("indexed-in-and-out", lambda m, y: F.max_pool1d(y[:, None], 4)[:, 0] + 1.0, "max_pool(kernel=4, stride=4) | pointwise(x + 1.0)"),
+    ("viewed-in-flattened-out", lambda m, y: F.avg_pool1d(y.view(y.size(0), 1, -1), 4, 2).flatten(1).relu(),
+     "avg_pool(kernel=4, stride=2) | pointwise(relu(x))"),
     ("ceil_mode-where-windows-fit", lambda m, y: F.avg_pool1d(y.unsqueeze(1), 4, ceil_mode=True).squeeze(1),
      "avg_pool(kernel=4, stride=4)"),
     ("row-operand-after-the-reduction", lambda m, y: F.max_pool1d(y.unsqueeze(1), 2).squeeze(1).mean(1, keepdim=True)
