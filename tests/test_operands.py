@@ -472,6 +472,24 @@ def test_a_view_that_changes_the_feature_dim_stops_the_chain():
 
     (row,) = check_against_eager(Heads, x_alone).rows
     assert row.status == "partial" and "changes the feature dim" in row.reason
+    assert "splits the features into 4 heads" in row.reason
+
+
+def test_a_split_of_the_features_says_so():
+    """GPT-2's c_attn: one GEMM split into q, k and v along the features (no gated product reads
+    the halves)."""
+    class QKV(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.proj = nn.Linear(K, 3 * N)
+
+        def forward(self, x):
+            q, k, v = self.proj(x).split(N, dim=2)
+            return q * 2.0, k, v
+
+    (row,) = check_against_eager(QKV, x_alone).rows
+    assert row.status == "not_fused"
+    assert row.reason == f"split({N}, 2) splits the features into separate values (as attention's q, k and v are): the chain ends before it"
 
 
 def test_an_in_place_op_after_a_view_of_the_value_still_shows_through_the_view():
