@@ -270,6 +270,12 @@ PROGRAMS["pool_avg_gelu_scale_max"] = Program.parse(
 PROGRAMS["pool_avg_overlapping_rows"] = Program.parse(  # windows overlap; odd widths: the scalar stores
     "linear(bias=False) | pointwise(sigmoid(x * p0)) | avg_pool(kernel=3, stride=2) | pointwise(x * 2.0 + 1.0) || col")
 PROGRAMS["pool_max_rows"] = Program.parse("linear(bias=True) | max_pool(kernel=4, stride=4)")
+PROGRAMS["pool_then_softmax"] = Program.parse(  # a row map over the narrower row
+    "linear(bias=True) | max_pool(kernel=3, stride=3) | pointwise(x * 0.5) | softmax()")
+PROGRAMS["group_then_pool"] = Program.parse(  # the group norm's scratch, then the pooling's
+    "linear(bias=True) | group_norm(eps=1e-05, groups=4) | avg_pool(kernel=2, stride=2) | mean(keepdim=True)")
+PROGRAMS["batch_train_then_pool"] = Program.parse(  # the statistics kernel, then a pooling in the apply kernel
+    "linear(bias=True) | batch_norm(eps=1e-05, training=True) | max_pool(kernel=4, stride=2)")
 PROGRAMS["pool_traced_bf16"] = Program.parse(  # the pooled value rounds to bf16, as eager's pooling returns it
     "linear(bias=True) | pointwise(bf16(relu(x))) | avg_pool(kernel=2, stride=2) | pointwise(bf16(bf16(x) * 3.0)) "
     "| sum(keepdim=True)")
@@ -286,7 +292,7 @@ LOW_PRECISION = ["s01_scale_leaky", "s04_group_silu_vec_silu", "s03_batch_train_
                  "dropout_residual_layer", "gelu_dropout", "dropout_traced_bf16", "row_scale_gelu",
                  "row_after_sum", "gemm_gate_silu", "gemm_gate_gelu_scaled", "reduce_sum_keep_broadcast",
                  "reduce_mean_broadcast_traced_bf16", "pool_max_sum_scale", "pool_avg_overlapping_rows",
-                 "pool_traced_bf16"] + [
+                 "pool_traced_bf16", "group_then_pool", "batch_train_then_pool"] + [
                      name for name in PROGRAMS if name.startswith("widen_")]
 TRACED_IN_BF16 = ["s05_traced_bf16", "s11_traced_bf16", "narrow_traced_bf16", "dropout_traced_bf16",
                   "reduce_mean_broadcast_traced_bf16", "pool_traced_bf16"]  # their rounding points are a bf16 chain's
