@@ -167,6 +167,9 @@ POOLINGS = [
     ("indexed-in-and-out", lambda m, y: F.max_pool1d(y[:, None], 4)[:, 0] + 1.0, "max_pool(kernel=4, stride=4) | pointwise(x + 1.0)"),
     ("viewed-in-flattened-out", lambda m, y: F.avg_pool1d(y.view(y.size(0), 1, -1), 4, 2).flatten(1).relu(),
      "avg_pool(kernel=4, stride=2) | pointwise(relu(x))"),
+    ("after-a-training-batch-norm", lambda m, y: F.max_pool1d(F.batch_norm(
+        y, m.running_mean, m.running_var, m.norm_weight, m.norm_bias, training=True).unsqueeze(1), 4, 2).squeeze(1),
+     "training=True) | max_pool(kernel=4, stride=2)"),
     ("ceil_mode-where-windows-fit", lambda m, y: F.avg_pool1d(y.unsqueeze(1), 4, ceil_mode=True).squeeze(1),
      "avg_pool(kernel=4, stride=4)"),
     ("row-operand-after-the-reduction", lambda m, y: F.max_pool1d(y.unsqueeze(1), 2).squeeze(1).mean(1, keepdim=True)
