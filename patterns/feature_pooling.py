@@ -12,10 +12,9 @@ elements (dilation) are not taken: there the view in carries the reason to stop 
 
 from __future__ import annotations
 
+import operator
 from dataclasses import dataclass
 from typing import Callable
-
-import operator
 
 import torch
 import torch.nn.functional as F
