@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from torch.fx import Node
 
+LABEL = "fxfuse_label"  # node.meta key: the user's name of the op a rewritten node stands for
+
 
 def describe(node: Node) -> str:
     """The function or method a node calls, with its number arguments (the user's spelling)."""
@@ -11,10 +13,9 @@ def describe(node: Node) -> str:
         return _short_placeholder(node)
     if node.op == "output":
         return "output"
+    if LABEL in node.meta:  # a node canonicalization wrote in place of the user's
+        return node.meta[LABEL]
     target = node.target
-    label = getattr(target, "report_label", None)  # a function canonicalization wrote into the graph
-    if label is not None:
-        return label(*node.args, **node.kwargs)
     name = target if isinstance(target, str) else getattr(target, "__name__", str(target))
     if name == "getitem":
         index = node.args[1]

@@ -21,6 +21,7 @@ import torch.nn.functional as F
 from torch.fx import Graph, Node
 
 from ..canonical import PoolOp, Rejected, example_value
+from ..describe import LABEL, describe
 from . import spell
 
 
@@ -48,18 +49,17 @@ def feature_pool(rows: torch.Tensor, kind: str, kernel: int, stride: int) -> tor
     return pooled.reshape(*rows.shape[:-1], pooled.shape[-1])
 
 
-feature_pool.report_label = lambda rows, kind, kernel, stride: (  # as the user wrote it
-    f"{kind}_pool1d({kernel})" if kernel == stride else f"{kind}_pool1d({kernel}, stride={stride})")
-
-
 def pool(rows, kind, kernel, stride):
     return PoolOp(kind, rows, kernel, stride)
 
 
 SPELLINGS = (spell(pool, feature_pool),)
 
-# eager's 1-d poolings by FX target (F.max_pool1d is what Dynamo records for nn.MaxPool1d too)
-_POOLS = {F.avg_pool1d: "avg", F.max_pool1d: "max", torch.max_pool1d: "max"}
+# eager's 1-d poolings by FX target (F.max_pool1d is what Dynamo records for nn.MaxPool1d too), and
+# the adaptive ones: an output of L values from rows of N, where L divides N, is windows of N / L
+_POOLS = {F.avg_pool1d: "avg", F.max_pool1d: "max", torch.max_pool1d: "max",
+          F.adaptive_avg_pool1d: "avg", F.adaptive_max_pool1d: "max"}
+_ADAPTIVE = {F.adaptive_avg_pool1d, F.adaptive_max_pool1d}
 
 
 def _avg_pool1d_args(input, kernel_size, stride=None, padding=0, ceil_mode=False, count_include_pad=True):
@@ -68,6 +68,16 @@ def _avg_pool1d_args(input, kernel_size, stride=None, padding=0, ceil_mode=False
 
 def _max_pool1d_args(input, kernel_size, stride=None, padding=0, dilation=1, ceil_mode=False, return_indices=False):
     return locals()
+
+
+def _adaptive_args(input, output_size, return_indices=False):
+    """The adaptive pooling's arguments as a plain pooling's, its window decided by the row (N)."""
+    n = example_value(input).shape[-1] if isinstance(input, Node) else None
+    size = _one(output_size)
+    window = n // size if isinstance(size, int) and size > 0 and n is not None and n % size == 0 else None
+    return dict(input=input, kernel_size=window if window is not None else output_size, stride=window,
+                padding=0, dilation=1, ceil_mode=False, return_indices=return_indices,
+                adaptive=None if window is not None else f"an output of {output_size!r} from rows of {n}")
 
 
 _ARGUMENTS = {"avg": _avg_pool1d_args, "max": _max_pool1d_args}  # eager's signatures, bound as eager binds them
@@ -95,7 +105,7 @@ def recognise(graph: Graph) -> dict[Node, Rejected]:
         rows = view_in.args[0]
         with graph.inserting_before(view_out):
             pooled = graph.call_function(feature_pool, (rows, kind, kernel, stride))
-        pooled.meta = dict(view_out.meta)
+        pooled.meta = {**view_out.meta, LABEL: _label(node, kernel, stride)}
         view_out.replace_all_uses_with(pooled)
         for dead in (view_out, node, view_in):  # the last view first: each then has no readers left
             graph.erase_node(dead)
@@ -109,7 +119,7 @@ def _pool_of_rows(node: Node) -> tuple[Node, str, tuple[int, int] | str, Node] |
         return None
     kind = _POOLS[node.target]
     try:
-        args = _ARGUMENTS[kind](*node.args, **node.kwargs)
+        args = (_adaptive_args if node.target in _ADAPTIVE else _ARGUMENTS[kind])(*node.args, **node.kwargs)
     except TypeError:
         return None
     view_in = args["input"]
@@ -128,8 +138,19 @@ def _pool_of_rows(node: Node) -> tuple[Node, str, tuple[int, int] | str, Node] |
     return view_in, kind, _window(kind, args, n), view_out
 
 
+def _label(node: Node, kernel: int, stride: int) -> str:
+    """The report's name of the pooling: the user's function and its window (an adaptive one's
+    output size)."""
+    name = describe(node).split("(")[0]
+    if node.target in _ADAPTIVE:
+        return f"{name}({_one(node.args[1] if len(node.args) > 1 else node.kwargs['output_size'])})"
+    return f"{name}({kernel})" if kernel == stride else f"{name}({kernel}, stride={stride})"
+
+
 def _window(kind: str, args: dict, n: int) -> tuple[int, int] | str:
     """(kernel, stride) of a pooling whose windows all lie inside a row of ``n``; else why not."""
+    if args.get("adaptive"):
+        return f"{args['adaptive']} (windows of unequal size) is not fused"
     kernel, stride = _one(args["kernel_size"]), _one(args["stride"])
     stride = kernel if stride is None else stride
     if not isinstance(kernel, int) or not isinstance(stride, int) or kernel < 1 or stride < 1:

@@ -128,7 +128,8 @@ def test_a_norm_of_the_gemms_dtype_after_the_chain_widened_ends_the_chain():
     (lambda y: F.avg_pool1d(y.unsqueeze(1), kernel_size=4, padding=1).squeeze(1), "padding 1 is not fused"),
     (lambda y: nn.MaxPool1d(3, stride=4, ceil_mode=True)(y.unsqueeze(1)).squeeze(1), "ceil_mode is not fused"),
     (lambda y: F.max_pool1d(y.unsqueeze(1), 2, dilation=2).squeeze(1), "dilation or return_indices is not fused"),
-], ids=["padding", "ceil_mode", "dilation"])
+    (lambda y: F.adaptive_avg_pool1d(y.unsqueeze(1), 5).squeeze(1), "(windows of unequal size) is not fused"),
+], ids=["padding", "ceil_mode", "dilation", "adaptive-unequal"])
 def test_pooling_windows_past_the_row_or_with_gaps_stop_the_chain_and_say_why(pool, why):
     row = _row(lambda m, y: torch.relu(pool(torch.sigmoid(y))))
     assert row.status == "partial" and row.fused[-1] == "sigmoid"

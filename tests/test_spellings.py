@@ -170,6 +170,8 @@ POOLINGS = [
     ("after-a-training-batch-norm", lambda m, y: F.max_pool1d(F.batch_norm(
         y, m.running_mean, m.running_var, m.norm_weight, m.norm_bias, training=True).unsqueeze(1), 4, 2).squeeze(1),
      "training=True) | max_pool(kernel=4, stride=2)"),
+    ("adaptive-where-the-size-divides-the-row", lambda m, y: nn.AdaptiveMaxPool1d(N // 4)(y.unsqueeze(1)).squeeze(1)
+     .amax(1), "max_pool(kernel=4, stride=4) | max(keepdim=False)"),
     ("ceil_mode-where-windows-fit", lambda m, y: F.avg_pool1d(y.unsqueeze(1), 4, ceil_mode=True).squeeze(1),
      "avg_pool(kernel=4, stride=4)"),
     ("row-operand-after-the-reduction", lambda m, y: F.max_pool1d(y.unsqueeze(1), 2).squeeze(1).mean(1, keepdim=True)
@@ -226,6 +228,7 @@ def test_pooling_along_the_features_fuses_with_what_follows_and_has_eagers_gradi
     report = check_against_eager(model, _inputs(), grads=True)
     (row,) = report.rows
     assert row.status == "fused" and fragment in row.program, row
+    assert any("pool1d(" in op for op in row.fused)  # the report names the user's pooling
 
 
 # max and min where two columns tie in every row: amax/amin split the gradient between them,
