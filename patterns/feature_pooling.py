@@ -55,13 +55,6 @@ def pool(rows, kind, kernel, stride):
 
 SPELLINGS = (spell(pool, feature_pool),)
 
-# eager's 1-d poolings by FX target (F.max_pool1d is what Dynamo records for nn.MaxPool1d too), and
-# the adaptive ones: an output of L values from rows of N, where L divides N, is windows of N / L
-_POOLS = {F.avg_pool1d: "avg", F.max_pool1d: "max", torch.max_pool1d: "max",
-          F.adaptive_avg_pool1d: "avg", F.adaptive_max_pool1d: "max"}
-_ADAPTIVE = {F.adaptive_avg_pool1d, F.adaptive_max_pool1d}
-
-
 def _avg_pool1d_args(input, kernel_size, stride=None, padding=0, ceil_mode=False, count_include_pad=True):
     return dict(locals(), dilation=1, return_indices=False)
 
@@ -70,17 +63,19 @@ def _max_pool1d_args(input, kernel_size, stride=None, padding=0, dilation=1, cei
     return locals()
 
 
-def _adaptive_args(input, output_size, return_indices=False):
-    """The adaptive pooling's arguments as a plain pooling's, its window decided by the row (N)."""
-    n = example_value(input).shape[-1] if isinstance(input, Node) else None
-    size = _one(output_size)
-    window = n // size if isinstance(size, int) and size > 0 and n is not None and n % size == 0 else None
-    return dict(input=input, kernel_size=window if window is not None else output_size, stride=window,
-                padding=0, dilation=1, ceil_mode=False, return_indices=return_indices,
-                adaptive=None if window is not None else f"an output of {output_size!r} from rows of {n}")
+def _adaptive_pool1d_args(input, output_size, return_indices=False):
+    return dict(locals(), kernel_size=None, stride=None, padding=0, dilation=1, ceil_mode=False)
 
 
-_ARGUMENTS = {"avg": _avg_pool1d_args, "max": _max_pool1d_args}  # eager's signatures, bound as eager binds them
+# eager's 1-d poolings by FX target (F.max_pool1d is what Dynamo records for nn.MaxPool1d too): their
+# kind, and their signatures, bound as eager binds them
+_POOLS = {
+    F.avg_pool1d: ("avg", _avg_pool1d_args),
+    F.max_pool1d: ("max", _max_pool1d_args),
+    torch.max_pool1d: ("max", _max_pool1d_args),
+    F.adaptive_avg_pool1d: ("avg", _adaptive_pool1d_args),
+    F.adaptive_max_pool1d: ("max", _adaptive_pool1d_args),
+}
 # views that take (M, N) rows to (M, 1, N) and (M, 1, L) back to (M, L), each keeping the row-major
 # order of the values (which the shapes then pin down): unsqueeze(1), view, reshape, [:, None];
 # squeeze(1), squeeze(), view, reshape, flatten(1), [:, 0]
@@ -117,9 +112,9 @@ def _pool_of_rows(node: Node) -> tuple[Node, str, tuple[int, int] | str, Node] |
     1-d pooling of a 2-D value viewed as one channel and viewed back."""
     if node.op != "call_function" or _POOLS.get(node.target) is None:
         return None
-    kind = _POOLS[node.target]
+    kind, arguments = _POOLS[node.target]
     try:
-        args = (_adaptive_args if node.target in _ADAPTIVE else _ARGUMENTS[kind])(*node.args, **node.kwargs)
+        args = arguments(*node.args, **node.kwargs)
     except TypeError:
         return None
     view_in = args["input"]
@@ -142,15 +137,18 @@ def _label(node: Node, kernel: int, stride: int) -> str:
     """The report's name of the pooling: the user's function and its window (an adaptive one's
     output size)."""
     name = describe(node).split("(")[0]
-    if node.target in _ADAPTIVE:
-        return f"{name}({_one(node.args[1] if len(node.args) > 1 else node.kwargs['output_size'])})"
+    if _POOLS[node.target][1] is _adaptive_pool1d_args:
+        return f"{name}({_one(_adaptive_pool1d_args(*node.args, **node.kwargs)['output_size'])})"
     return f"{name}({kernel})" if kernel == stride else f"{name}({kernel}, stride={stride})"
 
 
 def _window(kind: str, args: dict, n: int) -> tuple[int, int] | str:
     """(kernel, stride) of a pooling whose windows all lie inside a row of ``n``; else why not."""
-    if args.get("adaptive"):
-        return f"{args['adaptive']} (windows of unequal size) is not fused"
+    if "output_size" in args:  # adaptive: L values from rows of N are windows of N / L where L divides N
+        size = _one(args["output_size"])
+        if not isinstance(size, int) or size < 1 or n % size:
+            return f"an output of {args['output_size']!r} from rows of {n} (windows of unequal size) is not fused"
+        args = dict(args, kernel_size=n // size)
     kernel, stride = _one(args["kernel_size"]), _one(args["stride"])
     stride = kernel if stride is None else stride
     if not isinstance(kernel, int) or not isinstance(stride, int) or kernel < 1 or stride < 1:
