@@ -152,7 +152,8 @@ class Pool:
     stride: int
 
     def width(self, n: int) -> int:
-        return (n - self.kernel) // self.stride + 1
+        """The pooled row's width (0 where the row is narrower than a window: eager raises)."""
+        return (n - self.kernel) // self.stride + 1 if n >= self.kernel else 0
 
 
 Stage = Union[Pointwise, Norm, Reduce, Widen, Narrow, Keep, Dropout, Pool]
