@@ -46,12 +46,12 @@ from .ir import Dropout, Gemm, Keep, Narrow, Norm, Pointwise, Pool, Program, Red
 from .vocabulary import ROUNDING, call, is_rounding
 from .patterns.norms import FAMILY as NORMS
 from .patterns.reductions import FAMILY as REDUCTIONS
+from .patterns.split_gemms import splits_features
 
 if TYPE_CHECKING:
     from .cuda.engine import Selection
 
 FUSABLE_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
-_SPLITS = {"split", "chunk", "tensor_split", torch.split, torch.chunk, torch.tensor_split}
 RMS_NORM_DEFAULT_EPS = torch.finfo(torch.float32).eps  # eps=None: float's eps (opmath for halves)
 
 
@@ -384,7 +384,7 @@ class _Matcher:
         if node.op == "output" or isinstance(op, (GemmOp, RowSelection)):
             raise Stop(None)  # the chain's natural end: a complete chain
         if op is None:
-            if self._splits_features(node):
+            if splits_features(node):
                 raise Stop(f"{describe(node)} splits the features into separate values (as attention's q, k and v "
                            "are): the chain ends before it")
             raise Stop(f"{describe(node)} is not an epilogue op")
@@ -444,14 +444,6 @@ class _Matcher:
                            f"{value.shape[-2]} heads of {value.shape[-1]} (attention's layout), and the chain ends there")
             raise Stop(f"{describe(node)} changes the feature dim")
         self.ndim, self.shape = value.dim(), tuple(value.shape)
-
-    def _splits_features(self, node: Node) -> bool:
-        """``node`` is a split or chunk of the chain's value along its feature dim."""
-        if node.op not in ("call_function", "call_method") or node.target not in _SPLITS or not node.args:
-            return False
-        value = example_value(node.args[0])
-        dim = node.kwargs.get("dim", node.args[2] if len(node.args) > 2 else 0)
-        return isinstance(value, torch.Tensor) and isinstance(dim, int) and dim % value.dim() == value.dim() - 1
 
     def _dtype_of(self, node: Node, op: CanonicalOp, dtype: torch.dtype) -> torch.dtype:
         """The dtype ``node`` computes in: the GEMM's, or float32 in a bfloat16/float16 chain

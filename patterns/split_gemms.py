@@ -56,18 +56,14 @@ def _halves(node: Node, op: GemmOp) -> tuple[Node, Node] | None:
         return None
     split = next(iter(node.users))
     n = value.shape[-1]
-    if not isinstance(n, int) or n % 2 or split.args[:1] != (node,):
+    if not isinstance(n, int) or n % 2 or split.args[:1] != (node,) or not splits_features(split):
         return None
-    args = {**dict(zip(("self", "sections", "dim"), split.args)), **split.kwargs}
-    sections = args.get("sections", args.get("chunks", args.get("split_size", args.get("split_size_or_sections"))))
-    dim = args.get("dim", 0)
+    sections = _sections(split)
     if (split.op, split.target) in CHUNKS:
         two = sections == 2
-    elif (split.op, split.target) in SPLITS:
-        two = sections == n // 2 or (isinstance(sections, (list, tuple)) and list(sections) == [n // 2, n // 2])
     else:
-        return None
-    if not two or dim not in (-1, value.dim() - 1):
+        two = sections == n // 2 or (isinstance(sections, (list, tuple)) and list(sections) == [n // 2, n // 2])
+    if not two:
         return None
     readers = {}
     for user in split.users:
@@ -77,6 +73,25 @@ def _halves(node: Node, op: GemmOp) -> tuple[Node, Node] | None:
             return None
         readers[user.args[1]] = user
     return (readers[0], readers[1]) if len(readers) == 2 else None
+
+
+def splits_features(split: Node) -> bool:
+    """``split`` is a chunk or split of a tensor along its last dim (the features)."""
+    if (split.op, split.target) not in CHUNKS | SPLITS or not split.args:
+        return False
+    value = example_value(split.args[0])
+    dim = _split_args(split).get("dim", 0)
+    return isinstance(value, torch.Tensor) and isinstance(dim, int) and dim % value.dim() == value.dim() - 1
+
+
+def _split_args(split: Node) -> dict:
+    return {**dict(zip(("self", "sections", "dim"), split.args)), **split.kwargs}
+
+
+def _sections(split: Node):
+    """A chunk's count, or a split's size or sizes."""
+    args = _split_args(split)
+    return args.get("sections", args.get("chunks", args.get("split_size", args.get("split_size_or_sections"))))
 
 
 def _narrowed(graph: Graph, tensor: Node, start: int, length: int) -> Node:

@@ -161,12 +161,19 @@ def _written_rms_norm(node: Node) -> tuple[Node, float, list[Node]] | None:
 
 
 def _is_last_dim_mean(mean: Node) -> bool:
-    args = dict(zip(("input", "dim", "keepdim"), mean.args), **mean.kwargs)
+    args = _last_dim_keepdim_args(mean, ("input", "dim", "keepdim"))
+    return args is not None and args.get("dtype") is None
+
+
+def _last_dim_keepdim_args(node: Node, positional: tuple[str, ...]) -> dict | None:
+    """A row statistic's arguments by name (``positional``: its signature's leading names) where
+    it is over the last dim of its input with keepdim=True; else None."""
+    args = dict(zip(positional, node.args), **node.kwargs)
     dim = args.get("dim")
     dim = dim[0] if isinstance(dim, (list, tuple)) and len(dim) == 1 else dim
     value = example_value(args.get("input"))
     last = isinstance(value, torch.Tensor) and dim in (-1, value.dim() - 1)
-    return last and args.get("keepdim") is True and args.get("dtype") is None
+    return args if last and args.get("keepdim") is True else None
 
 
 def _squared(square: Node) -> Node | None:
@@ -281,15 +288,9 @@ def _biased_variance(var: Node, row: Node, mean: Node, numerator: Node) -> list[
     last dim: the mean of the squared centred row (that centring ``numerator`` or another ``row -
     mean``), or ``row.var(-1, keepdim=True, unbiased=False)`` / ``correction=0``."""
     if _is(var, _VAR):
-        args = dict(zip(("input", "dim", "unbiased", "keepdim"), var.args), **var.kwargs)
-        dim = args.get("dim")
-        dim = dim[0] if isinstance(dim, (list, tuple)) and len(dim) == 1 else dim
-        value = example_value(row)
-        biased = args.get("unbiased") is False or args.get("correction") in (0, 0.0)
-        if (args.get("input") is row and biased and args.get("keepdim") is True
-                and isinstance(value, torch.Tensor) and dim in (-1, value.dim() - 1)):
-            return [var]
-        return None
+        args = _last_dim_keepdim_args(var, ("input", "dim", "unbiased", "keepdim"))
+        biased = args is not None and (args.get("unbiased") is False or args.get("correction") in (0, 0.0))
+        return [var] if biased and args.get("input") is row else None
     if not _is(var, _MEAN) or not _is_last_dim_mean(var):
         return None
     square = var.args[0]
