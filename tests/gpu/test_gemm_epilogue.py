@@ -251,7 +251,7 @@ def test_a_compiled_residual_block_measures_the_in_gemm_path_and_equals_eager(mo
         exact = x.double() + torch.nn.functional.linear(h.double(), model.proj.weight.double(),
                                                         model.proj.bias.double())
     (row,) = fxfuse.last_report().rows
-    assert row.status == "fused" and "measured: " in row.path and "row " in row.path
+    assert row.status == "fused" and "measured (" in row.path and "row " in row.path
     assert "cooperative" in row.path  # the in-GEMM configurations were candidates
     assert_under_rule(out, eager, exact)
 
@@ -280,7 +280,7 @@ def test_by_default_the_selection_times_inductors_kernels_and_the_faster_runs(ho
         exact = torch.nn.functional.silu(h.double() @ model.proj.weight.double().t()) * up.double()
     (row,) = fxfuse.last_report().rows
     if row.status == "fused":
-        assert "Inductor " in row.path and "measured: " in row.path
+        assert "Inductor " in row.path and "measured (" in row.path
     else:
         assert "than Inductor at this shape" in row.reason or "Inductor is faster at this shape" in row.reason
         assert "Inductor " in row.reason
@@ -308,8 +308,9 @@ def test_supported_programs_are_the_pointwise_and_group_norm_ones():
 
 
 def test_a_compiled_model_reports_its_measured_path_and_equals_eager(modules):
-    """torch.compile(backend="fxfuse"): the chain is measured at its shape, the report names the
-    path taken and every path's time, and the output obeys the rule."""
+    """torch.compile(backend="fxfuse"), the default policy: the chain is measured at its shape
+    against Inductor, the report names the path taken and every path's time, and the output obeys
+    the rule."""
     import fxfuse
 
     class Block(torch.nn.Module):
@@ -330,5 +331,7 @@ def test_a_compiled_model_reports_its_measured_path_and_equals_eager(modules):
         exact = torch.nn.functional.leaky_relu(
             torch.nn.functional.linear(x.double(), model.linear.weight.double(), model.linear.bias.double()) * 2.0, 0.1)
     (row,) = fxfuse.last_report().rows
-    assert row.status == "fused" and "measured: " in row.path and "row " in row.path
+    # at this small shape either side may win; the report names every path's time either way
+    said = row.path if row.status == "fused" else row.reason
+    assert "measured (" in said and "row " in said and "cooperative" in said and "Inductor " in said
     assert_under_rule(out, eager, exact)

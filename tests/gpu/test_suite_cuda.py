@@ -84,12 +84,14 @@ def test_autocast_on_cuda(row, dtype):
 
 @pytest.mark.parametrize("train", [True, False], ids=["train", "inference"])
 @pytest.mark.parametrize("row_id", ["S01", "S03", "S04"])
-def test_cuda_graphs_mode_runs_the_fused_ops(row_id, train):
+def test_cuda_graphs_mode_runs_the_fused_ops(row_id, train, monkeypatch):
     """mode="reduce-overhead" (Inductor's CUDA graphs) captures the fused op like any other kernel,
     and every graph, one that updates BatchNorm's running statistics too: outputs, gradients and
-    BatchNorm statistics as eager's, step after step."""
+    BatchNorm statistics as eager's, step after step. (torch.compile takes a mode or options, so
+    the policy that fuses every chain comes from the environment.)"""
     from torch._dynamo.utils import counters
 
+    monkeypatch.setenv("FXFUSE_POLICY", "always")
     counters.clear()
     mod = suite.load(suite.get_row(row_id))
     report = check_against_eager(
