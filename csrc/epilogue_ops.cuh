@@ -96,6 +96,49 @@ FX_FN float fx_abs(float x) { return fabsf(x); }
 
 FX_FN float fx_exp(float x) { return expf(x); }
 
+FX_FN float fx_expm1(float x) { return expm1f(x); }
+
+FX_FN float fx_log(float x) { return logf(x); }
+
+FX_FN float fx_log1p(float x) { return log1pf(x); }
+
+FX_FN float fx_erf(float x) { return erff(x); }
+
+// torch (log_sigmoid_forward): min(0, x) - log1p(exp(-|x|)), std::min(0, NaN) being 0
+FX_FN float fx_log_sigmoid(float x) {
+  const float lo = x < 0.0f ? x : 0.0f;
+  return lo - log1pf(expf(-fabsf(x)));
+}
+
+// torch.sign: (0 < x) - (x < 0); NaN gives 0
+FX_FN float fx_sign(float x) { return static_cast<float>((0.0f < x) - (x < 0.0f)); }
+
+FX_FN float fx_floor(float x) { return floorf(x); }
+
+FX_FN float fx_ceil(float x) { return ceilf(x); }
+
+// torch.round: to the nearest integer, halves to even (nearbyint)
+FX_FN float fx_round(float x) { return nearbyintf(x); }
+
+FX_FN float fx_trunc(float x) { return truncf(x); }
+
+// torch celu: the elu kernel with negcoef = alpha, poscoef = 1 and negiptcoef = 1 / alpha (formed
+// in double, as torch forms it; alpha is a constant of the generated code, so this folds)
+FX_FN float fx_celu_input_scale(float alpha) { return static_cast<float>(1.0 / static_cast<double>(alpha)); }
+
+FX_FN float fx_celu(float x, float alpha) { return x <= 0.0f ? expm1f(x * fx_celu_input_scale(alpha)) * alpha : x; }
+
+// torch.threshold: x <= threshold ? value : x (NaN passes)
+FX_FN float fx_threshold(float x, float threshold, float value) { return x <= threshold ? value : x; }
+
+// torch hardshrink: 0 inside [-lambd, lambd], x elsewhere (NaN passes)
+FX_FN float fx_hardshrink(float x, float lambd) { return (x >= -lambd && x <= lambd) ? 0.0f : x; }
+
+// torch softshrink: x - lambd above, x + lambd below, x * 0 inside (NaN stays NaN)
+FX_FN float fx_softshrink(float x, float lambd) {
+  return x > lambd ? x - lambd : (x < -lambd ? x + lambd : x * 0.0f);
+}
+
 // torch.maximum / torch.minimum propagate NaN from either side
 FX_FN float fx_maximum(float a, float b) {
   if (fx_isnan(a)) return a;
@@ -227,6 +270,64 @@ FX_FN float fx_abs_bwd(float g, float x, float y) {
 }
 
 FX_FN float fx_exp_bwd(float g, float x, float y) { (void)x; return g * y; }
+
+FX_FN float fx_expm1_bwd(float g, float x, float y) { (void)x; return g * (y + 1.0f); }
+
+FX_FN float fx_log_bwd(float g, float x, float y) { (void)y; return g / x; }
+
+FX_FN float fx_log1p_bwd(float g, float x, float y) { (void)y; return g / (x + 1.0f); }
+
+// derivatives.yaml: 2 / sqrt(pi) * exp(-x^2) * g
+FX_FN float fx_erf_bwd(float g, float x, float y) {
+  (void)y;
+  const float kTwoOverSqrtPi = 1.12837916709551257390f;
+  return kTwoOverSqrtPi * expf(-(x * x)) * g;
+}
+
+// log_sigmoid_backward (CUDA)
+FX_FN float fx_log_sigmoid_bwd(float g, float x, float y) {
+  (void)y;
+  const bool negative = x < 0.0f;
+  const float max_deriv = negative ? 1.0f : 0.0f;
+  const float sign = negative ? 1.0f : -1.0f;
+  const float z = expf(-fabsf(x));
+  return g * (max_deriv - sign * (z / (1.0f + z)));
+}
+
+// sign, floor, ceil, round, trunc: zeros_like(grad), a NaN gradient included
+FX_FN float fx_sign_bwd(float g, float x, float y) { (void)g; (void)x; (void)y; return 0.0f; }
+
+FX_FN float fx_floor_bwd(float g, float x, float y) { (void)g; (void)x; (void)y; return 0.0f; }
+
+FX_FN float fx_ceil_bwd(float g, float x, float y) { (void)g; (void)x; (void)y; return 0.0f; }
+
+FX_FN float fx_round_bwd(float g, float x, float y) { (void)g; (void)x; (void)y; return 0.0f; }
+
+FX_FN float fx_trunc_bwd(float g, float x, float y) { (void)g; (void)x; (void)y; return 0.0f; }
+
+// elu_backward(g, alpha, scale=1, input_scale=1/alpha, is_result=false, x)
+FX_FN float fx_celu_bwd(float g, float x, float y, float alpha) {
+  (void)y;
+  const float negiptcoef = fx_celu_input_scale(alpha);
+  return x <= 0.0f ? g * negiptcoef * alpha * expf(x * negiptcoef) : g;
+}
+
+// threshold_backward(g, x, threshold)
+FX_FN float fx_threshold_bwd(float g, float x, float y, float threshold, float value) {
+  (void)y; (void)value;
+  return x <= threshold ? 0.0f : g;
+}
+
+// shrink_backward: zero inside [-lambd, lambd]
+FX_FN float fx_hardshrink_bwd(float g, float x, float y, float lambd) {
+  (void)y;
+  return (x >= -lambd && x <= lambd) ? 0.0f : g;
+}
+
+FX_FN float fx_softshrink_bwd(float g, float x, float y, float lambd) {
+  (void)y;
+  return (x >= -lambd && x <= lambd) ? 0.0f : g;
+}
 
 // torch.maximum/minimum: the gradient goes to the larger (smaller) operand, half to each on a tie,
 // all of it to both where either is NaN

@@ -33,6 +33,7 @@ import torch
 from . import expr as E
 from .patterns.feature_pooling import FAMILY as POOLS
 from .patterns.reductions import FAMILY as REDUCTIONS
+from .vocabulary import EpilogueFunction
 
 # a per-column vector of N values, one value, a tensor of the output's shape (a residual, a gate),
 # one value per row (an (M, 1) operand: a per-row scale, or read after a row reduction), a
@@ -252,6 +253,12 @@ class Program:
     @property
     def pools(self) -> bool:
         return any(isinstance(s, Pool) for s in self.stages)
+
+    @property
+    def steps(self) -> tuple[str, ...]:
+        """The functions with jumps (floor, sign, threshold, ...) the program's expressions call."""
+        calls = {f for s in self.stages if isinstance(s, Pointwise) for f in s.expr.atoms(EpilogueFunction)}
+        return tuple(sorted({f.row.name for f in calls if not f.row.continuous}))
 
     def output_shape(self, batch_shape: tuple, n: int) -> tuple:
         """Shape of the op's output for an input of shape ``(*batch_shape, K)``."""

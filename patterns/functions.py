@@ -34,6 +34,10 @@ class Activation:
     attrs: tuple[str, ...] = ()  # scalar attributes after the operands, in call order
     operands: int = 1  # tensor operands (2 for maximum/minimum against a parameter)
     spellings: tuple[Spelling, ...] = ()  # none: reached through another's (gelu_tanh: gelu's)
+    # False for a function with jumps (floor, sign, threshold): a step turns a last-bit difference
+    # in its operand into a jump, so it must see eager's rounded GEMM output (the in-GEMM epilogue
+    # reads the float32 accumulator and does not take it)
+    continuous: bool = True
 
     @property
     def device_backward(self) -> tuple[str, ...]:
@@ -108,6 +112,34 @@ def softplus(input, beta=1.0, threshold=20.0):
     return PointwiseOp("softplus", (input,), (float(beta), float(threshold)))
 
 
+def celu(input, alpha=1.0, inplace=False):
+    return PointwiseOp("celu", (input,), (float(alpha),), bool(inplace))
+
+
+def threshold(input, threshold, value, inplace=False):
+    return PointwiseOp("threshold", (input,), (float(threshold), float(value)), bool(inplace))
+
+
+def hardshrink(input, lambd=0.5):
+    return PointwiseOp("hardshrink", (input,), (float(lambd),))
+
+
+def softshrink(input, lambd=0.5):
+    return PointwiseOp("softshrink", (input,), (float(lambd),))
+
+
+def round_(input, *, decimals=0):
+    if decimals != 0:
+        return Rejected(f"round with decimals={decimals}")
+    return PointwiseOp("round", (input,))
+
+
+def _method_and_function(name: str) -> Spelling:
+    """``torch.<name>(x)``, ``x.<name>()`` and the in-place ``x.<name>_()`` / ``torch.<name>_(x)``."""
+    inplace = tuple(t for t in (getattr(torch, f"{name}_", None), f"{name}_") if t is not None)
+    return spell(_plain(name), getattr(torch, name), name, inplace=inplace)
+
+
 FAMILY: tuple[Activation, ...] = (
     Activation("relu", torch.relu, "fx_relu",
                spellings=(spell(_plain("relu"), torch.relu, F.relu, "relu", inplace=(torch.relu_, "relu_")),)),
@@ -145,10 +177,63 @@ FAMILY: tuple[Activation, ...] = (
                                 inplace=(torch.abs_, "abs_")),)),
     Activation("exp", torch.exp, "fx_exp",
                spellings=(spell(_plain("exp"), torch.exp, "exp", inplace=(torch.exp_, "exp_")),)),
+    Activation("expm1", torch.expm1, "fx_expm1", spellings=(_method_and_function("expm1"),)),
+    Activation("log", torch.log, "fx_log", spellings=(_method_and_function("log"),)),
+    Activation("log1p", torch.log1p, "fx_log1p", spellings=(_method_and_function("log1p"),)),
+    Activation("erf", torch.erf, "fx_erf", spellings=(_method_and_function("erf"),)),  # written-out GELU
+    Activation("log_sigmoid", F.logsigmoid, "fx_log_sigmoid", spellings=(spell(_plain("log_sigmoid"), F.logsigmoid),)),
+    # piecewise constant: the gradient is zero everywhere, as eager's
+    Activation("sign", torch.sign, "fx_sign", spellings=(_method_and_function("sign"),), continuous=False),
+    Activation("floor", torch.floor, "fx_floor", spellings=(_method_and_function("floor"),), continuous=False),
+    Activation("ceil", torch.ceil, "fx_ceil", spellings=(_method_and_function("ceil"),), continuous=False),
+    Activation("round", torch.round, "fx_round",
+               spellings=(spell(round_, torch.round, "round", inplace=(torch.round_, "round_")),), continuous=False),
+    Activation("trunc", torch.trunc, "fx_trunc", spellings=(_method_and_function("trunc"),), continuous=False),
+    Activation("celu", F.celu, "fx_celu", ("alpha",), spellings=(spell(celu, F.celu, torch.celu, inplace=(F.celu_, torch.celu_)),)),
+    Activation("threshold", F.threshold, "fx_threshold", ("threshold", "value"),
+               spellings=(spell(threshold, F.threshold, torch.threshold, inplace=(F.threshold_, torch.threshold_)),),
+               continuous=False),
+    Activation("hardshrink", F.hardshrink, "fx_hardshrink", ("lambd",),
+               spellings=(spell(hardshrink, F.hardshrink, torch.hardshrink, "hardshrink"),), continuous=False),
+    Activation("softshrink", F.softshrink, "fx_softshrink", ("lambd",), spellings=(spell(softshrink, F.softshrink),)),
     Activation("maximum", torch.maximum, "fx_maximum", operands=2,
                spellings=(spell(maximum, torch.maximum, "maximum"),)),
     Activation("minimum", torch.minimum, "fx_minimum", operands=2,
                spellings=(spell(minimum, torch.minimum, "minimum"),)),
 )
 
-SPELLINGS = tuple(s for entry in FAMILY for s in entry.spellings)
+
+
+# -- functions torch writes in others (Python functions in torch.nn.functional that Dynamo keeps as
+# one call): their expressions over the vocabulary, as a registered activation's. The kernels
+# compute the expression in float32 and round once where eager rounds each of its ops.
+
+
+def _composite(name: str, expression: Callable[[], "sympy.Expr"]):
+    def build(input):
+        return PointwiseOp(name, (input,), expression=expression())
+
+    build.__name__ = name
+    return build
+
+
+def _softsign():  # F.softsign: input / (input.abs() + 1)
+    from .. import expr as E
+    from ..vocabulary import call
+
+    return E.div(E.X, E.add(call("abs", E.X), E.const(1.0)))
+
+
+def _tanhshrink():  # F.tanhshrink: input - input.tanh()
+    from .. import expr as E
+    from ..vocabulary import call
+
+    return E.sub(E.X, call("tanh", E.X))
+
+
+COMPOSITES = (
+    spell(_composite("softsign", _softsign), F.softsign),
+    spell(_composite("tanhshrink", _tanhshrink), F.tanhshrink),
+)
+
+SPELLINGS = tuple(s for entry in FAMILY for s in entry.spellings) + COMPOSITES

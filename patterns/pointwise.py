@@ -71,6 +71,16 @@ def dropout(input, p=0.5, training=True, inplace=False):
     return DropoutOp(input, float(p))
 
 
+def alpha_dropout(input, p=0.5, training=False, inplace=False):
+    """``F.alpha_dropout`` / ``F.feature_alpha_dropout``: identity in eval mode or with p = 0 (in
+    training, a mask of its own kind that the dropout stage does not draw)."""
+    if not isinstance(p, (int, float)) or not isinstance(training, bool):
+        return Rejected("alpha dropout with a symbolic p or training flag")
+    if p == 0 or not training:
+        return AliasOp(input)
+    return Rejected("alpha dropout in training mode")
+
+
 def identity(input, *args, **kwargs):
     return AliasOp(input)
 
@@ -126,6 +136,7 @@ SPELLINGS = (
     spell(neg, operator.neg, torch.neg, torch.negative, "neg", "negative", "__neg__",
           inplace=("neg_",)),
     spell(dropout, F.dropout),
+    spell(alpha_dropout, F.alpha_dropout, F.feature_alpha_dropout),
     spell(identity, "contiguous", "clone", torch.clone),
     spell(reshape, "view", "reshape", torch.reshape),
     spell(detach, "detach", torch.detach),

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 import torch.nn as nn
@@ -105,6 +107,30 @@ POINTWISE = [
     ("abs", lambda m, y: torch.abs(y), "abs(x)"),
     ("neg-method", lambda m, y: y.neg(), "-x"),
     ("exp", lambda m, y: torch.exp(y * 0.1), "exp(x * 0.1)"),
+    ("expm1", lambda m, y: torch.expm1(y), "expm1(x)"),
+    ("log", lambda m, y: torch.log(y.abs() + 0.5), "log(abs(x) + 0.5)"),
+    ("log-method-inplace", lambda m, y: (y * y + 0.5).log_(), "log("),
+    ("log1p", lambda m, y: y.abs().log1p(), "log1p(abs(x))"),
+    ("erf", lambda m, y: torch.erf(y), "erf(x)"),
+    ("gelu-written-with-erf", lambda m, y: y * 0.5 * (1.0 + torch.erf(y / math.sqrt(2.0))), "erf(x / 1.414"),
+    ("logsigmoid", lambda m, y: F.logsigmoid(y), "log_sigmoid(x)"),
+    ("nn-LogSigmoid", lambda m, y: nn.LogSigmoid()(y), "log_sigmoid(x)"),
+    ("sign", lambda m, y: torch.sign(y), "sign(x)"),
+    ("floor", lambda m, y: torch.floor(y * 4.0), "floor(x * 4.0)"),
+    ("ceil-method", lambda m, y: (y * 4.0).ceil(), "ceil(x * 4.0)"),
+    ("round", lambda m, y: torch.round(y * 4.0), "round(x * 4.0)"),
+    ("trunc", lambda m, y: torch.trunc(y * 4.0), "trunc(x * 4.0)"),
+    ("celu", lambda m, y: F.celu(y, alpha=0.5), "celu(x, 0.5)"),
+    ("nn-CELU-inplace", lambda m, y: nn.CELU(2.0, inplace=True)(y), "celu(x, 2.0)"),
+    ("threshold", lambda m, y: F.threshold(y, 0.1, 2.0), "threshold(x, 0.1, 2.0)"),
+    ("nn-Threshold", lambda m, y: nn.Threshold(-0.2, 0.0)(y), "threshold(x, -0.2, 0.0)"),
+    ("hardshrink", lambda m, y: F.hardshrink(y, 0.3), "hardshrink(x, 0.3)"),
+    ("nn-Hardshrink", lambda m, y: nn.Hardshrink()(y), "hardshrink(x, 0.5)"),
+    ("softshrink", lambda m, y: F.softshrink(y, 0.3), "softshrink(x, 0.3)"),
+    ("softsign", lambda m, y: F.softsign(y), "x / (abs(x) + 1.0)"),
+    ("tanhshrink", lambda m, y: nn.Tanhshrink()(y), "x - tanh(x)"),
+    ("alpha-dropout-eval", lambda m, y: F.alpha_dropout(y, p=0.2, training=False).relu(), "relu(x)"),
+    ("feature-alpha-dropout-eval", lambda m, y: F.feature_alpha_dropout(y, p=0.2).relu(), "relu(x)"),
     ("dropout-p0", lambda m, y: F.dropout(y, p=0.0).relu(), "relu(x)"),
     ("dropout-eval", lambda m, y: F.dropout(y, p=0.5, training=False).relu(), "relu(x)"),
 ]
@@ -208,6 +234,23 @@ def _check(epilogue, fragment, gemm=None, inputs=_inputs(), dtype=torch.float32)
 @pytest.mark.parametrize("name,epilogue,fragment", POINTWISE, ids=[c[0] for c in POINTWISE])
 def test_pointwise_spelling_fuses_and_matches_eager(name, epilogue, fragment):
     _check(epilogue, fragment)
+
+
+WITH_GRADIENTS = ["expm1", "log", "log1p", "erf", "gelu-written-with-erf", "logsigmoid", "floor", "celu", "threshold",
+                  "hardshrink", "softshrink", "softsign", "tanhshrink"]
+
+
+@pytest.mark.parametrize("name,epilogue,fragment", [c for c in POINTWISE if c[0] in WITH_GRADIENTS], ids=WITH_GRADIENTS)
+def test_functions_have_eagers_gradients(name, epilogue, fragment):
+    """Each function's derivative: the input's and every parameter's gradient as eager's (a
+    step's is zero)."""
+    def make():
+        model = Chain(epilogue)
+        model.unbiased = nn.Linear(K, N, bias=False)
+        return model
+
+    report = check_against_eager(make, lambda: [torch.randn(M, K, requires_grad=True)], grads=True)
+    assert report.rows[0].status == "fused" and fragment in report.rows[0].program
 
 
 @pytest.mark.parametrize("name,epilogue,fragment", NORMS, ids=[c[0] for c in NORMS])

@@ -22,12 +22,22 @@ ATTRS = {
     "clamp_max": (0.5,),
     "elu": (1.3,),
     "softplus": (2.0, 3.0),
+    "celu": (0.6,),
+    "threshold": (0.1, -2.0),
+    "hardshrink": (0.4,),
+    "softshrink": (0.3,),
 }
+
+
+# functions defined on the positive numbers take |operand| (+ 1/8): a NaN at every negative value
+# would hide the other functions' values in a vocabulary program's sum
+POSITIVE = {"log": lambda a: E.add(call("abs", a), c(0.125)), "log1p": lambda a: call("abs", a)}
 
 
 def vocabulary_call(name: str, operand=X):
     """``name`` applied to ``operand`` (against p0 for the two-operand functions)."""
     row = POINTWISE[name]
+    operand = POSITIVE.get(name, lambda a: a)(operand)
     operands = [operand] + ([p(0)] if row.operands == 2 else [])
     return call(name, *operands, *(c(a) for a in ATTRS.get(name, ())))
 

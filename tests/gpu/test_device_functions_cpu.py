@@ -53,6 +53,12 @@ CPU_GRAD_DIFFERS = {
     "hardswish": torch.isnan,
     "elu": torch.isnan,
     "selu": torch.isnan,
+    "celu": torch.isnan,
+    "hardshrink": torch.isnan,  # (the CPU kernel gives 0 for a NaN operand, CUDA's the gradient)
+    "softshrink": torch.isnan,
+    # the derivative reads the output, g * (y + 1): where expm1 is -1 less half an ulp, torch's
+    # vectorised CPU expm1 gives -1 (an infinite g then gives NaN) and libm's -0.99999994
+    "expm1": lambda a: a < -15.0,
 }
 
 

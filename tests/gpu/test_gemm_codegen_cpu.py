@@ -160,6 +160,16 @@ def test_programs_the_in_gemm_path_does_not_take_yet(name, dtype, reason):
         gemm_codegen.generate(PROGRAMS[name], dtype, (dtype,) * len(PROGRAMS[name].params), "n", "e")
 
 
+def test_a_function_with_jumps_goes_to_the_row_pass():
+    """floor(y), sign(y), threshold(y, ...): the in-GEMM epilogue reads the float32 accumulator,
+    not eager's rounded GEMM output, and a step would turn that last-bit difference into a jump."""
+    for text in ("floor(x * 4.0)", "relu(x) + sign(x)", "threshold(x, 0.1, 2.0)", "hardshrink(x, 0.5)"):
+        program = Program.parse(f"linear(bias=True) | pointwise({text})")
+        assert "a step turns" in gemm_codegen.unsupported_reason(program, torch.bfloat16), text
+    assert gemm_codegen.unsupported_reason(Program.parse("linear(bias=True) | pointwise(log1p(abs(x)))"),
+                                           torch.bfloat16) is None
+
+
 def test_the_pointwise_suite_programs_are_taken():
     for name in ("s01_scale_leaky", "s10_div_gelu", "s13_sub_mul_relu", "s14_silu_div_clamp_tanh", "identity"):
         assert gemm_codegen.unsupported_reason(PROGRAMS[name], torch.bfloat16) is None, name
