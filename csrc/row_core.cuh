@@ -245,6 +245,9 @@ struct Row {
     return logf(s) + m;
   }
 
+  // torch.linalg.vector_norm(ord=2): the square root of the row's sum of squares
+  FX_DEVICE float reduce_vector_norm() const { return sqrtf(reduce(0.0f, OpAdd(), [](float x) { return x * x; })); }
+
   FX_DEVICE void softmax() {
     const float m = reduce_max();
     map([m](float x, int) { return expf(x - m); });

@@ -25,8 +25,10 @@ namespace fx {
 
 enum GradKind : int { kNoGrad = 0, kPointwiseGrad = 1, kNormGrad = 2, kReduceGrad = 3 };
 enum NormCode : int { kGroupNorm = 0, kLayerNorm = 1, kRmsNorm = 2, kBatchEvalNorm = 3 };
-// the reductions (one value a row) up to kLogSumExp, then the row maps
-enum ReduceCode : int { kSum = 0, kMean = 1, kMax = 2, kMin = 3, kLogSumExp = 4, kSoftmax = 5, kLogSoftmax = 6 };
+// the reductions (one value a row) up to kVectorNorm, then the row maps
+enum ReduceCode : int {
+  kSum = 0, kMean = 1, kMax = 2, kMin = 3, kLogSumExp = 4, kVectorNorm = 5, kSoftmax = 6, kLogSoftmax = 7
+};
 
 // Whether the program's backward is this file's row kernel (a norm or a reduction in the middle)
 template <class Prog>
@@ -194,6 +196,7 @@ FX_DEVICE void norm_dv(R& r, float (&g)[ITEMS][VEC], float (&sums)[S][ITEMS][VEC
 // sums of the row's first thread.
 //   sum: gs    mean: gs / n    logsumexp: gs exp(v - s)
 //   amax/amin ("split"): gs / count(v == s) where v == s    max/min(dim) ("first"): gs at the first
+//   vector_norm: v (gs / s), 0 where s is 0 (norm_backward's masked_fill)
 struct ReductionRow {
   float s;      // the reduction's value
   float q;      // a selected element's gradient (sum, mean, max, min)
@@ -213,6 +216,8 @@ FX_DEVICE ReductionRow reduction_row(const R& r, float g_row, float (&sums)[S][I
     s = r.reduce_max();
   } else if constexpr (K == kMin) {
     s = r.reduce_min();
+  } else if constexpr (K == kVectorNorm) {
+    s = r.reduce_vector_norm();
   } else {
     s = r.reduce_logsumexp();
   }
@@ -225,6 +230,8 @@ FX_DEVICE ReductionRow reduction_row(const R& r, float g_row, float (&sums)[S][I
   row.q = row.gs;
   if constexpr (K == kMean) {
     row.q = row.gs * (1.0f / static_cast<float>(r.a.n));  // grad / n: a * (1 / n) on CUDA
+  } else if constexpr (K == kVectorNorm) {
+    row.q = s == 0.0f ? 0.0f : row.gs / s;
   } else if constexpr ((K == kMax || K == kMin) && !Prog::kTiesFirst) {
     // grad / count times the mask: no element equals a NaN, so gs / 0 times 0 makes the row's
     // gradient NaN, as eager's
@@ -250,6 +257,8 @@ FX_DEVICE float reduction_dv(const ReductionRow& row, float x, int col) {
     return row.q;
   } else if constexpr (K == kLogSumExp) {
     return row.gs * expf(x - row.s);
+  } else if constexpr (K == kVectorNorm) {
+    return x * row.q;
   } else if constexpr (!Prog::kTiesFirst) {
     return row.q * (x == row.s ? 1.0f : 0.0f);
   } else {
@@ -305,7 +314,7 @@ FX_DEVICE void row_grad_body(const Args<Prog::kParamSlots>& a, const Thread& t, 
   constexpr int S = 1 + P;
   constexpr int kSlots = Prog::kParamSlots;
   constexpr bool kNorm = Prog::kGradKind == kNormGrad;
-  constexpr bool kReduction = !kNorm && Prog::kReduceKind <= kLogSumExp;  // one output value a row
+  constexpr bool kReduction = !kNorm && Prog::kReduceKind <= kVectorNorm;  // one output value a row
   const int lt = t.tid() % a.rt;
   const int lr = t.tid() / a.rt;
   float* scratch = dyn + static_cast<int64_t>(lr) * a.scratch_stride;

@@ -42,9 +42,9 @@ from .vocabulary import EpilogueFunction
 # projection: ``silu(x @ Wg.T) * (x @ Wu.T)`` is one op)
 ParamKind = Literal["col", "scalar", "full", "row", "seed", "gemm"]
 NormKind = Literal["group", "layer", "rms", "batch"]
-ReduceKind = Literal["sum", "mean", "max", "min", "logsumexp", "softmax", "log_softmax"]
+ReduceKind = Literal["sum", "mean", "max", "min", "logsumexp", "vector_norm", "softmax", "log_softmax"]
 
-ROW_REDUCTIONS = tuple(k for k, family in REDUCTIONS.items() if family.changes_shape)  # sum, ..., logsumexp
+ROW_REDUCTIONS = tuple(k for k, family in REDUCTIONS.items() if family.changes_shape)  # sum, ..., vector_norm
 ROW_MAPS = tuple(k for k, family in REDUCTIONS.items() if not family.changes_shape)  # softmax, log_softmax
 TieRule = Literal["split", "first"]  # max/min: who takes the gradient where several elements tie
 
@@ -85,7 +85,8 @@ class Norm:
 
 @dataclass(frozen=True)
 class Reduce:
-    """A reduction over the feature dim (sum ... logsumexp) or a row map (softmax, log_softmax).
+    """A reduction over the feature dim (sum ... logsumexp, vector_norm) or a row map (softmax,
+    log_softmax).
 
     ``ties`` is max/min's gradient rule, the one thing that tells eager's two spellings apart:
     ``amax``/``amin`` split the gradient evenly over the elements equal to the result ("split");

@@ -729,7 +729,8 @@ class _Matcher:
         """A reduction over the size-1 feature dim a row reduction with keepdim left: each row
         reduces its one value (a softmax of one value is 1, or NaN: not taken)."""
         dims = op.dim if isinstance(op.dim, (list, tuple)) else (op.dim,)
-        return (self.keeps_reduced_dim and REDUCTIONS[op.kind].changes_shape and len(dims) == 1
+        family = REDUCTIONS[op.kind]
+        return (self.keeps_reduced_dim and family.changes_shape and family.of_one_value_is_it and len(dims) == 1
                 and isinstance(dims[0], int) and dims[0] % self.ndim == self.ndim - 1)
 
     def _one_value(self, op: ReduceOp) -> sympy.Expr:

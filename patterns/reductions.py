@@ -1,5 +1,6 @@
 """The reduction family: row reductions and row maps over the feature dim — sum, mean,
-amax/amin, max/min(dim) (with ``.values`` / ``[0]``), logsumexp, softmax, log_softmax.
+amax/amin, max/min(dim) (with ``.values`` / ``[0]``), logsumexp, the Euclidean norm, softmax,
+log_softmax.
 
 Their spellings, and one entry per kind (``FAMILY``) holding what the reference, the row kernels
 and the generated backward need of it; the IR's Reduce stage names its kind."""
@@ -31,6 +32,7 @@ class ReductionFamily:
     reference: Callable[[torch.Tensor, bool, str], torch.Tensor]
     row_stage: str
     backward_code: str
+    of_one_value_is_it: bool = True  # a reduction of one value is that value (not the norm's |v|)
 
 
 def _extremum(kind: str) -> Callable[[torch.Tensor, bool, str], torch.Tensor]:
@@ -52,6 +54,9 @@ FAMILY: dict[str, ReductionFamily] = {entry.kind: entry for entry in (
     ReductionFamily("min", True, _extremum("min"), "reduce_min", "fx::kMin"),
     ReductionFamily("logsumexp", True, lambda v, k, ties: torch.logsumexp(v, -1, keepdim=k),
                     "reduce_logsumexp", "fx::kLogSumExp"),
+    # the Euclidean norm of the row (torch.norm / Tensor.norm / linalg.vector_norm, p = 2)
+    ReductionFamily("vector_norm", True, lambda v, k, ties: torch.linalg.vector_norm(v, 2, -1, keepdim=k),
+                    "reduce_vector_norm", "fx::kVectorNorm", of_one_value_is_it=False),
     ReductionFamily("softmax", False, lambda v, k, ties: F.softmax(v, -1), "softmax", "fx::kSoftmax"),
     ReductionFamily("log_softmax", False, lambda v, k, ties: F.log_softmax(v, -1), "log_softmax",
                     "fx::kLogSoftmax"),
@@ -96,6 +101,28 @@ def _max_or_min(kind: str):
 
 def logsumexp(input, dim, keepdim=False):
     return ReduceOp("logsumexp", input, dim, bool(keepdim))
+
+
+def _two_norm(p, dim, dtype) -> Rejected | None:
+    """Why a norm call is not the row's Euclidean norm (None: it is)."""
+    if p not in (2, 2.0, "fro"):
+        return Rejected(f"a vector norm with p={p!r} (only p = 2 is a row reduction here)")
+    if dim is None or (isinstance(dim, (list, tuple)) and len(dim) != 1):
+        return Rejected("a norm over every dim" if dim is None else f"a norm over dims {tuple(dim)}")
+    if dtype is not None:
+        return Rejected(f"a norm with dtype={dtype}")
+    return None
+
+
+def norm(input, p="fro", dim=None, keepdim=False, out=None, dtype=None):
+    """``torch.norm`` / ``Tensor.norm`` over one dim with p = 2 (or "fro", the same there)."""
+    rejected = _two_norm(p, dim, dtype) or (Rejected("a norm with out=") if out is not None else None)
+    return rejected or ReduceOp("vector_norm", input, dim, bool(keepdim))
+
+
+def vector_norm(x, ord=2, dim=None, keepdim=False, *, dtype=None, out=None):
+    rejected = _two_norm(ord, dim, dtype) or (Rejected("a norm with out=") if out is not None else None)
+    return rejected or ReduceOp("vector_norm", x, dim, bool(keepdim))
 
 
 def _row_map(kind: str):
@@ -146,6 +173,8 @@ SPELLINGS = (
     spell(_max_or_min("max"), torch.max, "max"),
     spell(_max_or_min("min"), torch.min, "min"),
     spell(logsumexp, torch.logsumexp, "logsumexp"),
+    spell(norm, torch.norm, "norm"),
+    spell(vector_norm, torch.linalg.vector_norm),
     spell(_row_map("softmax"), F.softmax, torch.softmax, "softmax"),
     spell(_row_map("log_softmax"), F.log_softmax, torch.log_softmax, "log_softmax"),
     spell(getitem, operator.getitem),

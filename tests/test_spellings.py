@@ -163,6 +163,9 @@ REDUCTIONS = [
     ("amax", lambda m, y: torch.amax(y, dim=1), "max(keepdim=False)"),
     ("amin", lambda m, y: y.amin(-1, keepdim=True), "min(keepdim=True)"),
     ("max-values", lambda m, y: torch.max(y, dim=1).values, "max(keepdim=False, ties='first')"),
+    ("vector_norm", lambda m, y: torch.linalg.vector_norm(y, dim=-1, keepdim=True), "vector_norm(keepdim=True)"),
+    ("norm-method", lambda m, y: y.norm(dim=1), "vector_norm(keepdim=False)"),
+    ("torch-norm-p2", lambda m, y: torch.norm(y, p=2, dim=[-1], keepdim=True) * 0.5, "vector_norm(keepdim=True)"),
     ("max-index0", lambda m, y: y.max(1, keepdim=True)[0], "max(keepdim=True, ties='first')"),
     ("min-values", lambda m, y: torch.min(y, 1).values, "min(keepdim=False, ties='first')"),
     ("logsumexp", lambda m, y: torch.logsumexp(y, dim=1, keepdim=True), "logsumexp(keepdim=True)"),
@@ -251,6 +254,35 @@ def test_functions_have_eagers_gradients(name, epilogue, fragment):
 
     report = check_against_eager(make, lambda: [torch.randn(M, K, requires_grad=True)], grads=True)
     assert report.rows[0].status == "fused" and fragment in report.rows[0].program
+
+
+def test_a_vector_norm_has_eagers_gradient_a_zero_row_included():
+    """The gradient of the row's norm is y / norm: 0 for a row of zeros (eager masks it), not NaN."""
+    class RowNorm(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.linear = nn.Linear(K, N, bias=False)
+
+        def forward(self, x):
+            return torch.linalg.vector_norm(self.linear(x), dim=-1, keepdim=True) * 2.0
+
+    def inputs():
+        x = torch.randn(M, K)
+        x[3] = 0.0  # its GEMM row is zero
+        return [x.requires_grad_()]
+
+    report = check_against_eager(RowNorm, inputs, grads=True)
+    assert report.rows[0].status == "fused"
+
+
+@pytest.mark.parametrize("name,epilogue,fragment", [
+    ("p=1", lambda y: y.norm(p=1, dim=-1), "p=1"),
+    ("every dim", lambda y: y.norm(), "every dim"),
+    ("after a reduction", lambda y: y.sum(-1, keepdim=True).norm(dim=-1), "vector_norm after a row reduction"),
+], ids=["p=1", "every-dim", "after-a-reduction"])
+def test_norms_that_are_not_the_rows_euclidean_norm_end_the_chain(name, epilogue, fragment):
+    report = check_against_eager(lambda: Chain(lambda m, y: epilogue(y)), _inputs())
+    assert fragment in report.rows[0].reason
 
 
 @pytest.mark.parametrize("name,epilogue,fragment", NORMS, ids=[c[0] for c in NORMS])

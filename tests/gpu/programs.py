@@ -242,7 +242,7 @@ PROGRAMS: dict[str, Program] = {
     ),
 }
 
-for _kind in ("sum", "mean", "max", "min", "logsumexp"):
+for _kind in ("sum", "mean", "max", "min", "logsumexp", "vector_norm"):
     for _keep in (False, True):
         PROGRAMS[f"reduce_{_kind}_{'keep' if _keep else 'drop'}"] = Program(
             Gemm(True), (Reduce(_kind, keepdim=_keep), pw(E.add(E.mul(X, p(0)), c(0.5)))), ("scalar",)

@@ -200,8 +200,8 @@ def test_a_gated_pair_saves_both_gemm_outputs_for_the_backward(engine, name, lay
 @pytest.mark.parametrize(
     "name",
     ["s02_group_leaky_double", "s20_layer_silu", "s21_rms_silu", "s11_gelu_softmax", "log_softmax_then_pointwise",
-     "reduce_max_drop", "reduce_min_keep", "reduce_logsumexp_keep", "s03_batch_train_gelu_relu", "s22_batch_eval_relu",
-     "group_odd", "vocabulary_2", "full_residual_layer", "full_gate_silu", "pool_max_rows", "pool_max_sum_scale",
+     "reduce_max_drop", "reduce_min_keep", "reduce_logsumexp_keep", "reduce_vector_norm_drop", "s03_batch_train_gelu_relu",
+     "s22_batch_eval_relu", "group_odd", "vocabulary_2", "full_residual_layer", "full_gate_silu", "pool_max_rows", "pool_max_sum_scale",
      "pool_avg_gelu_scale_max"],  # vocabulary_1: gelu's CPU kernel differs at inf
 )
 def test_nan_inf_propagate(engine, name):
@@ -367,19 +367,20 @@ def test_eval_batch_norm_backward_kernel_nan_inf(engine):
 
 
 REDUCTION_EDGES = ["reduce_max_keep", "reduce_min_drop", "reduce_max_first_drop", "reduce_min_first_keep",
-                   "reduce_logsumexp_keep", "reduce_mean_drop", "s11_gelu_softmax", "log_softmax_then_pointwise"]
+                   "reduce_logsumexp_keep", "reduce_mean_drop", "reduce_vector_norm_keep", "s11_gelu_softmax", "log_softmax_then_pointwise"]
 
 
 @pytest.mark.parametrize("name", REDUCTION_EDGES)
 def test_reduction_backward_kernel_at_ties_nan_and_inf(engine, name):
     """Rows of small integers, where max and min tie (amax/amin split the gradient over the tied
-    elements, max(dim)/min(dim) give it to the first), and rows holding NaN, +inf, -inf or only
-    -inf: the gradients are eager's, NaN where eager's are."""
+    elements, max(dim)/min(dim) give it to the first), and rows holding NaN, +inf, -inf, only
+    -inf or only zeros: the gradients are eager's, NaN where eager's are."""
     program = PROGRAMS[name]
     g = torch.Generator().manual_seed(7)
     y = torch.randint(-3, 4, (9, 40), generator=g).float()
     y[1, 3], y[2, 5], y[3, 7], y[5, 2], y[5, 9] = math.nan, math.inf, -math.inf, math.nan, math.nan
     y[4] = -math.inf
+    y[6] = 0.0  # (a vector norm of zero: eager's gradient is 0 there, not NaN)
     grad = torch.randn(program.output_shape((9,), 40), generator=g)
     compare_backward(engine, program, torch.float32, y, grad, make_params(program, 40, generator=g))
 
