@@ -255,6 +255,14 @@ struct Row {
     map([s](float x, int) { return x / s; });
   }
 
+  // F.normalize(p=2): the row over clamp_min(its norm, eps) (a NaN norm stays NaN, as clamp_min's)
+  FX_DEVICE static float normalize_divisor(float norm, float eps) { return norm < eps ? eps : norm; }
+
+  FX_DEVICE void normalize(float eps) {
+    const float d = normalize_divisor(reduce_vector_norm(), eps);
+    map([d](float x, int) { return x / d; });
+  }
+
   FX_DEVICE void log_softmax() {
     const float m = reduce_max();
     const float s = reduce(0.0f, OpAdd(), [m](float x) { return expf(x - m); });

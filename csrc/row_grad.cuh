@@ -27,7 +27,8 @@ enum GradKind : int { kNoGrad = 0, kPointwiseGrad = 1, kNormGrad = 2, kReduceGra
 enum NormCode : int { kGroupNorm = 0, kLayerNorm = 1, kRmsNorm = 2, kBatchEvalNorm = 3 };
 // the reductions (one value a row) up to kVectorNorm, then the row maps
 enum ReduceCode : int {
-  kSum = 0, kMean = 1, kMax = 2, kMin = 3, kLogSumExp = 4, kVectorNorm = 5, kSoftmax = 6, kLogSoftmax = 7
+  kSum = 0, kMean = 1, kMax = 2, kMin = 3, kLogSumExp = 4, kVectorNorm = 5, kSoftmax = 6, kLogSoftmax = 7,
+  kNormalize = 8
 };
 
 // Whether the program's backward is this file's row kernel (a norm or a reduction in the middle)
@@ -266,11 +267,46 @@ FX_DEVICE float reduction_dv(const ReductionRow& row, float x, int col) {
   }
 }
 
+// normalize's backward, autograd's through x / clamp_min(norm(x), eps): with n the norm and
+// d = max(n, eps), dv = gz / d + v (c / n), c = -sum(gz v) / d^2 where n >= eps, else 0 (and 0
+// where n is 0, norm_backward's mask). r.v keeps v; z = v / d.
+template <class Prog, class R, int S, int ITEMS, int VEC>
+FX_DEVICE void normalize_dv(R& r, float (&g)[ITEMS][VEC], float (&sums)[S][ITEMS][VEC]) {
+  const float n = r.reduce_vector_norm();
+  const float d = R::normalize_divisor(n, Prog::kReduceEps);
+  float part = 0.0f;
+#pragma unroll
+  for (int i = 0; i < ITEMS; ++i) {
+    float p[Prog::kParamSlots][VEC] = {};
+    if constexpr (Prog::kHasPost) chunk_params<Prog, Prog::kPostParams>(r, i, p);
+#pragma unroll
+    for (int e = 0; e < VEC; ++e) {
+      const bool valid = r.active && r.col(i, e) < r.a.n;
+      float pe[Prog::kParamSlots];
+      slot_params<Prog>(p, e, pe);
+      const float gz = through_post<Prog>(r.v[i][e] / d, g[i][e], pe, valid, sums, i, e);
+      if (valid) part += gz * r.v[i][e];
+      g[i][e] = gz;
+    }
+  }
+  const float total = r.allreduce(part, OpAdd());
+  const float c = n >= Prog::kReduceEps ? -total / (d * d) : 0.0f;  // clamp_min's gradient
+  const float q = n == 0.0f ? 0.0f : c / n;
+#pragma unroll
+  for (int i = 0; i < ITEMS; ++i)
+#pragma unroll
+    for (int e = 0; e < VEC; ++e) g[i][e] = g[i][e] / d + r.v[i][e] * q;
+}
+
 // A row map's backward (eager's softmax backward kernels), in float32 as the reference's: g (the
 // output's gradient) becomes dv, the gradient of v (r.v).
-//   softmax: z (gz - sum(gz z))    log_softmax: gz - exp(z) sum(gz)
+//   softmax: z (gz - sum(gz z))    log_softmax: gz - exp(z) sum(gz)    normalize: normalize_dv
 template <class Prog, class R, int S, int ITEMS, int VEC>
 FX_DEVICE void row_map_dv(R& r, float (&g)[ITEMS][VEC], float (&sums)[S][ITEMS][VEC]) {
+  if constexpr (Prog::kReduceKind == kNormalize) {
+    normalize_dv<Prog>(r, g, sums);
+    return;
+  }
   constexpr bool kSoftmaxGrad = Prog::kReduceKind == kSoftmax;
   if constexpr (kSoftmaxGrad) {
     r.softmax();

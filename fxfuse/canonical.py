@@ -81,6 +81,7 @@ class ReduceOp:
     dim: Operand
     keepdim: bool = False
     tuple_output: bool = False
+    eps: float | None = None  # normalize's
 
 
 @dataclass(frozen=True)

@@ -42,10 +42,10 @@ from .vocabulary import EpilogueFunction
 # projection: ``silu(x @ Wg.T) * (x @ Wu.T)`` is one op)
 ParamKind = Literal["col", "scalar", "full", "row", "seed", "gemm"]
 NormKind = Literal["group", "layer", "rms", "batch"]
-ReduceKind = Literal["sum", "mean", "max", "min", "logsumexp", "vector_norm", "softmax", "log_softmax"]
+ReduceKind = Literal["sum", "mean", "max", "min", "logsumexp", "vector_norm", "softmax", "log_softmax", "normalize"]
 
 ROW_REDUCTIONS = tuple(k for k, family in REDUCTIONS.items() if family.changes_shape)  # sum, ..., vector_norm
-ROW_MAPS = tuple(k for k, family in REDUCTIONS.items() if not family.changes_shape)  # softmax, log_softmax
+ROW_MAPS = tuple(k for k, family in REDUCTIONS.items() if not family.changes_shape)  # softmax, log_softmax, normalize
 TieRule = Literal["split", "first"]  # max/min: who takes the gradient where several elements tie
 
 
@@ -86,7 +86,7 @@ class Norm:
 @dataclass(frozen=True)
 class Reduce:
     """A reduction over the feature dim (sum ... logsumexp, vector_norm) or a row map (softmax,
-    log_softmax).
+    log_softmax, normalize).
 
     ``ties`` is max/min's gradient rule, the one thing that tells eager's two spellings apart:
     ``amax``/``amin`` split the gradient evenly over the elements equal to the result ("split");
@@ -96,6 +96,11 @@ class Reduce:
     kind: ReduceKind
     keepdim: bool = False
     ties: TieRule = "split"
+    eps: float | None = None  # normalize's: the norm is clamped to at least eps
+
+    def __post_init__(self) -> None:
+        if (self.kind == "normalize") != (self.eps is not None):
+            raise ValueError("normalize, and only normalize, takes an eps")
 
     @property
     def changes_shape(self) -> bool:
@@ -388,7 +393,7 @@ def _stage_string(stage: Stage) -> str:
         return f"pointwise({E.to_string(stage.expr)})"
     if isinstance(stage, Reduce):
         if not stage.changes_shape:
-            return f"{stage.kind}()"
+            return f"{stage.kind}()" if stage.eps is None else f"{stage.kind}(eps={stage.eps!r})"
         ties = "" if stage.ties == "split" else f", ties={stage.ties!r}"
         return f"{stage.kind}(keepdim={stage.keepdim}{ties})"
     if isinstance(stage, Widen):

@@ -750,7 +750,7 @@ class _Matcher:
         if len(dims) != 1 or not isinstance(dims[0], int) or dims[0] % self.ndim != self.ndim - 1:
             raise Stop(f"{op.kind} over dim {op.dim}, not the feature dim")
         if not REDUCTIONS[op.kind].changes_shape:  # a row map
-            stage = Reduce(op.kind)
+            stage = Reduce(op.kind, eps=op.eps)
         else:  # max(dim)/min(dim) send the gradient to the index they return (Reduce.ties)
             stage = Reduce(op.kind, op.keepdim, "first" if op.tuple_output else "split")
         if stage.changes_shape:

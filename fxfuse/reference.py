@@ -179,7 +179,7 @@ def _dropout(stage: Dropout, v: torch.Tensor, seed: torch.Tensor) -> torch.Tenso
 
 
 def _reduce(stage: Reduce, v: torch.Tensor) -> torch.Tensor:
-    return REDUCTIONS[stage.kind].reference(v, stage.keepdim, stage.ties)
+    return REDUCTIONS[stage.kind].reference(v, stage)
 
 
 def backward(

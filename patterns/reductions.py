@@ -1,6 +1,6 @@
 """The reduction family: row reductions and row maps over the feature dim — sum, mean,
 amax/amin, max/min(dim) (with ``.values`` / ``[0]``), logsumexp, the Euclidean norm, softmax,
-log_softmax.
+log_softmax, normalize.
 
 Their spellings, and one entry per kind (``FAMILY``) holding what the reference, the row kernels
 and the generated backward need of it; the IR's Reduce stage names its kind."""
@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import operator
 from dataclasses import dataclass
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 import torch
 import torch.nn.functional as F
@@ -18,48 +18,53 @@ from torch.fx import Node
 from ..canonical import AliasOp, PointwiseOp, ReduceOp, Rejected, RowSelection, example_value
 from . import spell
 
+if TYPE_CHECKING:
+    from ..ir import Reduce
+
 
 @dataclass(frozen=True)
 class ReductionFamily:
     """One reduction. ``changes_shape``: a reduction to one value a row (a row map keeps the row).
-    ``reference(v, keepdim, ties)``: eager's result over the last dim (``ties``: max/min's
-    gradient rule, ir.Reduce). ``row_stage``: the row kernels' member function
+    ``reference(v, stage)``: eager's result over the last dim for the ir.Reduce ``stage`` (its
+    keepdim, max/min's gradient rule ``ties``, normalize's ``eps``). ``row_stage``: the row kernels' member function
     (csrc/row_epilogue.cuh); ``backward_code``: its code in the generated backward
     (csrc/row_grad.cuh)."""
 
     kind: str
     changes_shape: bool
-    reference: Callable[[torch.Tensor, bool, str], torch.Tensor]
+    reference: Callable[[torch.Tensor, "Reduce"], torch.Tensor]
     row_stage: str
     backward_code: str
     of_one_value_is_it: bool = True  # a reduction of one value is that value (not the norm's |v|)
 
 
-def _extremum(kind: str) -> Callable[[torch.Tensor, bool, str], torch.Tensor]:
+def _extremum(kind: str) -> Callable[[torch.Tensor, "Reduce"], torch.Tensor]:
     """max/min in the spelling that has eager's gradient at ties."""
     by_index, split = (torch.max, torch.amax) if kind == "max" else (torch.min, torch.amin)
 
-    def reference(v: torch.Tensor, keepdim: bool, ties: str) -> torch.Tensor:
-        if ties == "first":
-            return by_index(v, -1, keepdim=keepdim).values
-        return split(v, -1, keepdim=keepdim)
+    def reference(v: torch.Tensor, stage: "Reduce") -> torch.Tensor:
+        if stage.ties == "first":
+            return by_index(v, -1, keepdim=stage.keepdim).values
+        return split(v, -1, keepdim=stage.keepdim)
 
     return reference
 
 
 FAMILY: dict[str, ReductionFamily] = {entry.kind: entry for entry in (
-    ReductionFamily("sum", True, lambda v, k, ties: v.sum(-1, keepdim=k), "reduce_sum", "fx::kSum"),
-    ReductionFamily("mean", True, lambda v, k, ties: v.mean(-1, keepdim=k), "reduce_mean", "fx::kMean"),
+    ReductionFamily("sum", True, lambda v, s: v.sum(-1, keepdim=s.keepdim), "reduce_sum", "fx::kSum"),
+    ReductionFamily("mean", True, lambda v, s: v.mean(-1, keepdim=s.keepdim), "reduce_mean", "fx::kMean"),
     ReductionFamily("max", True, _extremum("max"), "reduce_max", "fx::kMax"),
     ReductionFamily("min", True, _extremum("min"), "reduce_min", "fx::kMin"),
-    ReductionFamily("logsumexp", True, lambda v, k, ties: torch.logsumexp(v, -1, keepdim=k),
+    ReductionFamily("logsumexp", True, lambda v, s: torch.logsumexp(v, -1, keepdim=s.keepdim),
                     "reduce_logsumexp", "fx::kLogSumExp"),
     # the Euclidean norm of the row (torch.norm / Tensor.norm / linalg.vector_norm, p = 2)
-    ReductionFamily("vector_norm", True, lambda v, k, ties: torch.linalg.vector_norm(v, 2, -1, keepdim=k),
+    ReductionFamily("vector_norm", True, lambda v, s: torch.linalg.vector_norm(v, 2, -1, keepdim=s.keepdim),
                     "reduce_vector_norm", "fx::kVectorNorm", of_one_value_is_it=False),
-    ReductionFamily("softmax", False, lambda v, k, ties: F.softmax(v, -1), "softmax", "fx::kSoftmax"),
-    ReductionFamily("log_softmax", False, lambda v, k, ties: F.log_softmax(v, -1), "log_softmax",
+    ReductionFamily("softmax", False, lambda v, s: F.softmax(v, -1), "softmax", "fx::kSoftmax"),
+    ReductionFamily("log_softmax", False, lambda v, s: F.log_softmax(v, -1), "log_softmax",
                     "fx::kLogSoftmax"),
+    # F.normalize(p=2): the row over max(its norm, eps)
+    ReductionFamily("normalize", False, lambda v, s: F.normalize(v, 2.0, -1, s.eps), "normalize", "fx::kNormalize"),
 )}
 
 
@@ -125,6 +130,14 @@ def vector_norm(x, ord=2, dim=None, keepdim=False, *, dtype=None, out=None):
     return rejected or ReduceOp("vector_norm", x, dim, bool(keepdim))
 
 
+def normalize(input, p=2.0, dim=1, eps=1e-12, out=None):
+    if p not in (2, 2.0):
+        return Rejected(f"normalize with p={p!r} (only p = 2 is a row map here)")
+    if out is not None or not isinstance(eps, (int, float)):
+        return Rejected("normalize with out=" if out is not None else "normalize with a symbolic eps")
+    return ReduceOp("normalize", input, dim, eps=float(eps))
+
+
 def _row_map(kind: str):
     def build(input, dim=None, _stacklevel=3, dtype=None):
         if dim is None:
@@ -177,5 +190,6 @@ SPELLINGS = (
     spell(vector_norm, torch.linalg.vector_norm),
     spell(_row_map("softmax"), F.softmax, torch.softmax, "softmax"),
     spell(_row_map("log_softmax"), F.log_softmax, torch.log_softmax, "log_softmax"),
+    spell(normalize, F.normalize),
     spell(getitem, operator.getitem),
 )

@@ -164,6 +164,8 @@ REDUCTIONS = [
     ("amin", lambda m, y: y.amin(-1, keepdim=True), "min(keepdim=True)"),
     ("max-values", lambda m, y: torch.max(y, dim=1).values, "max(keepdim=False, ties='first')"),
     ("vector_norm", lambda m, y: torch.linalg.vector_norm(y, dim=-1, keepdim=True), "vector_norm(keepdim=True)"),
+    ("normalize", lambda m, y: F.normalize(y, dim=-1), "normalize(eps=1e-12)"),
+    ("normalize-default-dim", lambda m, y: F.normalize(y * m.vector, eps=1e-6) * 2.0, "normalize(eps=1e-06)"),
     ("norm-method", lambda m, y: y.norm(dim=1), "vector_norm(keepdim=False)"),
     ("torch-norm-p2", lambda m, y: torch.norm(y, p=2, dim=[-1], keepdim=True) * 0.5, "vector_norm(keepdim=True)"),
     ("max-index0", lambda m, y: y.max(1, keepdim=True)[0], "max(keepdim=True, ties='first')"),
@@ -275,11 +277,34 @@ def test_a_vector_norm_has_eagers_gradient_a_zero_row_included():
     assert report.rows[0].status == "fused"
 
 
+@pytest.mark.parametrize("eps", [1e-12, 1e-3])
+def test_normalize_has_eagers_gradient_on_zero_and_tiny_rows(eps):
+    """F.normalize divides by max(norm, eps): on rows of zeros and rows under eps no gradient goes
+    through the norm, as eager's clamp_min and norm backward."""
+    class Normalized(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.linear = nn.Linear(K, N, bias=False)
+
+        def forward(self, x):
+            return F.normalize(self.linear(x), dim=-1, eps=eps) * 3.0
+
+    def inputs():
+        x = torch.randn(M, K)
+        x[2] = 0.0
+        x[5] *= 1e-5
+        return [x.requires_grad_()]
+
+    report = check_against_eager(Normalized, inputs, grads=True)
+    assert report.rows[0].status == "fused"
+
+
 @pytest.mark.parametrize("name,epilogue,fragment", [
     ("p=1", lambda y: y.norm(p=1, dim=-1), "p=1"),
+    ("normalize p=1", lambda y: F.normalize(y, p=1.0, dim=-1), "normalize with p=1.0"),
     ("every dim", lambda y: y.norm(), "every dim"),
     ("after a reduction", lambda y: y.sum(-1, keepdim=True).norm(dim=-1), "vector_norm after a row reduction"),
-], ids=["p=1", "every-dim", "after-a-reduction"])
+], ids=["p=1", "normalize-p=1", "every-dim", "after-a-reduction"])
 def test_norms_that_are_not_the_rows_euclidean_norm_end_the_chain(name, epilogue, fragment):
     report = check_against_eager(lambda: Chain(lambda m, y: epilogue(y)), _inputs())
     assert fragment in report.rows[0].reason

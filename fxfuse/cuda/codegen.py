@@ -371,6 +371,7 @@ def _backward_lines(program: Program, dtype: torch.dtype) -> list[str]:
         f"static constexpr float kNormEps = {float_literal(norm.eps) if norm else '0.0f'};",
         f"static constexpr int kReduceKind = {REDUCTIONS[reduce.kind].backward_code if reduce else 'fx::kSum'};",
         f"static constexpr bool kTiesFirst = {'true' if reduce and reduce.ties == 'first' else 'false'};",
+        f"static constexpr float kReduceEps = {float_literal(reduce.eps) if reduce and reduce.eps is not None else '0.0f'};",
         f"static constexpr bool kHasPre = {'true' if pre is not None else 'false'};",
         f"static constexpr bool kHasPost = {'true' if post is not None else 'false'};",
         f"static constexpr uint32_t kColParams = {sum(1 << i for i, k in enumerate(program.params) if k == 'col')}u;",
@@ -490,7 +491,8 @@ class _Emitter:
                 lines.append(f"float s = r.{REDUCTIONS[stage.kind].row_stage}();")
                 reduced, self.rounded = True, False
             else:
-                lines.append(f"r.{REDUCTIONS[stage.kind].row_stage}();")
+                eps = "" if stage.eps is None else float_literal(stage.eps)
+                lines.append(f"r.{REDUCTIONS[stage.kind].row_stage}({eps});")
                 self.rounded = False
         if store:
             lines.append("r.store_scalar(s);" if reduced else "r.store_rows();")

@@ -247,6 +247,11 @@ for _kind in ("sum", "mean", "max", "min", "logsumexp", "vector_norm"):
         PROGRAMS[f"reduce_{_kind}_{'keep' if _keep else 'drop'}"] = Program(
             Gemm(True), (Reduce(_kind, keepdim=_keep), pw(E.add(E.mul(X, p(0)), c(0.5)))), ("scalar",)
         )
+# F.normalize: the default eps, and a large one that tiny rows fall under (clamp_min's gradient 0)
+PROGRAMS["normalize_then_col"] = Program(
+    Gemm(True), (pw(call("relu", X)), Reduce("normalize", eps=1e-12), pw(E.add(E.mul(X, p(0)), c(0.5)))), ("col",)
+)
+PROGRAMS["normalize_large_eps"] = Program(Gemm(False), (Reduce("normalize", eps=1e-3),))
 # max(dim)/min(dim): the gradient to the first maximum (Reduce.ties), after a pre stage
 PROGRAMS["reduce_max_first_drop"] = Program(Gemm(True), (pw(call("relu", X)), Reduce("max", ties="first")))
 PROGRAMS["reduce_min_first_keep"] = Program(
