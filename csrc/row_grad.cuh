@@ -267,13 +267,10 @@ FX_DEVICE float reduction_dv(const ReductionRow& row, float x, int col) {
   }
 }
 
-// normalize's backward, autograd's through x / clamp_min(norm(x), eps): with n the norm and
-// d = max(n, eps), dv = gz / d + v (c / n), c = -sum(gz v) / d^2 where n >= eps, else 0 (and 0
-// where n is 0, norm_backward's mask). r.v keeps v; z = v / d.
-template <class Prog, class R, int S, int ITEMS, int VEC>
-FX_DEVICE void normalize_dv(R& r, float (&g)[ITEMS][VEC], float (&sums)[S][ITEMS][VEC]) {
-  const float n = r.reduce_vector_norm();
-  const float d = R::normalize_divisor(n, Prog::kReduceEps);
+// A row map's output gradient through post: g becomes gz, the gradient of the map's output z =
+// z_of(v) for each element v of r.v; returns the row's sum of term(gz, v) (every thread of the row).
+template <class Prog, class R, int S, int ITEMS, int VEC, class Z, class Term>
+FX_DEVICE float through_post_row(R& r, float (&g)[ITEMS][VEC], float (&sums)[S][ITEMS][VEC], Z z_of, Term term) {
   float part = 0.0f;
 #pragma unroll
   for (int i = 0; i < ITEMS; ++i) {
@@ -284,59 +281,51 @@ FX_DEVICE void normalize_dv(R& r, float (&g)[ITEMS][VEC], float (&sums)[S][ITEMS
       const bool valid = r.active && r.col(i, e) < r.a.n;
       float pe[Prog::kParamSlots];
       slot_params<Prog>(p, e, pe);
-      const float gz = through_post<Prog>(r.v[i][e] / d, g[i][e], pe, valid, sums, i, e);
-      if (valid) part += gz * r.v[i][e];
+      const float v = r.v[i][e];
+      const float gz = through_post<Prog>(z_of(v), g[i][e], pe, valid, sums, i, e);
+      if (valid) part += term(gz, v);
       g[i][e] = gz;
     }
   }
-  const float total = r.allreduce(part, OpAdd());
-  const float c = n >= Prog::kReduceEps ? -total / (d * d) : 0.0f;  // clamp_min's gradient
-  const float q = n == 0.0f ? 0.0f : c / n;
-#pragma unroll
-  for (int i = 0; i < ITEMS; ++i)
-#pragma unroll
-    for (int e = 0; e < VEC; ++e) g[i][e] = g[i][e] / d + r.v[i][e] * q;
+  return r.allreduce(part, OpAdd());
 }
 
-// A row map's backward (eager's softmax backward kernels), in float32 as the reference's: g (the
-// output's gradient) becomes dv, the gradient of v (r.v).
-//   softmax: z (gz - sum(gz z))    log_softmax: gz - exp(z) sum(gz)    normalize: normalize_dv
+// A row map's backward, in float32 as the reference's: g (the output's gradient) becomes dv, the
+// gradient of v (r.v).
+//   softmax: z (gz - sum(gz z))    log_softmax: gz - exp(z) sum(gz)    (eager's backward kernels)
+//   normalize, autograd's through v / clamp_min(norm(v), eps): with n the norm and d = max(n, eps),
+//   gz / d + v (c / n), c = -sum(gz v) / d^2 where n >= eps, else 0 (and 0 where n is 0, as
+//   norm_backward masks it)
 template <class Prog, class R, int S, int ITEMS, int VEC>
 FX_DEVICE void row_map_dv(R& r, float (&g)[ITEMS][VEC], float (&sums)[S][ITEMS][VEC]) {
   if constexpr (Prog::kReduceKind == kNormalize) {
-    normalize_dv<Prog>(r, g, sums);
-    return;
-  }
-  constexpr bool kSoftmaxGrad = Prog::kReduceKind == kSoftmax;
-  if constexpr (kSoftmaxGrad) {
-    r.softmax();
+    const float n = r.reduce_vector_norm();
+    const float d = R::normalize_divisor(n, Prog::kReduceEps);
+    const float total = through_post_row<Prog>(r, g, sums, [d](float v) { return v / d; },
+                                               [](float gz, float v) { return gz * v; });
+    const float c = n >= Prog::kReduceEps ? -total / (d * d) : 0.0f;  // clamp_min's gradient
+    const float q = n == 0.0f ? 0.0f : c / n;
+#pragma unroll
+    for (int i = 0; i < ITEMS; ++i)
+#pragma unroll
+      for (int e = 0; e < VEC; ++e) g[i][e] = g[i][e] / d + r.v[i][e] * q;
   } else {
-    r.log_softmax();
-  }
-  float part = 0.0f;  // this thread's share of sum(gz z) (softmax) or sum(gz) (log_softmax)
-#pragma unroll
-  for (int i = 0; i < ITEMS; ++i) {
-    float p[Prog::kParamSlots][VEC] = {};
-    if constexpr (Prog::kHasPost) chunk_params<Prog, Prog::kPostParams>(r, i, p);
-#pragma unroll
-    for (int e = 0; e < VEC; ++e) {
-      const bool valid = r.active && r.col(i, e) < r.a.n;
-      float pe[Prog::kParamSlots];
-      slot_params<Prog>(p, e, pe);
-      const float z = r.v[i][e];
-      const float gz = through_post<Prog>(z, g[i][e], pe, valid, sums, i, e);
-      if (valid) part += kSoftmaxGrad ? gz * z : gz;
-      g[i][e] = gz;
+    constexpr bool kSoftmaxGrad = Prog::kReduceKind == kSoftmax;
+    if constexpr (kSoftmaxGrad) {
+      r.softmax();  // r.v holds z from here
+    } else {
+      r.log_softmax();
     }
+    const float total = through_post_row<Prog>(r, g, sums, [](float z) { return z; },
+                                               [](float gz, float z) { return kSoftmaxGrad ? gz * z : gz; });
+#pragma unroll
+    for (int i = 0; i < ITEMS; ++i)
+#pragma unroll
+      for (int e = 0; e < VEC; ++e) {
+        const float z = r.v[i][e];
+        g[i][e] = kSoftmaxGrad ? z * (g[i][e] - total) : g[i][e] - expf(z) * total;
+      }
   }
-  const float total = r.allreduce(part, OpAdd());
-#pragma unroll
-  for (int i = 0; i < ITEMS; ++i)
-#pragma unroll
-    for (int e = 0; e < VEC; ++e) {
-      const float z = r.v[i][e];
-      g[i][e] = kSoftmaxGrad ? z * (g[i][e] - total) : g[i][e] - expf(z) * total;
-    }
 }
 
 template <class Prog, typename T, int ITEMS, bool ALIGNED>
