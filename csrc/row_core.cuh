@@ -255,6 +255,15 @@ struct Row {
     map([s](float x, int) { return x / s; });
   }
 
+  // torch.var / torch.std: the squared deviations from the row's mean over max(0, n - correction)
+  FX_DEVICE float reduce_var(float correction) const {
+    const float m = reduce_mean();
+    const float d = fmaxf(0.0f, static_cast<float>(n) - correction);
+    return reduce(0.0f, OpAdd(), [m](float x) { return (x - m) * (x - m); }) / d;
+  }
+
+  FX_DEVICE float reduce_std(float correction) const { return sqrtf(reduce_var(correction)); }
+
   // F.normalize(p=2): the row over clamp_min(its norm, eps) (a NaN norm stays NaN, as clamp_min's)
   FX_DEVICE static float normalize_divisor(float norm, float eps) { return norm < eps ? eps : norm; }
 

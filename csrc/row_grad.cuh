@@ -25,10 +25,10 @@ namespace fx {
 
 enum GradKind : int { kNoGrad = 0, kPointwiseGrad = 1, kNormGrad = 2, kReduceGrad = 3 };
 enum NormCode : int { kGroupNorm = 0, kLayerNorm = 1, kRmsNorm = 2, kBatchEvalNorm = 3 };
-// the reductions (one value a row) up to kVectorNorm, then the row maps
+// the reductions (one value a row) up to kStd, then the row maps
 enum ReduceCode : int {
-  kSum = 0, kMean = 1, kMax = 2, kMin = 3, kLogSumExp = 4, kVectorNorm = 5, kSoftmax = 6, kLogSoftmax = 7,
-  kNormalize = 8
+  kSum = 0, kMean = 1, kMax = 2, kMin = 3, kLogSumExp = 4, kVectorNorm = 5, kVar = 6, kStd = 7, kSoftmax = 8,
+  kLogSoftmax = 9, kNormalize = 10
 };
 
 // Whether the program's backward is this file's row kernel (a norm or a reduction in the middle)
@@ -198,11 +198,13 @@ FX_DEVICE void norm_dv(R& r, float (&g)[ITEMS][VEC], float (&sums)[S][ITEMS][VEC
 //   sum: gs    mean: gs / n    logsumexp: gs exp(v - s)
 //   amax/amin ("split"): gs / count(v == s) where v == s    max/min(dim) ("first"): gs at the first
 //   vector_norm: v (gs / s), 0 where s is 0 (norm_backward's masked_fill)
+//   var: 2 / (n - correction) gs (v - mean)    std: var's with gs / (2 s), 0 where s is 0 (std_backward)
 struct ReductionRow {
   float s;      // the reduction's value
   float q;      // a selected element's gradient (sum, mean, max, min)
   float gs;     // the gradient of s
   float first;  // max/min(dim): the column that takes the gradient
+  float mean;   // var, std: the row's mean
 };
 
 template <class Prog, class R, int S, int ITEMS, int VEC>
@@ -219,6 +221,10 @@ FX_DEVICE ReductionRow reduction_row(const R& r, float g_row, float (&sums)[S][I
     s = r.reduce_min();
   } else if constexpr (K == kVectorNorm) {
     s = r.reduce_vector_norm();
+  } else if constexpr (K == kVar) {
+    s = r.reduce_var(Prog::kReduceCorrection);
+  } else if constexpr (K == kStd) {
+    s = r.reduce_std(Prog::kReduceCorrection);
   } else {
     s = r.reduce_logsumexp();
   }
@@ -226,13 +232,17 @@ FX_DEVICE ReductionRow reduction_row(const R& r, float g_row, float (&sums)[S][I
 #pragma unroll
   for (int k = 0; k < Prog::kParamSlots; ++k)
     pe[k] = (Prog::kPostParams & (1u << k)) ? load_param(r.a.pptr[k], r.a.pdtype[k], 0) : 0.0f;
-  ReductionRow row{s, 0.0f, 0.0f, 0.0f};
+  ReductionRow row{s, 0.0f, 0.0f, 0.0f, 0.0f};
   row.gs = through_post<Prog>(s, g_row, pe, r.active && r.lt == 0, sums, 0, 0);
   row.q = row.gs;
   if constexpr (K == kMean) {
     row.q = row.gs * (1.0f / static_cast<float>(r.a.n));  // grad / n: a * (1 / n) on CUDA
   } else if constexpr (K == kVectorNorm) {
     row.q = s == 0.0f ? 0.0f : row.gs / s;
+  } else if constexpr (K == kVar || K == kStd) {
+    const float g_var = K == kVar ? row.gs : (s == 0.0f ? 0.0f : row.gs / (s * 2.0f));
+    row.q = 2.0f / (static_cast<float>(r.a.n) - Prog::kReduceCorrection) * g_var;
+    row.mean = r.reduce_mean();
   } else if constexpr ((K == kMax || K == kMin) && !Prog::kTiesFirst) {
     // grad / count times the mask: no element equals a NaN, so gs / 0 times 0 makes the row's
     // gradient NaN, as eager's
@@ -260,6 +270,8 @@ FX_DEVICE float reduction_dv(const ReductionRow& row, float x, int col) {
     return row.gs * expf(x - row.s);
   } else if constexpr (K == kVectorNorm) {
     return x * row.q;
+  } else if constexpr (K == kVar || K == kStd) {
+    return row.q * (x - row.mean);
   } else if constexpr (!Prog::kTiesFirst) {
     return row.q * (x == row.s ? 1.0f : 0.0f);
   } else {
@@ -339,7 +351,7 @@ FX_DEVICE void row_grad_body(const Args<Prog::kParamSlots>& a, const Thread& t, 
   constexpr int S = 1 + P;
   constexpr int kSlots = Prog::kParamSlots;
   constexpr bool kNorm = Prog::kGradKind == kNormGrad;
-  constexpr bool kReduction = !kNorm && Prog::kReduceKind <= kVectorNorm;  // one output value a row
+  constexpr bool kReduction = !kNorm && Prog::kReduceKind <= kStd;  // one output value a row
   const int lt = t.tid() % a.rt;
   const int lr = t.tid() / a.rt;
   float* scratch = dyn + static_cast<int64_t>(lr) * a.scratch_stride;

@@ -82,6 +82,7 @@ class ReduceOp:
     keepdim: bool = False
     tuple_output: bool = False
     eps: float | None = None  # normalize's
+    correction: float | None = None  # var's and std's
 
 
 @dataclass(frozen=True)

@@ -42,7 +42,8 @@ from .vocabulary import EpilogueFunction
 # projection: ``silu(x @ Wg.T) * (x @ Wu.T)`` is one op)
 ParamKind = Literal["col", "scalar", "full", "row", "seed", "gemm"]
 NormKind = Literal["group", "layer", "rms", "batch"]
-ReduceKind = Literal["sum", "mean", "max", "min", "logsumexp", "vector_norm", "softmax", "log_softmax", "normalize"]
+ReduceKind = Literal["sum", "mean", "max", "min", "logsumexp", "vector_norm", "var", "std", "softmax", "log_softmax",
+                     "normalize"]
 
 ROW_REDUCTIONS = tuple(k for k, family in REDUCTIONS.items() if family.changes_shape)  # sum, ..., vector_norm
 ROW_MAPS = tuple(k for k, family in REDUCTIONS.items() if not family.changes_shape)  # softmax, log_softmax, normalize
@@ -85,8 +86,8 @@ class Norm:
 
 @dataclass(frozen=True)
 class Reduce:
-    """A reduction over the feature dim (sum ... logsumexp, vector_norm) or a row map (softmax,
-    log_softmax, normalize).
+    """A reduction over the feature dim (sum ... logsumexp, vector_norm, var, std) or a row map
+    (softmax, log_softmax, normalize).
 
     ``ties`` is max/min's gradient rule, the one thing that tells eager's two spellings apart:
     ``amax``/``amin`` split the gradient evenly over the elements equal to the result ("split");
@@ -97,10 +98,13 @@ class Reduce:
     keepdim: bool = False
     ties: TieRule = "split"
     eps: float | None = None  # normalize's: the norm is clamped to at least eps
+    correction: float | None = None  # var's and std's: the divisor is the row's width less this
 
     def __post_init__(self) -> None:
-        if (self.kind == "normalize") != (self.eps is not None):
-            raise ValueError("normalize, and only normalize, takes an eps")
+        wanted = REDUCTIONS[self.kind].attribute
+        for name in ("eps", "correction"):
+            if (getattr(self, name) is not None) != (name == wanted):
+                raise ValueError(f"{self.kind} {'takes' if name == wanted else 'takes no'} {name}")
 
     @property
     def changes_shape(self) -> bool:
@@ -392,10 +396,13 @@ def _stage_string(stage: Stage) -> str:
     if isinstance(stage, Pointwise):
         return f"pointwise({E.to_string(stage.expr)})"
     if isinstance(stage, Reduce):
-        if not stage.changes_shape:
-            return f"{stage.kind}()" if stage.eps is None else f"{stage.kind}(eps={stage.eps!r})"
-        ties = "" if stage.ties == "split" else f", ties={stage.ties!r}"
-        return f"{stage.kind}(keepdim={stage.keepdim}{ties})"
+        attribute = REDUCTIONS[stage.kind].attribute
+        items = [] if attribute is None else [f"{attribute}={getattr(stage, attribute)!r}"]
+        if stage.changes_shape:
+            items.insert(0, f"keepdim={stage.keepdim}")
+        if stage.ties != "split":
+            items.append(f"ties={stage.ties!r}")
+        return f"{stage.kind}({', '.join(items)})"
     if isinstance(stage, Widen):
         return f"{_WIDEN_NAME}()"
     if isinstance(stage, Keep):

@@ -752,7 +752,7 @@ class _Matcher:
         if not REDUCTIONS[op.kind].changes_shape:  # a row map
             stage = Reduce(op.kind, eps=op.eps)
         else:  # max(dim)/min(dim) send the gradient to the index they return (Reduce.ties)
-            stage = Reduce(op.kind, op.keepdim, "first" if op.tuple_output else "split")
+            stage = Reduce(op.kind, op.keepdim, "first" if op.tuple_output else "split", correction=op.correction)
         if stage.changes_shape:
             self.reduced = True
             self.ndim -= 0 if op.keepdim else 1

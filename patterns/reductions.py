@@ -1,6 +1,6 @@
 """The reduction family: row reductions and row maps over the feature dim — sum, mean,
-amax/amin, max/min(dim) (with ``.values`` / ``[0]``), logsumexp, the Euclidean norm, softmax,
-log_softmax, normalize.
+amax/amin, max/min(dim) (with ``.values`` / ``[0]``), logsumexp, the Euclidean norm, var and
+std, softmax, log_softmax, normalize.
 
 Their spellings, and one entry per kind (``FAMILY``) holding what the reference, the row kernels
 and the generated backward need of it; the IR's Reduce stage names its kind."""
@@ -36,6 +36,7 @@ class ReductionFamily:
     row_stage: str
     backward_code: str
     of_one_value_is_it: bool = True  # a reduction of one value is that value (not the norm's |v|)
+    attribute: str | None = None  # the ir.Reduce field it reads ("eps": normalize's, "correction": var's)
 
 
 def _extremum(kind: str) -> Callable[[torch.Tensor, "Reduce"], torch.Tensor]:
@@ -60,11 +61,17 @@ FAMILY: dict[str, ReductionFamily] = {entry.kind: entry for entry in (
     # the Euclidean norm of the row (torch.norm / Tensor.norm / linalg.vector_norm, p = 2)
     ReductionFamily("vector_norm", True, lambda v, s: torch.linalg.vector_norm(v, 2, -1, keepdim=s.keepdim),
                     "reduce_vector_norm", "fx::kVectorNorm", of_one_value_is_it=False),
+    # the row's variance and standard deviation with Bessel's ``correction`` (torch.var / torch.std)
+    ReductionFamily("var", True, lambda v, s: torch.var(v, -1, correction=s.correction, keepdim=s.keepdim),
+                    "reduce_var", "fx::kVar", of_one_value_is_it=False, attribute="correction"),
+    ReductionFamily("std", True, lambda v, s: torch.std(v, -1, correction=s.correction, keepdim=s.keepdim),
+                    "reduce_std", "fx::kStd", of_one_value_is_it=False, attribute="correction"),
     ReductionFamily("softmax", False, lambda v, s: F.softmax(v, -1), "softmax", "fx::kSoftmax"),
     ReductionFamily("log_softmax", False, lambda v, s: F.log_softmax(v, -1), "log_softmax",
                     "fx::kLogSoftmax"),
     # F.normalize(p=2): the row over max(its norm, eps)
-    ReductionFamily("normalize", False, lambda v, s: F.normalize(v, 2.0, -1, s.eps), "normalize", "fx::kNormalize"),
+    ReductionFamily("normalize", False, lambda v, s: F.normalize(v, 2.0, -1, s.eps), "normalize", "fx::kNormalize",
+                    attribute="eps"),
 )}
 
 
@@ -138,6 +145,27 @@ def normalize(input, p=2.0, dim=1, eps=1e-12, out=None):
     return ReduceOp("normalize", input, dim, eps=float(eps))
 
 
+def _spread(kind: str):
+    """torch.var / torch.std and their methods: ``(input, dim, unbiased, keepdim)``, the older
+    ``(input, unbiased)`` and ``correction=`` (1, Bessel's, by default)."""
+
+    def build(input, dim=None, unbiased=None, keepdim=False, *, correction=None):
+        if isinstance(dim, bool):  # var(input, unbiased)
+            dim, unbiased = None, dim
+        if dim is None:
+            return Rejected(f"{kind} over every dim")
+        if unbiased is not None and correction is not None:
+            return Rejected(f"{kind} with both unbiased and correction")
+        if correction is None:
+            correction = 0 if unbiased is False else 1
+        if not isinstance(correction, (int, float)) or isinstance(correction, bool):
+            return Rejected(f"{kind} with a symbolic correction")
+        return ReduceOp(kind, input, dim, bool(keepdim), correction=float(correction))
+
+    build.__name__ = kind
+    return build
+
+
 def _row_map(kind: str):
     def build(input, dim=None, _stacklevel=3, dtype=None):
         if dim is None:
@@ -187,6 +215,8 @@ SPELLINGS = (
     spell(_max_or_min("min"), torch.min, "min"),
     spell(logsumexp, torch.logsumexp, "logsumexp"),
     spell(norm, torch.norm, "norm"),
+    spell(_spread("var"), torch.var, "var"),
+    spell(_spread("std"), torch.std, "std"),
     spell(vector_norm, torch.linalg.vector_norm),
     spell(_row_map("softmax"), F.softmax, torch.softmax, "softmax"),
     spell(_row_map("log_softmax"), F.log_softmax, torch.log_softmax, "log_softmax"),

@@ -165,6 +165,10 @@ REDUCTIONS = [
     ("max-values", lambda m, y: torch.max(y, dim=1).values, "max(keepdim=False, ties='first')"),
     ("vector_norm", lambda m, y: torch.linalg.vector_norm(y, dim=-1, keepdim=True), "vector_norm(keepdim=True)"),
     ("normalize", lambda m, y: F.normalize(y, dim=-1), "normalize(eps=1e-12)"),
+    ("var", lambda m, y: y.var(-1), "var(keepdim=False, correction=1.0)"),
+    ("var-biased", lambda m, y: torch.var(y, -1, unbiased=False, keepdim=True), "var(keepdim=True, correction=0.0)"),
+    ("std-correction", lambda m, y: y.std(dim=1, correction=0, keepdim=True) + 1.0, "std(keepdim=True, correction=0.0)"),
+    ("std", lambda m, y: torch.std(y, -1) * 0.5, "std(keepdim=False, correction=1.0)"),
     ("normalize-default-dim", lambda m, y: F.normalize(y * m.vector, eps=1e-6) * 2.0, "normalize(eps=1e-06)"),
     ("norm-method", lambda m, y: y.norm(dim=1), "vector_norm(keepdim=False)"),
     ("torch-norm-p2", lambda m, y: torch.norm(y, p=2, dim=[-1], keepdim=True) * 0.5, "vector_norm(keepdim=True)"),
@@ -277,6 +281,27 @@ def test_a_vector_norm_has_eagers_gradient_a_zero_row_included():
     assert report.rows[0].status == "fused"
 
 
+@pytest.mark.parametrize("kind", ["var", "std"])
+def test_var_and_std_have_eagers_gradients_a_constant_row_included(kind):
+    """var's gradient is 2 (y - mean) / (N - correction); std's divides by 2 std, 0 where std is 0
+    (a row of equal values: eager masks it)."""
+    class Spread(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.linear = nn.Linear(K, N, bias=False)
+
+        def forward(self, x):
+            return getattr(torch, kind)(self.linear(x), -1, keepdim=True) * 2.0
+
+    def inputs():
+        x = torch.randn(M, K)
+        x[4] = 0.0  # its GEMM row is constant
+        return [x.requires_grad_()]
+
+    report = check_against_eager(Spread, inputs, grads=True)
+    assert report.rows[0].status == "fused"
+
+
 @pytest.mark.parametrize("eps", [1e-12, 1e-3])
 def test_normalize_has_eagers_gradient_on_zero_and_tiny_rows(eps):
     """F.normalize divides by max(norm, eps): on rows of zeros and rows under eps no gradient goes
@@ -302,9 +327,10 @@ def test_normalize_has_eagers_gradient_on_zero_and_tiny_rows(eps):
 @pytest.mark.parametrize("name,epilogue,fragment", [
     ("p=1", lambda y: y.norm(p=1, dim=-1), "p=1"),
     ("normalize p=1", lambda y: F.normalize(y, p=1.0, dim=-1), "normalize with p=1.0"),
+    ("var over every dim", lambda y: torch.var(y, False), "var over every dim"),
     ("every dim", lambda y: y.norm(), "every dim"),
     ("after a reduction", lambda y: y.sum(-1, keepdim=True).norm(dim=-1), "vector_norm after a row reduction"),
-], ids=["p=1", "normalize-p=1", "every-dim", "after-a-reduction"])
+], ids=["p=1", "normalize-p=1", "var-every-dim", "every-dim", "after-a-reduction"])
 def test_norms_that_are_not_the_rows_euclidean_norm_end_the_chain(name, epilogue, fragment):
     report = check_against_eager(lambda: Chain(lambda m, y: epilogue(y)), _inputs())
     assert fragment in report.rows[0].reason

@@ -372,6 +372,8 @@ def _backward_lines(program: Program, dtype: torch.dtype) -> list[str]:
         f"static constexpr int kReduceKind = {REDUCTIONS[reduce.kind].backward_code if reduce else 'fx::kSum'};",
         f"static constexpr bool kTiesFirst = {'true' if reduce and reduce.ties == 'first' else 'false'};",
         f"static constexpr float kReduceEps = {float_literal(reduce.eps) if reduce and reduce.eps is not None else '0.0f'};",
+        f"static constexpr float kReduceCorrection = "
+        f"{float_literal(reduce.correction) if reduce and reduce.correction is not None else '0.0f'};",
         f"static constexpr bool kHasPre = {'true' if pre is not None else 'false'};",
         f"static constexpr bool kHasPost = {'true' if post is not None else 'false'};",
         f"static constexpr uint32_t kColParams = {sum(1 << i for i, k in enumerate(program.params) if k == 'col')}u;",
@@ -487,12 +489,14 @@ class _Emitter:
                 lines.append(f"r.template {POOLS[stage.kind].row_stage}<{stage.kernel}, {stage.stride}>();")
                 if stage.kind == "avg" and self.rounding is not None:
                     lines.append("r.round_input();")
-            elif stage.changes_shape:
-                lines.append(f"float s = r.{REDUCTIONS[stage.kind].row_stage}();")
-                reduced, self.rounded = True, False
             else:
-                eps = "" if stage.eps is None else float_literal(stage.eps)
-                lines.append(f"r.{REDUCTIONS[stage.kind].row_stage}({eps});")
+                attribute = REDUCTIONS[stage.kind].attribute  # normalize's eps, var's correction
+                call = f"r.{REDUCTIONS[stage.kind].row_stage}({'' if attribute is None else float_literal(getattr(stage, attribute))})"
+                if stage.changes_shape:
+                    lines.append(f"float s = {call};")
+                    reduced = True
+                else:
+                    lines.append(f"{call};")
                 self.rounded = False
         if store:
             lines.append("r.store_scalar(s);" if reduced else "r.store_rows();")

@@ -247,6 +247,11 @@ for _kind in ("sum", "mean", "max", "min", "logsumexp", "vector_norm"):
         PROGRAMS[f"reduce_{_kind}_{'keep' if _keep else 'drop'}"] = Program(
             Gemm(True), (Reduce(_kind, keepdim=_keep), pw(E.add(E.mul(X, p(0)), c(0.5)))), ("scalar",)
         )
+# var / std: Bessel's correction and none
+PROGRAMS["reduce_var_keep"] = Program(
+    Gemm(True), (Reduce("var", keepdim=True, correction=1.0), pw(E.add(E.mul(X, p(0)), c(0.5)))), ("scalar",)
+)
+PROGRAMS["reduce_std_drop"] = Program(Gemm(True), (pw(call("relu", X)), Reduce("std", correction=0.0)))
 # F.normalize: the default eps, and a large one that tiny rows fall under (clamp_min's gradient 0)
 PROGRAMS["normalize_then_col"] = Program(
     Gemm(True), (pw(call("relu", X)), Reduce("normalize", eps=1e-12), pw(E.add(E.mul(X, p(0)), c(0.5)))), ("col",)

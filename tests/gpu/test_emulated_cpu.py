@@ -200,7 +200,7 @@ def test_a_gated_pair_saves_both_gemm_outputs_for_the_backward(engine, name, lay
 @pytest.mark.parametrize(
     "name",
     ["s02_group_leaky_double", "s20_layer_silu", "s21_rms_silu", "s11_gelu_softmax", "log_softmax_then_pointwise",
-     "reduce_max_drop", "reduce_min_keep", "reduce_logsumexp_keep", "reduce_vector_norm_drop", "normalize_then_col",
+     "reduce_max_drop", "reduce_min_keep", "reduce_logsumexp_keep", "reduce_vector_norm_drop", "normalize_then_col", "reduce_std_drop",
      "s03_batch_train_gelu_relu",
      "s22_batch_eval_relu", "group_odd", "vocabulary_2", "full_residual_layer", "full_gate_silu", "pool_max_rows", "pool_max_sum_scale",
      "pool_avg_gelu_scale_max"],  # vocabulary_1: gelu's CPU kernel differs at inf
@@ -368,7 +368,8 @@ def test_eval_batch_norm_backward_kernel_nan_inf(engine):
 
 
 REDUCTION_EDGES = ["reduce_max_keep", "reduce_min_drop", "reduce_max_first_drop", "reduce_min_first_keep",
-                   "reduce_logsumexp_keep", "reduce_mean_drop", "reduce_vector_norm_keep", "normalize_then_col", "s11_gelu_softmax", "log_softmax_then_pointwise"]
+                   "reduce_logsumexp_keep", "reduce_mean_drop", "reduce_vector_norm_keep", "normalize_then_col",
+                   "reduce_var_keep", "reduce_std_drop", "s11_gelu_softmax", "log_softmax_then_pointwise"]
 
 
 def test_normalize_backward_kernel_on_rows_under_eps(engine):
