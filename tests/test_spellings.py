@@ -262,65 +262,39 @@ def test_functions_have_eagers_gradients(name, epilogue, fragment):
     assert report.rows[0].status == "fused" and fragment in report.rows[0].program
 
 
-def test_a_vector_norm_has_eagers_gradient_a_zero_row_included():
-    """The gradient of the row's norm is y / norm: 0 for a row of zeros (eager masks it), not NaN."""
-    class RowNorm(nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.linear = nn.Linear(K, N, bias=False)
+class BiasFree(nn.Module):
+    """``epilogue(y)`` of a bias-free Linear: a zero input row makes a zero (constant) GEMM row."""
 
-        def forward(self, x):
-            return torch.linalg.vector_norm(self.linear(x), dim=-1, keepdim=True) * 2.0
+    def __init__(self, epilogue):
+        super().__init__()
+        self.linear = nn.Linear(K, N, bias=False)
+        self.epilogue = epilogue
 
-    def inputs():
-        x = torch.randn(M, K)
-        x[3] = 0.0  # its GEMM row is zero
-        return [x.requires_grad_()]
-
-    report = check_against_eager(RowNorm, inputs, grads=True)
-    assert report.rows[0].status == "fused"
+    def forward(self, x):
+        return self.epilogue(self.linear(x))
 
 
-@pytest.mark.parametrize("kind", ["var", "std"])
-def test_var_and_std_have_eagers_gradients_a_constant_row_included(kind):
-    """var's gradient is 2 (y - mean) / (N - correction); std's divides by 2 std, 0 where std is 0
-    (a row of equal values: eager masks it)."""
-    class Spread(nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.linear = nn.Linear(K, N, bias=False)
-
-        def forward(self, x):
-            return getattr(torch, kind)(self.linear(x), -1, keepdim=True) * 2.0
-
-    def inputs():
-        x = torch.randn(M, K)
-        x[4] = 0.0  # its GEMM row is constant
-        return [x.requires_grad_()]
-
-    report = check_against_eager(Spread, inputs, grads=True)
-    assert report.rows[0].status == "fused"
+def _with_zero_and_tiny_rows():
+    x = torch.randn(M, K)
+    x[2] = 0.0
+    x[5] *= 1e-5
+    return [x.requires_grad_()]
 
 
-@pytest.mark.parametrize("eps", [1e-12, 1e-3])
-def test_normalize_has_eagers_gradient_on_zero_and_tiny_rows(eps):
-    """F.normalize divides by max(norm, eps): on rows of zeros and rows under eps no gradient goes
-    through the norm, as eager's clamp_min and norm backward."""
-    class Normalized(nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.linear = nn.Linear(K, N, bias=False)
+# where eager masks a gradient: the norm's on a row of zeros, std's on a constant row, normalize's
+# through the norm on rows of zeros and rows under eps
+ROW_STATISTICS = [
+    ("vector_norm", lambda y: torch.linalg.vector_norm(y, dim=-1, keepdim=True) * 2.0),
+    ("var", lambda y: torch.var(y, -1, keepdim=True) * 2.0),
+    ("std", lambda y: torch.std(y, -1) * 2.0),
+    ("normalize", lambda y: F.normalize(y, dim=-1) * 3.0),
+    ("normalize-eps-1e-3", lambda y: F.normalize(y, dim=-1, eps=1e-3) * 3.0),
+]
 
-        def forward(self, x):
-            return F.normalize(self.linear(x), dim=-1, eps=eps) * 3.0
 
-    def inputs():
-        x = torch.randn(M, K)
-        x[2] = 0.0
-        x[5] *= 1e-5
-        return [x.requires_grad_()]
-
-    report = check_against_eager(Normalized, inputs, grads=True)
+@pytest.mark.parametrize("name,epilogue", ROW_STATISTICS, ids=[c[0] for c in ROW_STATISTICS])
+def test_row_statistics_have_eagers_gradients_on_zero_and_tiny_rows(name, epilogue):
+    report = check_against_eager(lambda: BiasFree(epilogue), _with_zero_and_tiny_rows, grads=True)
     assert report.rows[0].status == "fused"
 
 
