@@ -255,12 +255,13 @@ struct Row {
     map([s](float x, int) { return x / s; });
   }
 
-  // torch.var / torch.std: the squared deviations from the row's mean over max(0, n - correction)
-  FX_DEVICE float reduce_var(float correction) const {
-    const float m = reduce_mean();
+  // torch.var / torch.std: the squared deviations from the row's mean m over max(0, n - correction)
+  FX_DEVICE float reduce_var_about(float m, float correction) const {
     const float d = fmaxf(0.0f, static_cast<float>(n) - correction);
     return reduce(0.0f, OpAdd(), [m](float x) { return (x - m) * (x - m); }) / d;
   }
+
+  FX_DEVICE float reduce_var(float correction) const { return reduce_var_about(reduce_mean(), correction); }
 
   FX_DEVICE float reduce_std(float correction) const { return sqrtf(reduce_var(correction)); }
 

@@ -211,6 +211,7 @@ template <class Prog, class R, int S, int ITEMS, int VEC>
 FX_DEVICE ReductionRow reduction_row(const R& r, float g_row, float (&sums)[S][ITEMS][VEC]) {
   constexpr int K = Prog::kReduceKind;
   float s = 0.0f;  // the forward's value (sum and mean need it only for post)
+  float mean = 0.0f;  // var's and std's
   if constexpr (K == kSum) {
     if constexpr (Prog::kHasPost) s = r.reduce_sum();
   } else if constexpr (K == kMean) {
@@ -221,10 +222,10 @@ FX_DEVICE ReductionRow reduction_row(const R& r, float g_row, float (&sums)[S][I
     s = r.reduce_min();
   } else if constexpr (K == kVectorNorm) {
     s = r.reduce_vector_norm();
-  } else if constexpr (K == kVar) {
-    s = r.reduce_var(Prog::kReduceCorrection);
-  } else if constexpr (K == kStd) {
-    s = r.reduce_std(Prog::kReduceCorrection);
+  } else if constexpr (K == kVar || K == kStd) {
+    mean = r.reduce_mean();
+    s = r.reduce_var_about(mean, Prog::kReduceAttribute);
+    if constexpr (K == kStd) s = sqrtf(s);
   } else {
     s = r.reduce_logsumexp();
   }
@@ -232,7 +233,7 @@ FX_DEVICE ReductionRow reduction_row(const R& r, float g_row, float (&sums)[S][I
 #pragma unroll
   for (int k = 0; k < Prog::kParamSlots; ++k)
     pe[k] = (Prog::kPostParams & (1u << k)) ? load_param(r.a.pptr[k], r.a.pdtype[k], 0) : 0.0f;
-  ReductionRow row{s, 0.0f, 0.0f, 0.0f, 0.0f};
+  ReductionRow row{s, 0.0f, 0.0f, 0.0f, mean};
   row.gs = through_post<Prog>(s, g_row, pe, r.active && r.lt == 0, sums, 0, 0);
   row.q = row.gs;
   if constexpr (K == kMean) {
@@ -241,8 +242,7 @@ FX_DEVICE ReductionRow reduction_row(const R& r, float g_row, float (&sums)[S][I
     row.q = s == 0.0f ? 0.0f : row.gs / s;
   } else if constexpr (K == kVar || K == kStd) {
     const float g_var = K == kVar ? row.gs : (s == 0.0f ? 0.0f : row.gs / (s * 2.0f));
-    row.q = 2.0f / (static_cast<float>(r.a.n) - Prog::kReduceCorrection) * g_var;
-    row.mean = r.reduce_mean();
+    row.q = 2.0f / (static_cast<float>(r.a.n) - Prog::kReduceAttribute) * g_var;
   } else if constexpr ((K == kMax || K == kMin) && !Prog::kTiesFirst) {
     // grad / count times the mask: no element equals a NaN, so gs / 0 times 0 makes the row's
     // gradient NaN, as eager's
@@ -312,10 +312,10 @@ template <class Prog, class R, int S, int ITEMS, int VEC>
 FX_DEVICE void row_map_dv(R& r, float (&g)[ITEMS][VEC], float (&sums)[S][ITEMS][VEC]) {
   if constexpr (Prog::kReduceKind == kNormalize) {
     const float n = r.reduce_vector_norm();
-    const float d = R::normalize_divisor(n, Prog::kReduceEps);
+    const float d = R::normalize_divisor(n, Prog::kReduceAttribute);
     const float total = through_post_row<Prog>(r, g, sums, [d](float v) { return v / d; },
                                                [](float gz, float v) { return gz * v; });
-    const float c = n >= Prog::kReduceEps ? -total / (d * d) : 0.0f;  // clamp_min's gradient
+    const float c = n >= Prog::kReduceAttribute ? -total / (d * d) : 0.0f;  // clamp_min's gradient
     const float q = n == 0.0f ? 0.0f : c / n;
 #pragma unroll
     for (int i = 0; i < ITEMS; ++i)

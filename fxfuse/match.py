@@ -211,7 +211,6 @@ class _Matcher:
         self.reduced = False  # a row reduction changed the shape
         self.keeps_reduced_dim = False  # the reduced value keeps its feature dim, of size 1
         self.broadcast_back = False  # the reduced value met a per-column vector: a row of N again
-        self.pooled = False  # a pooling narrowed the rows (self.shape[-1] < self.n)
         self.snapshots: list[_Snapshot] = []
         self._downstream: set[Node] | None = None
         self.dtype: torch.dtype | None = None  # the GEMM's output dtype: the chain's element type
@@ -716,12 +715,16 @@ class _Matcher:
             raise Stop(f"dropout after a {'row reduction' if self.reduced else 'pooling'}")
         return Dropout(op.p, self._param(DropoutSeed(node), "seed"))
 
+    @property
+    def pooled(self) -> bool:
+        """A pooling narrowed the rows (its stage closed a segment)."""
+        return any(isinstance(s, Pool) for s in self.stages)
+
     def _pool(self, op: PoolOp) -> Pool:
         """A pooling along the features: the rows narrow to the pooled width from here on."""
         if self.reduced or self.pooled:
             raise Stop(f"a pooling after a {'row reduction' if self.reduced else 'pooling'}")
         stage = Pool(op.kind, op.kernel, op.stride)
-        self.pooled = True
         self.shape = (*self.shape[:-1], stage.width(self.shape[-1]))
         return stage
 

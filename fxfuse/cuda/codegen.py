@@ -276,6 +276,13 @@ def _check_norm(program: Program, norm: Norm) -> None:
         col(norm.running_var, "running_var", required=True)
 
 
+def _reduce_attribute(stage: Reduce | None) -> str:
+    """The literal of the one attribute ``stage``'s kind reads (normalize's eps, var's correction),
+    or ''."""
+    attribute = None if stage is None else REDUCTIONS[stage.kind].attribute
+    return "" if attribute is None else float_literal(getattr(stage, attribute))
+
+
 def _row_local(program: Program) -> str:
     """C++ condition on (n, vec): every statistic the rows need is warp-local (group norms of
     small groups; batch norms take column statistics from another kernel)."""
@@ -371,9 +378,7 @@ def _backward_lines(program: Program, dtype: torch.dtype) -> list[str]:
         f"static constexpr float kNormEps = {float_literal(norm.eps) if norm else '0.0f'};",
         f"static constexpr int kReduceKind = {REDUCTIONS[reduce.kind].backward_code if reduce else 'fx::kSum'};",
         f"static constexpr bool kTiesFirst = {'true' if reduce and reduce.ties == 'first' else 'false'};",
-        f"static constexpr float kReduceEps = {float_literal(reduce.eps) if reduce and reduce.eps is not None else '0.0f'};",
-        f"static constexpr float kReduceCorrection = "
-        f"{float_literal(reduce.correction) if reduce and reduce.correction is not None else '0.0f'};",
+        f"static constexpr float kReduceAttribute = {_reduce_attribute(reduce) or '0.0f'};  // eps, correction",
         f"static constexpr bool kHasPre = {'true' if pre is not None else 'false'};",
         f"static constexpr bool kHasPost = {'true' if post is not None else 'false'};",
         f"static constexpr uint32_t kColParams = {sum(1 << i for i, k in enumerate(program.params) if k == 'col')}u;",
@@ -490,8 +495,7 @@ class _Emitter:
                 if stage.kind == "avg" and self.rounding is not None:
                     lines.append("r.round_input();")
             else:
-                attribute = REDUCTIONS[stage.kind].attribute  # normalize's eps, var's correction
-                call = f"r.{REDUCTIONS[stage.kind].row_stage}({'' if attribute is None else float_literal(getattr(stage, attribute))})"
+                call = f"r.{REDUCTIONS[stage.kind].row_stage}({_reduce_attribute(stage)})"
                 if stage.changes_shape:
                     lines.append(f"float s = {call};")
                     reduced = True
