@@ -17,24 +17,28 @@ backward together measured 1.05-1.16x faster than Inductor's forward and backwar
 under bf16 autocast (H100; S02 and S08 1.05-1.08x on the H200), where larger groups (S06, 0.94x),
 layer norms (S20, 0.98-1.03x) and RMS norms (S21, 0.98x) did not gain (BENCHMARKS.md section 6).
 
-Where the in-GEMM path takes a chain on this device (Hopper, CUTLASS headers, bf16/fp16, outside
-training; fxfuse/cuda/gemm_codegen.py) no rule decides: the chain is kept for the selection, which
-times fxfuse's paths and Inductor's own kernels for the chain at the chain's shape, on this card,
-and leaves the chain to Inductor where Inductor is faster (fxfuse/cuda/engine.py). What the rules
-below found is why that matters: a separate pass over M x N costs a share of the GEMM that grows
+Outside training no rule decides: every chain on CUDA is kept for the selection, which times
+fxfuse's paths (the row pass, and the in-GEMM kernel's configurations where the in-GEMM path takes
+the chain: Hopper, CUTLASS headers, bf16/fp16) and Inductor's own kernels for the chain at the
+chain's shape, on this card, and leaves the chain to Inductor where Inductor is faster
+(fxfuse/cuda/engine.py). The rules below decide where no such measurement happens — in a graph
+that records a backward (the selection times forward calls) and where the timing failed — and
+they show why the measurement matters: a separate pass over M x N costs a share of the GEMM that grows
 as 1/K — S08's in-tile group norm (K = 1024) measured 0.86x Inductor's GPU time, S02 and S04 (K =
 8192) 1.00-1.03x (BENCHMARKS.md section 10) — and S26's GEMMs reading the gate and the residual
-in their epilogues measured 0.90-0.92x Inductor's kernels for those chains (section 13). A chain
-must win by a margin (engine.INDUCTOR_MARGIN): S25's chain won by 0.4 % alone and lost 6 % in the
-model, where Inductor fuses around it.
+in their epilogues measured 0.90-0.92x Inductor's kernels for those chains (section 13), while
+S15's row reduction, which the rules kept fused, measured 1.04x Inductor's GPU time through the
+row pass (section 19). A chain must win by a margin (engine.INDUCTOR_MARGIN): S25's chain won by
+0.4 % alone and lost 6 % in the model, where Inductor fuses around it.
 
 A pointwise chain reading an operand of the output's shape (a residual, a gate) reads it once
 more than the chain's output; Inductor's pointwise kernel reads it too, and S26 (Llama's MLP: the
 SwiGLU product and the residual add, bf16, H100) measured 1.04x Inductor's GPU time through the
-row pass: where the in-GEMM path cannot take them, such chains go to Inductor at large sizes.
+row pass: where no measurement decides, such chains go to Inductor at large sizes.
 
 A pooling along the features runs in the row kernels (through shared memory) but has not been
-timed against Inductor on a GPU: until it is, such chains go to Inductor at large sizes too.
+timed against Inductor by a benchmark: where no measurement decides, such chains go to Inductor at
+large sizes too.
 
 A chain cut short by an op that computes in a dtype it cannot take (float64; autocast's float32
 ops and float32 promotions widen the chain instead) also goes to Inductor: Inductor fuses that op
@@ -72,19 +76,19 @@ def inductor_is_faster(program: Program, gemm_out: torch.Tensor, stopped_at: str
     """The reason to leave this chain to Inductor, or None to fuse it (policy "fastest");
     ``gemm_out`` is the GEMM's output value (its example value); ``stopped_at`` is the matcher's
     reason when the chain stops at an op computing in a wider dtype. Before the selection a chain
-    the in-GEMM path takes here is kept for it to measure against Inductor; ``after_selection``:
-    asked again because that measurement did not happen (no module, a failed build, Inductor's
-    kernels not timed): the rules decide."""
+    outside training is kept for it to measure against Inductor; ``after_selection``: asked again
+    because that measurement did not happen (a failed build, Inductor's kernels not timed): the
+    rules decide."""
     if gemm_out.device.type != "cuda":
         return None
     if stopped_at is not None:
         return (f"Inductor is faster: {stopped_at}, and Inductor fuses that op with the chain into "
                 "kernels reading the GEMM output (a fused prefix costs one more pass over it; "
                 "BENCHMARKS.md); policy='always' fuses the prefix")
+    if not after_selection and not gemm_out.requires_grad:
+        return None  # the selection times it against Inductor's kernels
     slower, untimed = _measured_slower(program), _untimed(program)
     if (slower is None and untimed is None) or (gemm_out.requires_grad and _trains_faster(program, gemm_out)):
-        return None
-    if not after_selection and not gemm_out.requires_grad and in_gemm_takes(program, gemm_out):
         return None
     elements = math.prod(size_hint(s) for s in gemm_out.shape)
     if elements < LARGE_ELEMENTS:
@@ -108,20 +112,6 @@ def _trains_faster(program: Program, gemm_out: torch.Tensor) -> bool:
         return False
     n = size_hint(gemm_out.shape[-1])
     return group_in_lanes(n, split.norm.groups, chunk_elements(program, gemm_out.dtype))
-
-
-def in_gemm_takes(program: Program, gemm_out: torch.Tensor) -> bool:
-    """Whether the in-GEMM path takes ``program`` on ``gemm_out``'s device and dtype (its module can
-    be built there; a shape it does not cover is the selection's to find)."""
-    from .cuda import gemm_codegen
-    from .cuda.build import BuildError, cuda_target, gemm_target_reason
-
-    if gemm_codegen.unsupported_reason(program, gemm_out.dtype) is not None:
-        return False
-    try:
-        return gemm_target_reason(cuda_target(gemm_out.device)) is None
-    except (BuildError, RuntimeError, AssertionError):  # no toolkit, no such device
-        return False
 
 
 def _measured_slower(program: Program) -> tuple[str, str] | None:

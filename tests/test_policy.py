@@ -26,13 +26,13 @@ def gemm_output(rows: int, n: int, device: str = "cuda", training: bool = False,
 
 
 def test_large_norm_chains_on_cuda_go_to_inductor_with_a_reason():
-    reason = inductor_is_faster(GROUP_NORM, gemm_output(1024, 8192))
+    reason = inductor_is_faster(GROUP_NORM, gemm_output(1024, 8192), after_selection=True)
     assert reason is not None and "Inductor is faster" in reason and "policy='always'" in reason
 
 
 @pytest.mark.parametrize("program", [POINTWISE, SOFTMAX], ids=["pointwise", "softmax"])
 def test_pointwise_and_reduction_chains_stay_fused(program):
-    assert inductor_is_faster(program, gemm_output(1024, 8192)) is None
+    assert inductor_is_faster(program, gemm_output(1024, 8192), after_selection=True) is None
 
 
 WIDENED_POINTWISE = Program(Gemm(False), (Pointwise(call("relu", X + E.param(0))), Widen()), ("col",))
@@ -40,44 +40,47 @@ WIDENED_SOFTMAX = Program(Gemm(True), (Pointwise(call("gelu", X)), Widen(), Redu
 
 
 def test_large_widened_pointwise_chains_on_cuda_go_to_inductor_small_ones_stay():
-    reason = inductor_is_faster(WIDENED_POINTWISE, gemm_output(1024, 8192))
+    reason = inductor_is_faster(WIDENED_POINTWISE, gemm_output(1024, 8192), after_selection=True)
     assert reason is not None and "widen to float32" in reason
-    assert inductor_is_faster(WIDENED_POINTWISE, gemm_output(16, 8192)) is None
+    assert inductor_is_faster(WIDENED_POINTWISE, gemm_output(16, 8192), after_selection=True) is None
 
 
 def test_a_widened_chain_ending_in_a_row_map_stays_fused():
-    assert inductor_is_faster(WIDENED_SOFTMAX, gemm_output(1024, 8192)) is None
+    assert inductor_is_faster(WIDENED_SOFTMAX, gemm_output(1024, 8192), after_selection=True) is None
 
 
 RESIDUAL_ADD = Program(Gemm(False), (Pointwise(X + E.param(0)),), ("full",))
 
 
 def test_large_chains_reading_a_residual_go_to_inductor_small_ones_stay():
-    reason = inductor_is_faster(RESIDUAL_ADD, gemm_output(1024, 8192))
+    reason = inductor_is_faster(RESIDUAL_ADD, gemm_output(1024, 8192), after_selection=True)
     assert reason is not None and "operand of the output's shape" in reason
-    assert inductor_is_faster(RESIDUAL_ADD, gemm_output(16, 8192)) is None
-    assert inductor_is_faster(RESIDUAL_ADD, gemm_output(1024, 8192, device="cpu")) is None
+    assert inductor_is_faster(RESIDUAL_ADD, gemm_output(16, 8192), after_selection=True) is None
+    assert inductor_is_faster(RESIDUAL_ADD, gemm_output(1024, 8192, device="cpu"), after_selection=True) is None
 
 
 POOLING_SUM = Program.parse("linear(bias=True) | max_pool(kernel=2, stride=2) | sum(keepdim=False)")
 
 
 def test_large_pooling_chains_not_yet_timed_on_a_gpu_go_to_inductor_and_say_so():
-    reason = inductor_is_faster(POOLING_SUM, gemm_output(1024, 8192))
+    reason = inductor_is_faster(POOLING_SUM, gemm_output(1024, 8192), after_selection=True)
     assert reason is not None and reason.startswith("left to Inductor: poolings along the features")
     assert "have not been timed against Inductor on a GPU yet" in reason
-    assert inductor_is_faster(POOLING_SUM, gemm_output(16, 8192)) is None
+    assert inductor_is_faster(POOLING_SUM, gemm_output(16, 8192), after_selection=True) is None
 
 
-def test_a_chain_the_in_gemm_path_takes_is_kept_for_the_selection_to_time_against_inductor(
-        hopper_with_cutlass):
-    """x + proj(h) in bf16 outside training: no rule decides, the selection's measurement does
-    (fxfuse/backend.py); asked again without one, the rules decide."""
-    out = gemm_output(8192, 4096, dtype=torch.bfloat16)
-    assert inductor_is_faster(RESIDUAL_ADD, out) is None
-    assert "operand of the output's shape" in inductor_is_faster(RESIDUAL_ADD, out, after_selection=True)
-    assert inductor_is_faster(RESIDUAL_ADD, gemm_output(8192, 4096, dtype=torch.float32)) is not None  # no TF32 in-GEMM
-    assert inductor_is_faster(RESIDUAL_ADD, gemm_output(8192, 4096, dtype=torch.bfloat16, training=True)) is not None
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("program", [GROUP_NORM, RESIDUAL_ADD, WIDENED_POINTWISE, POOLING_SUM, SOFTMAX],
+                         ids=["norm", "residual", "widened", "pooling", "softmax"])
+def test_outside_training_every_cuda_chain_is_kept_for_the_selection_to_time_against_inductor(program, dtype):
+    """No rule decides before the selection has timed the chain's paths beside Inductor's kernels
+    at its shape (the row pass alone where the in-GEMM path does not take it); asked again without
+    that measurement, the rules decide; in training (no measurement) they decide at once."""
+    out = gemm_output(8192, 4096, dtype=dtype)
+    assert inductor_is_faster(program, out) is None
+    if program is not SOFTMAX:
+        assert inductor_is_faster(program, out, after_selection=True) is not None
+        assert inductor_is_faster(program, gemm_output(8192, 4096, dtype=dtype, training=True)) is not None
 
 
 S04_GROUPS = Program(Gemm(True), (Norm("group", 1e-5, groups=256, weight=0, bias=1),), ("col", "col"))
@@ -90,40 +93,9 @@ def test_in_training_a_large_group_norm_chain_of_small_groups_stays_fused(dtype)
     """Its forward and generated backward together beat Inductor's; inference still goes to
     Inductor, and so do larger groups and layer norms in training."""
     assert inductor_is_faster(S04_GROUPS, gemm_output(1024, 8192, training=True, dtype=dtype)) is None
-    assert inductor_is_faster(S04_GROUPS, gemm_output(1024, 8192, dtype=dtype)) is not None
+    assert inductor_is_faster(S04_GROUPS, gemm_output(1024, 8192, dtype=dtype), after_selection=True) is not None
     assert inductor_is_faster(S06_GROUPS, gemm_output(1024, 8192, training=True, dtype=dtype)) is not None
     assert inductor_is_faster(LAYER_NORM, gemm_output(1024, 8192, training=True, dtype=dtype)) is not None
-
-
-S08 = Program(Gemm(True), (Pointwise(E.add(E.mul(call("sigmoid", X), X), E.param(0))),
-                           Norm("group", 1e-5, groups=64, weight=1, bias=2)), ("col", "col", "col"))
-
-
-@pytest.fixture
-def hopper_with_cutlass(monkeypatch):
-    """A device the in-GEMM kernels are built for (the policy asks the build what it can target)."""
-    from fxfuse.cuda import build
-
-    monkeypatch.setattr(build, "cuda_target", lambda device=None: None)
-    monkeypatch.setattr(build, "gemm_target_reason", lambda target: None)
-
-
-def test_a_group_norm_chain_the_in_gemm_path_takes_is_kept_for_the_selection(hopper_with_cutlass):
-    """S08 (K = 1024) measured faster than Inductor inside the GEMM, S02/S04 (K = 8192) not: the
-    selection times both at the chain's shape; a norm the in-GEMM path does not take goes by the rules."""
-    out = gemm_output(32768, 4096, dtype=torch.bfloat16)
-    assert inductor_is_faster(S08, out) is None
-    assert "norm epilogues" in inductor_is_faster(S08, out, after_selection=True)
-    assert inductor_is_faster(S08, gemm_output(32768, 4096, dtype=torch.float32)) is not None  # no TF32 in-GEMM
-    assert inductor_is_faster(LAYER_NORM, out) is not None
-
-
-def test_without_the_in_gemm_kernels_a_group_norm_goes_to_inductor(monkeypatch):
-    from fxfuse.cuda import build
-
-    monkeypatch.setattr(build, "cuda_target", lambda device=None: None)
-    monkeypatch.setattr(build, "gemm_target_reason", lambda target: "not Hopper")
-    assert inductor_is_faster(S08, gemm_output(32768, 4096, dtype=torch.bfloat16)) is not None
 
 
 def test_in_training_without_the_generated_backward_group_norms_go_to_inductor(monkeypatch):
@@ -132,7 +104,7 @@ def test_in_training_without_the_generated_backward_group_norms_go_to_inductor(m
 
 
 def test_small_norm_chains_stay_fused():
-    assert inductor_is_faster(GROUP_NORM, gemm_output(16, 8192)) is None
+    assert inductor_is_faster(GROUP_NORM, gemm_output(16, 8192), after_selection=True) is None
     assert LARGE_ELEMENTS > 16 * 8192
 
 
@@ -165,7 +137,7 @@ def _chain_under_autocast(tail):
 def test_a_chain_widened_by_a_float32_parameter_fuses_in_full():
     chain = _chain_under_autocast(lambda v, scale: v * scale)  # bf16 * float32 parameter: float32
     assert chain.status == "fused" and chain.program.widens and not chain.stops_at_wider_dtype
-    assert inductor_is_faster(chain.program, gemm_output(1024, 8)) is None
+    assert inductor_is_faster(chain.program, gemm_output(1024, 8), after_selection=True) is None
 
 
 def test_a_chain_cut_by_a_dtype_it_cannot_widen_to_goes_to_inductor_with_the_cut_named():
@@ -182,7 +154,7 @@ def test_a_chain_cut_by_an_unfusable_op_is_not_a_dtype_cut():
 
 
 def test_the_cpu_reference_path_is_never_redirected():
-    assert inductor_is_faster(GROUP_NORM, gemm_output(1024, 8192, device="cpu")) is None
+    assert inductor_is_faster(GROUP_NORM, gemm_output(1024, 8192, device="cpu"), after_selection=True) is None
 
 
 def test_an_unknown_policy_is_an_error():

@@ -75,8 +75,9 @@ def prepare_many(items, workers: int | None = None, gemm_items=()) -> dict:
 def select(program: Program, dtype: torch.dtype, param_dtypes, shape, has_bias: bool, param_shapes=None,
            against_inductor: bool = False, weight_is_kn: bool = False, operands=None):
     """The path ``program``'s calls of ``shape`` (m, n, k) take on the current device, measured
-    (``engine.Selection``), or None where it has no in-GEMM kernel (the row path serves);
-    ``against_inductor``: Inductor's kernels for the chain are timed beside them; ``weight_is_kn``:
+    (``engine.Selection``), or None where it has no in-GEMM kernel and Inductor is not timed (the
+    row path serves); ``against_inductor``: Inductor's kernels for the chain are timed beside
+    fxfuse's paths (the row path alone, where no in-GEMM kernel takes it); ``weight_is_kn``:
     the weight is a (K, N) tensor read transposed (no GEMM configuration reads it so);
     ``operands``: (x, weight, bias, params) as the model computes them, to time on (else random)."""
     device = torch.device("cuda", torch.cuda.current_device())

@@ -452,11 +452,13 @@ def short_label(program_text: str, dtype: torch.dtype | None = None, width: int 
 
 @dataclass
 class ProgramModule:
-    """A loaded program module: its library handle (kept alive) and its FxProgramInfo address."""
+    """A loaded program module: its library handle (kept alive), its FxProgramInfo address and its
+    cache key (a selection without a GEMM module is keyed on it)."""
 
     library: ctypes.CDLL
     info: int
     path: Path
+    key: str
 
 
 def _build_generated(key: str, kind: str, label: str, name: str, entry: str, sources: dict[str, str],
@@ -507,7 +509,7 @@ def build_program(program: Program, dtype: torch.dtype, target: Target, csrc: Pa
 
     library, info, path = _build_generated(key, "program", short_label(text, dtype), f"fxp_{short}", entry, sources,
                                            target, csrc)
-    return ProgramModule(library, info, path)
+    return ProgramModule(library, info, path, key)
 
 
 class GemmInfoView(ctypes.Structure):

@@ -12,9 +12,10 @@ pass over its output) and, where a GEMM module was built (Hopper, bf16/fp16, the
 epilogue of gemm_codegen.py), one CUTLASS kernel per call in one of several configurations.
 ``select`` times them once per (program, dtype, parameter dtypes, N, K, bucket of M) when a graph
 compiles, tells the runtime which to route such calls to, and keeps the measurement on disk beside
-the builds, so a warm compile measures nothing. Asked to, it times a third candidate beside them:
-the chain as Inductor compiles it on its own (cuBLAS, then its generated kernels), so that the
-backend can leave the chain to Inductor where Inductor is faster on this card at this shape.
+the builds, so a warm compile measures nothing. Asked to, it times one more candidate beside them
+(beside the row path alone, for a program without a GEMM module): the chain as Inductor compiles
+it on its own (cuBLAS, then its generated kernels), so that the backend can leave the chain to
+Inductor where Inductor is faster on this card at this shape.
 """
 
 from __future__ import annotations
@@ -201,7 +202,8 @@ class Engine:
                operands: tuple | None = None) -> Selection | None:
         """Time the row path and each GEMM configuration on an (m, n, k) problem (or take the
         measurement cached on disk), route (bucket of m, n, k) to the fastest, and return the
-        selection; None where the program has no GEMM module (the row path serves). The problem's
+        selection; None where the program has no GEMM module and Inductor is not to be timed (the
+        row path serves: there is nothing to choose). The problem's
         data is ``operands``, (x, weight, bias, params) as the model computes them, where given
         (the closest the selection gets to the model: S26's chains ran at other speeds in the
         model than timed alone on random data, BENCHMARKS.md section 15), else random data.
@@ -210,7 +212,7 @@ class Engine:
         which the GEMM configurations do not read (their B is the (N, K) weight): the row path and
         Inductor are timed with that layout."""
         module = self.prepare_gemm(program, dtype, param_dtypes, device)
-        if module is None:
+        if module is None and not against_inductor:
             return None
         m, n, k = shape
         runtime = self._runtime_module
@@ -220,13 +222,15 @@ class Engine:
         selection = self.selections.get(skey)
         if selection is not None and (selection.inductor_is_faster() is not None or not against_inductor):
             return selection
-        disk = _selection_file(module.key + (" kn" if weight_is_kn else ""), shape, bucket, device)
+        timed = module if module is not None else self._modules[key]  # the row module: its key
+        disk = _selection_file(timed.key + (" kn" if weight_is_kn else ""), shape, bucket, device)
         selection = read_measurement(disk, Selection)
         if selection is None or (against_inductor and selection.inductor_is_faster() is None):
             selection = self._measure(program, dtype, param_dtypes, shape, device, has_bias, module, param_shapes,
                                       against_inductor, weight_is_kn, operands)
             write_measurement(disk, selection)
-        runtime.choose(key[0], DTYPE_CODES[dtype], key[2], m, n, k, selection.config)
+        if module is not None:
+            runtime.choose(key[0], DTYPE_CODES[dtype], key[2], m, n, k, selection.config)
         self.selections[skey] = selection
         return selection
 
@@ -243,13 +247,14 @@ class Engine:
         weight = weight.t() if weight_is_kn else weight
         runtime = self._runtime_module
         candidates = {ROW_PATH: -1}
-        if not weight_is_kn:
+        if module is not None and not weight_is_kn:
             candidates.update({name: config for config, name in enumerate(module.config_names)})
+        gemm_info = module.info if module is not None else 0
         calls = {}
         for name, config in candidates.items():
             if config < 0 or module.supports(m, n, k, config):
                 calls[name] = (lambda config=config: runtime.run(handle, x, weight, bias, params, self._flags,
-                                                                 False, module.info, config))
+                                                                 False, gemm_info, config))
         with torch.no_grad():
             if against_inductor:
                 try:

@@ -236,6 +236,43 @@ def test_unprepared_program_builds_on_first_call():
     check(program, torch.float16, x, w, b, params)
 
 
+def test_a_chain_without_an_in_gemm_kernel_is_timed_against_inductor_when_asked():
+    """A row reduction has no in-GEMM kernel: the selection times the row path against Inductor's
+    kernels for the chain (the default policy asks), and routes nothing (None) where not asked."""
+    program = PROGRAMS["reduce_sum_keep"]
+    selection = fxcuda.select(program, torch.float32, (torch.float32,), (512, 1024, 256), True,
+                              against_inductor=True)
+    assert selection.path == "row" and selection.config == -1 and set(selection.times_us) == {"row", "Inductor"}
+    assert "cuBLAS + row pass (row); measured (" in selection.describe()
+    assert fxcuda.select(program, torch.float32, (torch.float32,), (512, 1024, 256), True) is None
+
+
+def test_by_default_a_row_reduction_chain_goes_where_it_measured_faster():
+    """S15's kind of chain (a sum over the row, pointwise after it) at the default policy: the
+    report gives the row pass's and Inductor's measured times whichever way the chain went."""
+    import fxfuse
+
+    class RowSum(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.proj = torch.nn.Linear(512, 2048, bias=False)
+
+        def forward(self, h):
+            return (self.proj(h) / 2.0).sum(-1, keepdim=True) * 1.5
+
+    torch.manual_seed(2)
+    model = RowSum().to(DEVICE, torch.bfloat16)
+    h = torch.randn(1024, 512, device=DEVICE, dtype=torch.bfloat16)
+    fxfuse.reset_report()
+    torch._dynamo.reset()
+    with torch.no_grad():
+        out, eager = torch.compile(model, backend="fxfuse")(h), model(h)
+    (row,) = fxfuse.last_report().rows
+    said = row.path if row.status == "fused" else row.reason
+    assert "measured (" in said and "row " in said and "Inductor " in said
+    torch.testing.assert_close(out, eager, rtol=1e-2, atol=1e-2 * eager.abs().max().item())
+
+
 SMALL_GROUPS_N = 4096
 
 

@@ -408,3 +408,46 @@ def test_a_selection_names_whether_inductor_was_faster():
     assert Selection("row", -1, {"row": 12.5, INDUCTOR: 12.6}, GRAPH_TIMING).inductor_is_faster() is True  # within the margin
     faster = Selection("cfg", 0, {"row": 12.5, "cfg": 11.0, INDUCTOR: 10.0}, GRAPH_TIMING)
     assert faster.inductor_is_faster() is True and "Inductor 10.0 us" in faster.describe()
+
+
+def test_a_program_without_a_gemm_module_is_timed_row_path_against_inductor_and_kept_on_disk(
+        tmp_path, monkeypatch):
+    """Where no in-GEMM kernel takes a chain, the default policy's selection still times the row
+    path against Inductor's kernels (keyed on the row module, nothing routed); not asked to time
+    Inductor, there is nothing to choose."""
+    import sys
+    from types import SimpleNamespace
+
+    from fxfuse.cuda.engine import INDUCTOR, Engine
+
+    engine_module = sys.modules["fxfuse.cuda.engine"]  # fxfuse.cuda.engine is the GPU's Engine
+
+    monkeypatch.setenv("FXFUSE_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "a GPU")
+    program = PROGRAMS["reduce_sum_keep"]
+    key = (program.to_string(), torch.float32, 0)
+    runs, routed, timed = [], [], []
+
+    engine = Engine(lambda device: None)
+    engine._runtime_module = SimpleNamespace(
+        bucket_of=lambda m: m, run=lambda *args: runs.append(args[6:]) or "row output",
+        choose=lambda *args: routed.append(args))
+    engine._handles[key], engine._modules[key] = 7, SimpleNamespace(key="row module key")
+    monkeypatch.setattr(engine, "prepare_gemm", lambda *args: None)
+    monkeypatch.setattr(engine_module, "inductor_chain", lambda *args: lambda: "inductor output")
+
+    def time_candidates(calls):
+        timed.append(sorted(calls))
+        return {name: (9.0 if name == INDUCTOR else 10.0) for name, call in calls.items() if call()}, GRAPH_TIMING
+
+    monkeypatch.setattr(engine_module, "time_candidates", time_candidates)
+    device = torch.device("cuda", 0)
+    args = (program, torch.float32, (torch.float32,), (64, 128, 32), device, True)
+    operands = (torch.randn(64, 32), torch.randn(128, 32), torch.randn(128), [torch.tensor(2.0)])
+    selection = engine.select(*args, against_inductor=True, operands=operands)
+    assert selection == Selection("row", -1, {"row": 10.0, INDUCTOR: 9.0}, GRAPH_TIMING)
+    assert selection.inductor_is_faster() and timed == [[INDUCTOR, "row"]]
+    assert runs == [(False, 0, -1)] and routed == []  # the row path: no GEMM module, nothing routed
+    engine.selections.clear()
+    assert engine.select(*args, against_inductor=True, operands=operands) == selection and len(timed) == 1  # disk
+    assert engine.select(*args) is None and len(timed) == 1  # policy "always": the row path, untimed
