@@ -239,7 +239,7 @@ FX_DEVICE ReductionRow reduction_row(const R& r, float g_row, float (&sums)[S][I
   if constexpr (K == kMean) {
     row.q = row.gs * (1.0f / static_cast<float>(r.a.n));  // grad / n: a * (1 / n) on CUDA
   } else if constexpr (K == kVectorNorm) {
-    row.q = s == 0.0f ? 0.0f : row.gs / s;
+    row.q = s == 0.0f ? row.gs * 0.0f : row.gs / s;  // eager's mask is a product: Inf, NaN stay NaN
   } else if constexpr (K == kVar || K == kStd) {
     const float g_var = K == kVar ? row.gs : (s == 0.0f ? 0.0f : row.gs / (s * 2.0f));
     row.q = 2.0f / (static_cast<float>(r.a.n) - Prog::kReduceAttribute) * g_var;
@@ -306,8 +306,8 @@ FX_DEVICE float through_post_row(R& r, float (&g)[ITEMS][VEC], float (&sums)[S][
 // gradient of v (r.v).
 //   softmax: z (gz - sum(gz z))    log_softmax: gz - exp(z) sum(gz)    (eager's backward kernels)
 //   normalize, autograd's through v / clamp_min(norm(v), eps): with n the norm and d = max(n, eps),
-//   gz / d + v (c / n), c = -sum(gz v) / d^2 where n >= eps, else 0 (and 0 where n is 0, as
-//   norm_backward masks it)
+//   gz / d + v (c / n), c = -sum(gz v) / d^2 where n >= eps, else 0 (and c * 0 where n is 0, as
+//   norm_backward masks it: by a product, so a NaN c — eps 0, a row of zeros — stays NaN)
 template <class Prog, class R, int S, int ITEMS, int VEC>
 FX_DEVICE void row_map_dv(R& r, float (&g)[ITEMS][VEC], float (&sums)[S][ITEMS][VEC]) {
   if constexpr (Prog::kReduceKind == kNormalize) {
@@ -316,7 +316,7 @@ FX_DEVICE void row_map_dv(R& r, float (&g)[ITEMS][VEC], float (&sums)[S][ITEMS][
     const float total = through_post_row<Prog>(r, g, sums, [d](float v) { return v / d; },
                                                [](float gz, float v) { return gz * v; });
     const float c = n >= Prog::kReduceAttribute ? -total / (d * d) : 0.0f;  // clamp_min's gradient
-    const float q = n == 0.0f ? 0.0f : c / n;
+    const float q = n == 0.0f ? c * 0.0f : c / n;
 #pragma unroll
     for (int i = 0; i < ITEMS; ++i)
 #pragma unroll

@@ -257,6 +257,8 @@ PROGRAMS["normalize_then_col"] = Program(
     Gemm(True), (pw(call("relu", X)), Reduce("normalize", eps=1e-12), pw(E.add(E.mul(X, p(0)), c(0.5)))), ("col",)
 )
 PROGRAMS["normalize_large_eps"] = Program(Gemm(False), (Reduce("normalize", eps=1e-3),))
+# a row over its written Euclidean norm (CLIP's embeddings): eps 0, NaN on a row of zeros
+PROGRAMS["normalize_no_eps"] = Program(Gemm(False), (Reduce("normalize", eps=0.0), pw(E.mul(X, c(2.5)))))
 # max(dim)/min(dim): the gradient to the first maximum (Reduce.ties), after a pre stage
 PROGRAMS["reduce_max_first_drop"] = Program(Gemm(True), (pw(call("relu", X)), Reduce("max", ties="first")))
 PROGRAMS["reduce_min_first_keep"] = Program(

@@ -369,7 +369,7 @@ def test_eval_batch_norm_backward_kernel_nan_inf(engine):
 
 REDUCTION_EDGES = ["reduce_max_keep", "reduce_min_drop", "reduce_max_first_drop", "reduce_min_first_keep",
                    "reduce_logsumexp_keep", "reduce_mean_drop", "reduce_vector_norm_keep", "normalize_then_col",
-                   "reduce_var_keep", "reduce_std_drop", "s11_gelu_softmax", "log_softmax_then_pointwise"]
+                   "normalize_no_eps", "reduce_var_keep", "reduce_std_drop", "s11_gelu_softmax", "log_softmax_then_pointwise"]
 
 
 def test_normalize_backward_kernel_on_rows_under_eps(engine):
@@ -381,6 +381,23 @@ def test_normalize_backward_kernel_on_rows_under_eps(engine):
     y[0] = 0.0
     y[1:4] *= torch.tensor([1e-5, 1e-4, 2e-4]).unsqueeze(1)  # norms around 1e-3
     compare_backward(engine, program, torch.float32, y, torch.randn(8, 48, generator=g), [])
+
+
+@pytest.mark.parametrize("name", ["reduce_vector_norm_keep", "reduce_vector_norm_drop", "normalize_no_eps",
+                                  "normalize_large_eps", "reduce_std_drop"])
+def test_rows_of_zeros_take_eagers_gradient_whatever_reaches_the_norm(engine, name):
+    """A row of zeros: eager's norm backward masks the row by a product (a finite gradient gives 0,
+    an infinite or NaN one NaN — and F.normalize at eps 0 sends it NaN), std's by a fill (0
+    always)."""
+    program = PROGRAMS[name]
+    g = torch.Generator().manual_seed(9)
+    y = torch.randn(6, 40, generator=g)
+    y[1:5] = 0.0
+    grad = torch.randn(program.output_shape((6,), 40), generator=g)
+    grad[2].fill_(math.inf)
+    grad[3].fill_(math.nan)
+    grad[4].fill_(0.0)
+    compare_backward(engine, program, torch.float32, y, grad, make_params(program, 40, generator=g))
 
 
 @pytest.mark.parametrize("name", REDUCTION_EDGES)
