@@ -46,6 +46,7 @@ from .ir import Dropout, Gemm, Keep, Narrow, Norm, Pointwise, Pool, Program, Red
 from .vocabulary import ROUNDING, call, is_rounding
 from .patterns.norms import FAMILY as NORMS
 from .patterns.reductions import FAMILY as REDUCTIONS
+from .patterns.gemm import transposed_for_gemms
 from .patterns.split_gemms import splits_features
 
 if TYPE_CHECKING:
@@ -383,6 +384,8 @@ class _Matcher:
         if node.op == "output" or isinstance(op, (GemmOp, RowSelection)):
             raise Stop(None)  # the chain's natural end: a complete chain
         if op is None:
+            if transposed_for_gemms(node):
+                raise Stop(None)  # a GEMM reads the value, transposed: the chain's natural end
             if splits_features(node):
                 raise Stop(f"{describe(node)} splits the features into separate values (as attention's q, k and v "
                            "are): the chain ends before it")

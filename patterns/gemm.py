@@ -33,6 +33,41 @@ def transposed_weight(node) -> Node | None:
     return None
 
 
+def transposed_for_gemms(node: Node) -> bool:
+    """``node`` transposes a 2-D value (``transposed_weight``'s spellings) that only GEMMs and the
+    graph's output read, directly or through moves to the device it is on (CLIP's
+    ``matmul(text, image.t().to(device))``, its logits returned transposed): nothing is left for an
+    epilogue, which ends a chain like a GEMM reading the value directly."""
+    from . import lookup
+
+    value = example_value(node.args[0]) if isinstance(node, Node) and node.args else None
+    if transposed_weight(node) is None or not isinstance(value, torch.Tensor) or value.dim() != 2:
+        return False
+    readers, seen = list(node.users), set()
+    while readers:
+        reader = readers.pop()
+        if reader in seen:
+            continue
+        seen.add(reader)
+        if reader.op == "output" or (reader.op in ("call_function", "call_method")
+                                     and isinstance(lookup(reader), GemmOp)):
+            continue
+        if _moves_to_its_own_device(reader):
+            readers.extend(reader.users)
+            continue
+        return False
+    return True
+
+
+def _moves_to_its_own_device(node: Node) -> bool:
+    """``v.to(device)`` where v is on that device already, its dtype kept: the same value."""
+    if node.op != "call_method" or node.target != "to" or not node.args:
+        return False
+    before, after = example_value(node.args[0]), example_value(node)
+    return (isinstance(before, torch.Tensor) and isinstance(after, torch.Tensor) and before.device == after.device
+            and before.dtype == after.dtype)
+
+
 def linear(input, weight, bias=None):
     return GemmOp(input, weight, bias)
 

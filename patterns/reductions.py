@@ -191,12 +191,13 @@ def getitem(value, index):
 
 
 def _selects_rows(value, index) -> bool:
-    """``value[index]`` picks whole rows: basic indexing (ints, slices, one ``...``) of the
-    leading dims of a tensor of at least two, its last dim untouched."""
+    """``value[index]`` picks whole rows: indexing (ints, slices, one ``...``, integer or boolean
+    index tensors: CLIP's ``h[arange(B), eos_positions]``) of the leading dims of a tensor of at
+    least two, its last dim untouched."""
     if not isinstance(value, torch.Tensor) or value.dim() < 2:
         return False
     entries = index if isinstance(index, tuple) else (index,)
-    if not entries or not all(isinstance(e, (int, slice)) or e is Ellipsis for e in entries):
+    if not entries or not all(isinstance(e, (int, slice)) or e is Ellipsis or _index_tensor(e) for e in entries):
         return False
     if sum(e is Ellipsis for e in entries) > 1:
         return False
@@ -204,6 +205,11 @@ def _selects_rows(value, index) -> bool:
         after = entries[entries.index(Ellipsis) + 1:]
         return not after or after[-1] == slice(None)
     return len(entries) < value.dim() or entries[value.dim() - 1] == slice(None)
+
+
+def _index_tensor(entry) -> bool:
+    value = example_value(entry) if isinstance(entry, Node) else None
+    return isinstance(value, torch.Tensor) and (value.dtype == torch.bool or not value.is_floating_point())
 
 
 SPELLINGS = (

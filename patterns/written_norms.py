@@ -19,7 +19,15 @@ ops). Where x is bfloat16/float16 the written norm rounds after every op and the
 layer_norm in float32, only a float32 row is rewritten, so the output dtype stays eager's.
 
 Likewise an instance norm of rows viewed as (B, 1, 1, N) (KernelBench) is the layer norm of the
-rows it computes.
+rows it computes, and a row divided by its own Euclidean norm — CLIP's, ALIGN's and CLAP's
+embeddings after their projection GEMMs::
+
+    e = e / e.norm(p=2, dim=-1, keepdim=True)                               # ALIGN, CLAP
+    e = e / torch.pow(torch.sum(torch.pow(e, 2), dim=-1, keepdim=True), 0.5)  # CLIP
+    e = e / e.norm(dim=-1, keepdim=True).clamp(min=eps)                     # F.normalize's own form
+
+is ``F.normalize(e, 2.0, -1, eps)`` (eps = 0 without the clamp: the same quotient, NaN on a row of
+zeros as eager's).
 
 A row statistic read back against the row is no pointwise op and no single reduction, so the
 matcher would stop at it. Here the product node becomes one ``torch.rms_norm(v, (N,), None, eps)``
@@ -54,7 +62,7 @@ _TO_FLOAT = {"to", "float"}
 def recognise(graph: Graph) -> int:
     """Rewrite every written-out RMS norm of ``graph`` into a ``torch.rms_norm`` node, and every
     instance norm of rows in disguise into a ``layer_norm``; how many."""
-    found = _instance_norms_of_rows(graph) + _written_layer_norms(graph)
+    found = _instance_norms_of_rows(graph) + _written_layer_norms(graph) + _written_normalizations(graph)
     for node in list(graph.nodes):
         match = _written_rms_norm(node)
         if match is None:
@@ -311,3 +319,99 @@ def _biased_variance(var: Node, row: Node, mean: Node, numerator: Node) -> list[
 def _in_reverse_graph_order(nodes: list[Node]) -> list[Node]:
     order = {n: i for i, n in enumerate(nodes[0].graph.nodes)}
     return sorted(nodes, key=lambda n: order[n], reverse=True)
+
+
+_CLAMP_MIN = {torch.clamp, torch.clamp_min, "clamp", "clamp_min"}
+
+
+def _written_normalizations(graph: Graph) -> int:
+    """Rewrite every row divided by its own Euclidean norm (module docstring) into ``F.normalize``;
+    under autocast only a float32 row (autocast runs the norm in float32 and the quotient widens)."""
+    found = 0
+    autocast = any(getattr(n.target, "__name__", None) == "_enter_autocast" for n in graph.nodes)
+    for node in list(graph.nodes):
+        match = _written_normalization(node)
+        if match is None:
+            continue
+        row, eps, inner = match
+        if example_value(row).dtype != torch.float32 and (
+                autocast or torch.is_autocast_enabled(example_value(row).device.type)):
+            continue
+        with graph.inserting_before(node):
+            normalized = graph.call_function(F.normalize, (row, 2.0, -1, eps))
+        normalized.meta = dict(node.meta)
+        node.replace_all_uses_with(normalized)
+        for dead in [node, *inner]:  # the quotient first, then the denominator's nodes, last first
+            graph.erase_node(dead)
+        found += 1
+    return found
+
+
+def _written_normalization(node: Node) -> tuple[Node, float, list[Node]] | None:
+    """``(row, eps, the denominator's nodes, last first)`` when ``node`` is ``row / norm`` with norm
+    the row's Euclidean norm over the last dim (keepdim; spelled as a norm, or as the square root of
+    the sum of squares), possibly clamped below at eps, its values read by nothing else, and the
+    quotient of the row's shape and dtype."""
+    if not _is(node, _DIV) or len(node.args) != 2 or node.kwargs:
+        return None
+    row, denominator = node.args
+    if not isinstance(row, Node) or not isinstance(denominator, Node) or not _only_reader(denominator, node):
+        return None
+    eps, norm, inner = 0.0, denominator, [denominator]
+    clamped = _clamped_below(denominator)
+    if clamped is not None:
+        norm, eps = clamped
+        if not _only_reader(norm, denominator):
+            return None
+        inner.append(norm)
+    norm_nodes = _euclidean_norm_nodes(norm, row)
+    if norm_nodes is None:
+        return None
+    inner = list(dict.fromkeys([*inner, *norm_nodes]))
+    out, v = example_value(node), example_value(row)
+    if not (isinstance(out, torch.Tensor) and isinstance(v, torch.Tensor) and out.shape == v.shape
+            and out.dtype == v.dtype and v.is_floating_point()):
+        return None
+    return row, eps, _in_reverse_graph_order(inner)
+
+
+def _clamped_below(node: Node) -> tuple[Node, float] | None:
+    """``(v, eps)`` of ``v.clamp(min=eps)``, ``v.clamp_min(eps)`` and their torch functions (no
+    upper bound, a number for eps)."""
+    if not _is(node, _CLAMP_MIN) or not node.args:
+        return None
+    names = ("input", "min") if node.target in (torch.clamp_min, "clamp_min") else ("input", "min", "max")
+    args = dict(zip(names, node.args), **node.kwargs)
+    low = args.get("min")
+    if args.get("max") is not None or isinstance(low, bool) or not isinstance(low, (int, float)):
+        return None
+    return args["input"], float(low)
+
+
+def _euclidean_norm_nodes(norm: Node, row: Node) -> list[Node] | None:
+    """The nodes computing ``norm`` (``norm`` first) where it is ``row``'s Euclidean norm over the
+    last dim with keepdim: a norm spelling (``Tensor.norm``, ``torch.norm``,
+    ``torch.linalg.vector_norm``, p = 2), or ``sqrt`` / ``** 0.5`` of the sum of the squared row,
+    each inner value read by nothing else."""
+    from . import lookup
+    from ..canonical import ReduceOp
+
+    op = lookup(norm)
+    if isinstance(op, ReduceOp) and op.kind == "vector_norm":
+        return [norm] if op.input is row and op.keepdim and _is_last_dim(op.dim, row) else None
+    total = _root_of(norm, _SQRT)
+    if total is None or not _only_reader(total, norm):
+        return None
+    op = lookup(total)
+    if not isinstance(op, ReduceOp) or op.kind != "sum" or not op.keepdim or not _is_last_dim(op.dim, row):
+        return None
+    square = op.input
+    if not isinstance(square, Node) or _squared(square) is not row or not _only_reader(square, total):
+        return None
+    return [norm, total, square]
+
+
+def _is_last_dim(dim, row: Node) -> bool:
+    dim = dim[0] if isinstance(dim, (list, tuple)) and len(dim) == 1 else dim
+    value = example_value(row)
+    return isinstance(value, torch.Tensor) and not isinstance(dim, bool) and dim in (-1, value.dim() - 1)

@@ -5,7 +5,8 @@ dropout off, every parameter's gradient) equals eager's, and the coverage report
 GEMM chains listed in ``FUSED`` — in training with the models' own dropout on too (its masks can't
 equal eager's: tests/test_dropout.py tests what they mean) — the table states what fxfuse takes from each model today, so a
 change that fuses more (or less) shows here. What still stops the others is in the README's known
-limits: the attention projections feed a split or a view that splits the heads.
+limits: the attention projections feed a split or a view that splits the heads (and Llama's and
+Qwen2's q and k then a rotary embedding).
 """
 
 from __future__ import annotations
@@ -48,26 +49,32 @@ def _config(name: str):
     if name == "vit":
         return T.ViTConfig(hidden_size=HIDDEN, num_hidden_layers=LAYERS, num_attention_heads=HEADS,
                            intermediate_size=FFN, image_size=32, patch_size=8), T.ViTModel
+    if name == "clip":
+        tower = dict(hidden_size=HIDDEN, intermediate_size=FFN, num_hidden_layers=LAYERS, num_attention_heads=HEADS)
+        return T.CLIPConfig(text_config=dict(tower, vocab_size=VOCAB, max_position_embeddings=32, bos_token_id=0,
+                                             eos_token_id=1, pad_token_id=1),
+                            vision_config=dict(tower, image_size=32, patch_size=8), projection_dim=32), T.CLIPModel
     raise KeyError(name)
 
 
-class LastHidden(nn.Module):
-    """The model's last hidden state, from positional inputs (what the test harness calls)."""
+class RealModel(nn.Module):
+    """The model's last hidden state (CLIP: its image-text logits), from positional inputs (what
+    the test harness calls)."""
 
     def __init__(self, name: str, train: bool, dropout: bool = False):
         super().__init__()
         config, model = _config(name)
         self.model = model(_no_dropout(config) if train and not dropout else config)
-        self.key = "pixel_values" if name == "vit" else "input_ids"
+        self.keys = {"vit": ("pixel_values",), "clip": ("input_ids", "pixel_values")}.get(name, ("input_ids",))
 
-    def forward(self, inputs):
-        return self.model(**{self.key: inputs})[0]
+    def forward(self, *inputs):
+        out = self.model(**dict(zip(self.keys, inputs)))
+        return out.logits_per_image if "pixel_values" in self.keys[1:] else out[0]
 
 
 def _inputs(name: str):
-    if name == "vit":
-        return lambda: [torch.randn(2, 3, 32, 32)]
-    return lambda: [torch.randint(0, VOCAB, (2, SEQ))]
+    image, tokens = (lambda: torch.randn(2, 3, 32, 32)), (lambda: torch.randint(0, VOCAB, (2, SEQ)))
+    return {"vit": lambda: [image()], "clip": lambda: [tokens(), image()]}.get(name, lambda: [tokens()])
 
 
 # GEMM chains fused in full (report rows with status "fused"), out of the report's rows. Eval runs
@@ -96,6 +103,11 @@ FUSED = {
     # layernorm_after in the same op, and the FFN output + residual + the next LayerNorm (the last
     # one's value also the pooler's first token; the pooler's own chain is never read)
     "vit": {"eval": (6, 13), "train": (6, 13)},
+    # both towers' attention output and FFN blocks as BERT's (the text tower's last sum normalised
+    # by final_layer_norm, then its end-of-text rows picked by index tensors; the vision tower's
+    # first token picked), QuickGELU, the projections and their embeddings over their Euclidean
+    # norm (F.normalize, written out), and the logits GEMM times the scale (read back transposed)
+    "clip": {"eval": (15, 27), "train": (15, 27)},
 }
 
 
@@ -103,7 +115,7 @@ FUSED = {
 @pytest.mark.parametrize("name", list(FUSED))
 def test_a_real_model_computes_what_eager_computes_and_fuses_what_the_table_says(name, train):
     torch.manual_seed(0)
-    report = check_against_eager(lambda: LastHidden(name, train), _inputs(name), train=train, grads=train,
+    report = check_against_eager(lambda: RealModel(name, train), _inputs(name), train=train, grads=train,
                                  draws=2)
     fused = sum(r.status == "fused" for r in report.rows)
     assert (fused, len(report.rows)) == FUSED[name]["train" if train else "eval"], [
@@ -118,7 +130,7 @@ def test_a_real_model_training_with_its_dropout_fuses_as_without(name):
     """Dropout in training (the configs' own p) joins the chains: the same GEMMs fuse as with it
     off; the step runs and every parameter eager trains gets a finite gradient."""
     torch.manual_seed(0)
-    model = LastHidden(name, train=True, dropout=True).train()
+    model = RealModel(name, train=True, dropout=True).train()
     fxfuse.reset_report()
     out = compile_fxfuse(model)(*_inputs(name)())
     out.float().pow(2).mean().backward()

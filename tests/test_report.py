@@ -9,6 +9,7 @@ from pathlib import Path
 
 import torch
 import torch.nn as nn
+import torch.nn.functional as F
 
 import fxfuse
 from examples import suite
@@ -218,3 +219,51 @@ def test_a_chain_read_by_a_row_selection_is_fused_in_full():
         assert (rows[0].status, rows[0].chain[-1]) == ("fused", shown)
     rows = fxfuse.report(Model((Ellipsis, slice(None, 4))), *inputs, allow_cpu=True).rows
     assert (rows[0].status, rows[0].chain[-1], rows[0].reason) == ("partial", "[..., :4]", "indexing")
+
+
+def test_rows_picked_by_index_tensors_end_a_chain_fused_in_full():
+    """CLIP's text tower: the last block's normalised value, then each sequence's end-of-text row
+    (``h[torch.arange(B), positions]``, integer index tensors on the leading dims) for the
+    projection. An index tensor into the features stops the chain."""
+
+    class Model(nn.Module):
+        def __init__(self, into_features=False):
+            super().__init__()
+            self.dense, self.norm, self.projection = nn.Linear(8, 8), nn.LayerNorm(8), nn.Linear(8, 4)
+            self.into_features = into_features
+
+        def forward(self, x, residual, positions):
+            h = self.norm(self.dense(x) + residual)
+            if self.into_features:
+                return h[..., positions]
+            return self.projection(h[torch.arange(h.shape[0]), positions])
+
+    inputs = (torch.randn(2, 3, 8), torch.randn(2, 3, 8), torch.tensor([2, 0]))
+    rows = fxfuse.report(Model(), *inputs, allow_cpu=True).rows
+    assert rows[0].status == "fused" and "layer_norm" in rows[0].program
+    rows = fxfuse.report(Model(into_features=True), *inputs, allow_cpu=True).rows
+    assert (rows[0].status, rows[0].reason) == ("partial", "indexing")
+
+
+def test_a_value_transposed_for_a_gemm_or_the_output_ends_a_chain_fused_in_full():
+    """CLIP's logits: ``text @ image.t()`` (a move to the device it is on between), scaled, returned
+    transposed. Nothing is left for an epilogue: the chains end there as at a GEMM reading the
+    value. A transpose read by an elementwise op is not an end."""
+
+    class Model(nn.Module):
+        def __init__(self, then_relu=False):
+            super().__init__()
+            self.text, self.image, self.then_relu = nn.Linear(8, 4, bias=False), nn.Linear(8, 4, bias=False), then_relu
+
+        def forward(self, t, i, scale):
+            text = F.normalize(self.text(t), dim=-1)
+            image = F.normalize(self.image(i), dim=-1)
+            logits = text @ image.t().to(text.device) * scale
+            return torch.relu(logits.t()) if self.then_relu else logits.t()
+
+    inputs = (torch.randn(5, 8), torch.randn(3, 8), torch.tensor(2.0))
+    rows = fxfuse.report(Model(), *inputs, allow_cpu=True).rows
+    assert [r.status for r in rows] == ["fused"] * 3, [(r.status, r.reason) for r in rows]
+    assert "normalize(eps=1e-12)" in rows[0].program and rows[2].program.endswith("|| scalar")
+    rows = fxfuse.report(Model(then_relu=True), *inputs, allow_cpu=True).rows
+    assert (rows[2].status, rows[2].reason) == ("partial", "t is not an epilogue op")

@@ -1,7 +1,8 @@
 """Norms written out op by op — transformers' LlamaRMSNorm and T5LayerNorm, the LayerNorms models
-write themselves (ConvNeXt's) — are recognised as the RMS or layer norm they compute and fuse like
-``torch.rms_norm`` / ``F.layer_norm``; outputs and gradients equal eager's. A written-out norm whose
-inner values something else reads is left as written."""
+write themselves (ConvNeXt's), CLIP's and ALIGN's embeddings over their Euclidean norm — are
+recognised as the RMS norm, layer norm or L2 normalization they compute and fuse like
+``torch.rms_norm`` / ``F.layer_norm`` / ``F.normalize``; outputs and gradients equal eager's. A
+written-out norm whose inner values something else reads is left as written."""
 
 from __future__ import annotations
 
@@ -180,3 +181,76 @@ def test_an_unbiased_variance_is_not_a_layer_norm():
     report = check_against_eager(Unbiased, lambda: [torch.randn(6, K)], grads=True)
     (row,) = report.rows
     assert "layer_norm" not in (row.program or "")
+
+
+class WrittenNormalization(nn.Module):
+    """A projection without bias (CLIP's, ALIGN's), the embedding over its Euclidean norm, then a
+    scale: the division is ``F.normalize`` (eps = 0 without a clamp)."""
+
+    SPELLINGS = {
+        "align-norm-method": lambda e: e / e.norm(p=2, dim=-1, keepdim=True),
+        "clip-pow-sum-pow": lambda e: e / torch.pow(torch.sum(torch.pow(e, 2), dim=-1, keepdim=True), 0.5),
+        "linalg-vector-norm": lambda e: e / torch.linalg.vector_norm(e, dim=-1, keepdim=True),
+        "square-sum-sqrt": lambda e: e / (e * e).sum(-1, keepdim=True).sqrt(),
+        "norm-clamp-min": lambda e: e / e.norm(dim=-1, keepdim=True).clamp(min=1e-6),
+        "torch-norm-clamp_min": lambda e: e / torch.norm(e, 2, -1, True).clamp_min(1e-6),
+    }
+    EPS = {"norm-clamp-min": 1e-06, "torch-norm-clamp_min": 1e-06}
+
+    def __init__(self, spelling: str = "align-norm-method"):
+        super().__init__()
+        self.proj = nn.Linear(K, N, bias=False)
+        self.spelling = spelling
+
+    def forward(self, x):
+        return self.SPELLINGS[self.spelling](self.proj(x)) * 2.5
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("spelling", list(WrittenNormalization.SPELLINGS))
+def test_a_row_over_its_written_euclidean_norm_fuses_as_normalize(spelling, dtype):
+    report = check_against_eager(lambda: WrittenNormalization(spelling), lambda: [torch.randn(2, 5, K)],
+                                 dtype=dtype, grads=True)
+    (row,) = report.rows
+    assert row.status == "fused", row.reason
+    eps = WrittenNormalization.EPS.get(spelling, 0.0)
+    assert row.program.startswith(f"linear(bias=False) | normalize(eps={eps}) | pointwise("), row.program
+
+
+def test_a_zero_row_over_its_norm_is_nan_where_eagers_is():
+    """0 / 0 on a row of zeros, as eager's quotient (and F.normalize at eps = 0): NaN there, the
+    other rows unchanged; the gradients carry eager's Inf and NaN (g / 0; none through the norm)."""
+
+    def zero_second_row():
+        x = torch.randn(3, K)
+        x[1] = 0.0
+        return [x]
+
+    report = check_against_eager(WrittenNormalization, zero_second_row, grads=True)
+    (row,) = report.rows
+    assert row.status == "fused" and "normalize(eps=0.0)" in row.program
+
+
+@pytest.mark.parametrize("read_too", ["norm", "square"])
+def test_a_written_norm_read_elsewhere_or_over_another_row_stays_written(read_too):
+    class NormToo(WrittenNormalization):
+        def forward(self, x):
+            e = self.proj(x)
+            if read_too == "norm":
+                n = e.norm(p=2, dim=-1, keepdim=True)
+                return e / n + n
+            square = e * e
+            return e / square.sum(-1, keepdim=True).sqrt() + square
+
+    report = check_against_eager(NormToo, lambda: [torch.randn(4, K)], grads=True)
+    assert all("normalize" not in (row.program or "") for row in report.rows)
+
+
+def test_a_norm_over_another_dim_or_an_upper_clamp_is_not_a_normalization():
+    class Other(WrittenNormalization):
+        def forward(self, x):
+            e = self.proj(x)
+            return e / e.norm(dim=0, keepdim=True) + e / e.norm(dim=-1, keepdim=True).clamp(1e-6, 10.0)
+
+    report = check_against_eager(Other, lambda: [torch.randn(4, K)], grads=True)
+    assert all("normalize" not in (row.program or "") for row in report.rows)
