@@ -6,12 +6,12 @@
     compute-sanitizer --tool synccheck python tests/gpu/sanitize.py
 
 Covers the row kernel (aligned and unaligned paths, several rows a block, multi-warp rows, group
-norm by lane shuffles, by warps, by chunk and staged in shared memory, row reductions, chains that
-widen to a float32 output in both chunk layouts), the BatchNorm statistics and combine kernels,
-and the backward kernels of pointwise and row programs (16-byte and 1-element paths, many chunks
-of rows, a column parameter, group norms by lanes, layer norms over several warps, a row map over
-256 threads, reductions). Prints one line per call and exits non-zero on a mismatch with the
-reference.
+norm by lane shuffles, by warps, by chunk and staged in shared memory, row reductions (var about
+the mean), normalize, chains that widen to a float32 output in both chunk layouts), the BatchNorm
+statistics and combine kernels, and the backward kernels of pointwise and row programs (16-byte
+and 1-element paths, many chunks of rows, a column parameter, group norms by lanes, layer norms
+over several warps, row maps over 256 threads and normalize's, reductions with std's). Prints one
+line per call and exits non-zero on a mismatch with the reference.
 """
 
 from __future__ import annotations
@@ -46,6 +46,8 @@ CALLS = [  # (program, dtype, M, N, K)
     ("widen_s09_vec_relu", torch.bfloat16, 7, 1000, 16),  # chunks of 4 values: 8-byte loads, one store
     ("pool_avg_overlapping_rows", torch.bfloat16, 40, 256, 16),  # pooling through shared memory, many rows a block
     ("pool_max_sum_scale", torch.float32, 3, 4096, 16),  # pooling of a multi-warp row, then a reduction
+    ("reduce_var_keep", torch.float32, 5, 4096, 16),  # two passes about the mean of a multi-warp row
+    ("normalize_then_col", torch.float32, 7, 1000, 16),  # a row map over its norm, unaligned tail
 ]
 GRAD_CALLS = [  # (program, dtype, M, N) of the backward kernel
     ("s01_scale_leaky", torch.bfloat16, 300, 256),  # 16-byte path, many chunks of rows a column
@@ -59,6 +61,8 @@ GRAD_CALLS = [  # (program, dtype, M, N) of the backward kernel
     ("s11_gelu_softmax", torch.bfloat16, 40, 8192),  # row map: a row over 256 threads
     ("widen_s05_logsumexp_chain", torch.bfloat16, 70, 1000),  # reduction, float32 output, 8-byte chunks
     ("reduce_max_first_drop", torch.float32, 9, 999),  # reduction: the first maximum, 1-element path
+    ("reduce_std_drop", torch.float32, 33, 2048),  # reduction: std about the mean, several warps
+    ("normalize_no_eps", torch.float32, 9, 999),  # row map: the norm's path, 1-element path
 ]
 
 
