@@ -201,27 +201,44 @@ def _same_row(value, row: Node, product: Node) -> bool:
         cast_from = row.args[0] if _is(row, _TO_FLOAT) and row.args else None
         if value is not cast_from or example_value(row).dtype != torch.float32:
             return False
-    out, v = example_value(product), example_value(row)
+    return _of_the_rows_shape_and_dtype(product, row)
+
+
+def _of_the_rows_shape_and_dtype(result: Node, row: Node) -> bool:
+    """``result`` is a float tensor of ``row``'s shape and dtype: replacing it by a norm of the row
+    changes neither."""
+    out, v = example_value(result), example_value(row)
     return (isinstance(out, torch.Tensor) and isinstance(v, torch.Tensor) and out.shape == v.shape
             and out.dtype == v.dtype and v.is_floating_point())
 
 
 def _written_layer_norms(graph: Graph) -> int:
     """Rewrite every layer norm written out op by op (module docstring) into ``F.layer_norm``."""
+    return _rewrite_float32_under_autocast(
+        graph, _written_layer_norm,
+        lambda row, eps: (F.layer_norm, (row, (int(example_value(row).shape[-1]),), None, None, eps)))
+
+
+def _rewrite_float32_under_autocast(graph: Graph, match, call) -> int:
+    """Replace each node ``match`` gives ``(row, eps, inner nodes, last first)`` for by the node
+    ``call(row, eps)`` describes (a function and its arguments), the inner nodes erased; under
+    autocast only a float32 row: autocast runs these norms in float32, where the written form of a
+    bfloat16 row computes in bfloat16 and the replacement's output dtype would not be eager's."""
     found = 0
     autocast = any(getattr(n.target, "__name__", None) == "_enter_autocast" for n in graph.nodes)
     for node in list(graph.nodes):
-        match = _written_layer_norm(node)
-        if match is None:
+        match_ = match(node)
+        if match_ is None:
             continue
-        row, eps, inner = match
+        row, eps, inner = match_
         value = example_value(row)
         if value.dtype != torch.float32 and (autocast or torch.is_autocast_enabled(value.device.type)):
             continue
+        function, args = call(row, eps)
         with graph.inserting_before(node):
-            norm = graph.call_function(F.layer_norm, (row, (int(value.shape[-1]),), None, None, eps))
-        norm.meta = dict(node.meta)
-        node.replace_all_uses_with(norm)
+            replacement = graph.call_function(function, args)
+        replacement.meta = dict(node.meta)
+        node.replace_all_uses_with(replacement)
         for dead in [node, *inner]:  # in reverse order of the graph: each then has no readers left
             graph.erase_node(dead)
         found += 1
@@ -262,9 +279,7 @@ def _written_layer_norm(node: Node) -> tuple[Node, float, list[Node]] | None:
         centres = [n for n in inner if _centered(n) == (row, mean)]
         if any(not set(n.users) <= {node, *inner} for n in inner) or not set(mean.users) <= set(centres):
             continue  # an inner value read elsewhere: rewriting would take it away
-        out, v = example_value(node), example_value(row)
-        if not (isinstance(out, torch.Tensor) and isinstance(v, torch.Tensor) and out.shape == v.shape
-                and out.dtype == v.dtype and v.is_floating_point()):
+        if not _of_the_rows_shape_and_dtype(node, row):
             continue
         return row, float(eps), _in_reverse_graph_order([*inner, mean])
     return None
@@ -325,26 +340,9 @@ _CLAMP_MIN = {torch.clamp, torch.clamp_min, "clamp", "clamp_min"}
 
 
 def _written_normalizations(graph: Graph) -> int:
-    """Rewrite every row divided by its own Euclidean norm (module docstring) into ``F.normalize``;
-    under autocast only a float32 row (autocast runs the norm in float32 and the quotient widens)."""
-    found = 0
-    autocast = any(getattr(n.target, "__name__", None) == "_enter_autocast" for n in graph.nodes)
-    for node in list(graph.nodes):
-        match = _written_normalization(node)
-        if match is None:
-            continue
-        row, eps, inner = match
-        if example_value(row).dtype != torch.float32 and (
-                autocast or torch.is_autocast_enabled(example_value(row).device.type)):
-            continue
-        with graph.inserting_before(node):
-            normalized = graph.call_function(F.normalize, (row, 2.0, -1, eps))
-        normalized.meta = dict(node.meta)
-        node.replace_all_uses_with(normalized)
-        for dead in [node, *inner]:  # the quotient first, then the denominator's nodes, last first
-            graph.erase_node(dead)
-        found += 1
-    return found
+    """Rewrite every row divided by its own Euclidean norm (module docstring) into ``F.normalize``."""
+    return _rewrite_float32_under_autocast(graph, _written_normalization,
+                                           lambda row, eps: (F.normalize, (row, 2.0, -1, eps)))
 
 
 def _written_normalization(node: Node) -> tuple[Node, float, list[Node]] | None:
@@ -367,12 +365,9 @@ def _written_normalization(node: Node) -> tuple[Node, float, list[Node]] | None:
     norm_nodes = _euclidean_norm_nodes(norm, row)
     if norm_nodes is None:
         return None
-    inner = list(dict.fromkeys([*inner, *norm_nodes]))
-    out, v = example_value(node), example_value(row)
-    if not (isinstance(out, torch.Tensor) and isinstance(v, torch.Tensor) and out.shape == v.shape
-            and out.dtype == v.dtype and v.is_floating_point()):
+    if not _of_the_rows_shape_and_dtype(node, row):
         return None
-    return row, eps, _in_reverse_graph_order(inner)
+    return row, eps, _in_reverse_graph_order(list(dict.fromkeys([*inner, *norm_nodes])))
 
 
 def _clamped_below(node: Node) -> tuple[Node, float] | None:
