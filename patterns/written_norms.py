@@ -60,8 +60,9 @@ _TO_FLOAT = {"to", "float"}
 
 
 def recognise(graph: Graph) -> int:
-    """Rewrite every written-out RMS norm of ``graph`` into a ``torch.rms_norm`` node, and every
-    instance norm of rows in disguise into a ``layer_norm``; how many."""
+    """Rewrite every written-out RMS norm of ``graph`` into a ``torch.rms_norm`` node, every
+    written-out layer norm and instance norm of rows in disguise into a ``layer_norm``, and every
+    row over its written-out Euclidean norm into ``F.normalize``; how many."""
     found = _instance_norms_of_rows(graph) + _written_layer_norms(graph) + _written_normalizations(graph)
     for node in list(graph.nodes):
         match = _written_rms_norm(node)
