@@ -197,7 +197,7 @@ FX_DEVICE void norm_dv(R& r, float (&g)[ITEMS][VEC], float (&sums)[S][ITEMS][VEC
 // sums of the row's first thread.
 //   sum: gs    mean: gs / n    logsumexp: gs exp(v - s)
 //   amax/amin ("split"): gs / count(v == s) where v == s    max/min(dim) ("first"): gs at the first
-//   vector_norm: v (gs / s), 0 where s is 0 (norm_backward's masked_fill)
+//   vector_norm: v (gs / s), v (gs * 0) where s is 0 (norm_backward's mask: 0, or NaN for an Inf/NaN gs)
 //   var: 2 / (n - correction) gs (v - mean)    std: var's with gs / (2 s), 0 where s is 0 (std_backward)
 struct ReductionRow {
   float s;      // the reduction's value

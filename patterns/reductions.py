@@ -209,7 +209,7 @@ def _selects_rows(value, index) -> bool:
 
 def _index_tensor(entry) -> bool:
     value = example_value(entry) if isinstance(entry, Node) else None
-    return isinstance(value, torch.Tensor) and (value.dtype == torch.bool or not value.is_floating_point())
+    return isinstance(value, torch.Tensor) and not value.is_floating_point() and not value.is_complex()
 
 
 SPELLINGS = (

@@ -178,11 +178,7 @@ def _last_dim_keepdim_args(node: Node, positional: tuple[str, ...]) -> dict | No
     """A row statistic's arguments by name (``positional``: its signature's leading names) where
     it is over the last dim of its input with keepdim=True; else None."""
     args = dict(zip(positional, node.args), **node.kwargs)
-    dim = args.get("dim")
-    dim = dim[0] if isinstance(dim, (list, tuple)) and len(dim) == 1 else dim
-    value = example_value(args.get("input"))
-    last = isinstance(value, torch.Tensor) and dim in (-1, value.dim() - 1)
-    return args if last and args.get("keepdim") is True else None
+    return args if _is_last_dim(args.get("dim"), args.get("input")) and args.get("keepdim") is True else None
 
 
 def _squared(square: Node) -> Node | None:
@@ -407,7 +403,8 @@ def _euclidean_norm_nodes(norm: Node, row: Node) -> list[Node] | None:
     return [norm, total, square]
 
 
-def _is_last_dim(dim, row: Node) -> bool:
+def _is_last_dim(dim, row) -> bool:
+    """``dim`` (an int or a one-element list) is ``row``'s last dim."""
     dim = dim[0] if isinstance(dim, (list, tuple)) and len(dim) == 1 else dim
     value = example_value(row)
     return isinstance(value, torch.Tensor) and not isinstance(dim, bool) and dim in (-1, value.dim() - 1)

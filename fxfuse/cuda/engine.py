@@ -203,10 +203,10 @@ class Engine:
         """Time the row path and each GEMM configuration on an (m, n, k) problem (or take the
         measurement cached on disk), route (bucket of m, n, k) to the fastest, and return the
         selection; None where the program has no GEMM module and Inductor is not to be timed (the
-        row path serves: there is nothing to choose). The problem's
-        data is ``operands``, (x, weight, bias, params) as the model computes them, where given
-        (the closest the selection gets to the model: S26's chains ran at other speeds in the
-        model than timed alone on random data, BENCHMARKS.md section 15), else random data.
+        row path serves: there is nothing to choose). The problem's data is ``operands``, (x,
+        weight, bias, params) as the model computes them, where given (the closest the selection
+        gets to the model: S26's chains ran at other speeds in the model than timed alone on random
+        data, BENCHMARKS.md section 15), else random data.
         ``against_inductor``: Inductor's kernels for the chain are timed too (in the same rounds);
         ``weight_is_kn``: the calls' weight is a (K, N) tensor read transposed (GPT-2's Conv1D),
         which the GEMM configurations do not read (their B is the (N, K) weight): the row path and
