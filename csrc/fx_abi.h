@@ -8,7 +8,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#define FX_ABI_VERSION 15
+#define FX_ABI_VERSION 16
 
 // Widest row the row kernel holds in registers (64 floats a thread, 512 threads a row).
 #define FX_MAX_N 32768
@@ -19,7 +19,9 @@ enum FxDtype : int32_t { FX_F32 = 0, FX_BF16 = 1, FX_F16 = 2 };
 // output's shape (M x N row-major: a residual, a gate), read at each element's own position, or a
 // dropout stage's seed (two int64 values, drawn per call; FxParam.dtype is unused for it), or a
 // second GEMM's (N, K) weight: the runtime computes x @ weight.T and the kernels read that output
-// as they read a tensor of the output's shape (a gated MLP's up projection).
+// as they read a tensor of the output's shape (a gated MLP's up projection), or a rotary
+// embedding's cos or sin table: P rows of D values (FxParam.rows = P, P dividing M), output row r
+// reading table row r mod P, each head of D columns the same row.
 enum FxParamKind : int32_t {
   FX_PARAM_SCALAR = 0,
   FX_PARAM_COL = 1,
@@ -27,6 +29,7 @@ enum FxParamKind : int32_t {
   FX_PARAM_SEED = 3,
   FX_PARAM_ROW = 4,  // one value per row (M values): a per-row scale, an (M, 1) operand
   FX_PARAM_GEMM = 5,
+  FX_PARAM_HEAD = 6,
 };
 
 // FxLaunch.flags: how the eager implementation of this torch build rounds, where builds differ.
@@ -46,7 +49,7 @@ enum FxOutKind : int32_t {
 struct FxParam {
   const void* ptr;  // 1 value, N values or M x N values (FxParamKind); contiguous, 16-byte aligned
   int32_t dtype;    // FxDtype
-  int32_t pad;
+  int32_t rows;     // a head table's rows P (FX_PARAM_HEAD), else 0
 };
 
 struct FxLaunch {

@@ -27,6 +27,7 @@ struct GradArgs {
   const void* pptr[P];
   int32_t pdtype[P];
   int32_t pkind[P];  // FxParamKind: FX_PARAM_COL (N values) or FX_PARAM_SCALAR
+  int32_t prows[P];  // a head table's rows, as Args (set_params fills both; no backward reads one)
   int64_t m;
   int64_t chunks;    // chunks of rows
   int64_t rows;      // rows a chunk (a multiple of kGradLanes)

@@ -21,6 +21,7 @@ struct Args {
   float* part_m2;
   const void* pptr[P];
   int32_t pdtype[P];
+  int32_t prows[P];      // a head table's rows (FX_PARAM_HEAD)
   int64_t m;
   int64_t chunks;
   int32_t n;
@@ -44,6 +45,7 @@ inline void set_params(A& a, const FxParam* params) {
   for (int k = 0; k < Prog::kNumParams; ++k) {
     a.pptr[k] = params[k].ptr;
     a.pdtype[k] = params[k].dtype;
+    a.prows[k] = params[k].rows;
   }
 }
 

@@ -365,6 +365,40 @@ struct Row {
   template <int K, int S>
   FX_DEVICE void pool_max() { pool<true, K, S>(); }
 
+  // Attention's rotary embedding (a Rotary stage) of every head of D columns: y * cos + rot(y) *
+  // sin, rot(y)[j] = -y[j + D/2] for j < D/2 and y[j - D/2] after, cos and sin the head tables C and
+  // S (P rows of D values; row r reads table row r mod P). Each product and the sum rounded to U as
+  // eager's three ops round them. The partner comes through the row's scratch (n floats); whole
+  // rows a segment (Prog::row_local is false).
+  template <typename U, int D, int C, int S>
+  FX_DEVICE void rotary() {
+    static_assert(D % 2 == 0, "heads of an even width");
+    if (active) {
+#pragma unroll
+      for (int i = 0; i < ITEMS; ++i)
+#pragma unroll
+        for (int e = 0; e < VEC; ++e)
+          if (col(i, e) < n) scratch[col(i, e)] = v[i][e];
+    }
+    t.sync();
+    if (active) {
+      const int64_t table_row = (row % a.prows[C]) * D;
+#pragma unroll
+      for (int i = 0; i < ITEMS; ++i)
+#pragma unroll
+        for (int e = 0; e < VEC; ++e) {
+          const int c = col(i, e);
+          if (c >= n) continue;
+          const int j = c % D;
+          const float partner = j < D / 2 ? -scratch[c + D / 2] : scratch[c - D / 2];
+          const float cs = load_param(a.pptr[C], a.pdtype[C], table_row + j);
+          const float sn = load_param(a.pptr[S], a.pdtype[S], table_row + j);
+          v[i][e] = round_to<U>(round_to<U>(v[i][e] * cs) + round_to<U>(partner * sn));
+        }
+    }
+    t.sync();  // the scratch is free again (a later stage, the next row)
+  }
+
   // Dropout in training: v / (1 - p) where the mask keeps the element, v * 0 elsewhere (NaN and
   // Inf become NaN, as in eager's product); the mask is a hash of (seed parameter K, row, column)
   // (row_random.cuh), so the backward recomputes it from the seed.

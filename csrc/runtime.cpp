@@ -101,8 +101,9 @@ bool on_kernel_device(const Tensor& t) {
 }
 
 // A parameter as the kernels read it: 1 (scalar), N (column), M (row: one value a row, its last dim
-// 1; one a sample expands) or M x N (full: the output's shape, N its last dim) contiguous values of
-// a float type, on x's device. nullopt where the reference would raise (wrong size or device).
+// 1; one a sample expands), M x N (full: the output's shape, N its last dim) or P x D (head: a
+// rotary table of P rows dividing M, D dividing N) contiguous values of a float type, on x's
+// device. nullopt where the reference would raise (wrong size or device).
 std::optional<Tensor> kernel_param(const Tensor& p, int32_t kind, int64_t m, int64_t n, const Tensor& x) {
   if (kind == FX_PARAM_GEMM) kind = FX_PARAM_FULL;  // by now its GEMM's output (second_gemm_outputs)
   if (kind == FX_PARAM_SEED) {  // two int64 values on x's device, read as they are
@@ -116,7 +117,14 @@ std::optional<Tensor> kernel_param(const Tensor& p, int32_t kind, int64_t m, int
     if (p.dim() != static_cast<int64_t>(rows.size()) || !at::is_expandable_to(p.sizes(), rows)) return std::nullopt;
     q = p.expand(rows);
   }
-  const int64_t numel = kind == FX_PARAM_FULL ? m * n : kind == FX_PARAM_COL ? n : kind == FX_PARAM_ROW ? m : 1;
+  if (kind == FX_PARAM_HEAD) {
+    const int64_t d = q.dim() >= 1 ? q.size(-1) : 0;
+    if (d == 0 || q.numel() == 0 || n % d != 0 || m % (q.numel() / d) != 0 || q.device() != x.device()) {
+      return std::nullopt;
+    }
+  }
+  const int64_t numel = kind == FX_PARAM_HEAD ? q.numel() : kind == FX_PARAM_FULL ? m * n
+                        : kind == FX_PARAM_COL ? n : kind == FX_PARAM_ROW ? m : 1;
   if (q.numel() != numel || (kind == FX_PARAM_FULL && (q.dim() < 1 || q.size(-1) != n)) ||
       (kind == FX_PARAM_ROW && (q.dim() < 1 || q.size(-1) != 1))) {
     return std::nullopt;
@@ -149,8 +157,9 @@ bool kernel_params(at::TensorList params, const int32_t* kinds, const int32_t* d
     if (!q) return false;
     const int32_t code = kinds[i] == FX_PARAM_SEED ? FX_F32 : *code_of(q->scalar_type());  // unused for a seed
     if (dtypes != nullptr && code != dtypes[i]) return false;
+    const int32_t rows = kinds[i] == FX_PARAM_HEAD ? static_cast<int32_t>(q->numel() / params[i].size(-1)) : 0;
     kept.push_back(*q);
-    fx_params.push_back(FxParam{q->data_ptr(), code, 0});
+    fx_params.push_back(FxParam{q->data_ptr(), code, rows});
   }
   return true;
 }

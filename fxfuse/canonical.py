@@ -97,6 +97,16 @@ class PoolOp:
 
 
 @dataclass(frozen=True)
+class RotaryOp:
+    """The rotary embedding of a projection's rows (B, T, H·D) (patterns/rotary.py): each head of
+    D = cos.shape[-1] features rotated by the (B or 1, T, D) or (T, D) tables ``cos`` and ``sin``."""
+
+    input: Node
+    cos: Node
+    sin: Node
+
+
+@dataclass(frozen=True)
 class DropoutOp:
     """Dropout in training mode with 0 < p < 1 (random: each element kept with probability 1 - p)."""
 
@@ -158,4 +168,4 @@ class RejectedGemm(Rejected):
     of two activations): it still gets a report row of its own, with ``reason``."""
 
 
-CanonicalOp = Union[GemmOp, PointwiseOp, NormOp, ReduceOp, PoolOp, DropoutOp, AliasOp, ReshapeOp, RowSelection, Rejected]
+CanonicalOp = Union[GemmOp, PointwiseOp, NormOp, ReduceOp, PoolOp, RotaryOp, DropoutOp, AliasOp, ReshapeOp, RowSelection, Rejected]

@@ -6,7 +6,9 @@ Norms written out op by op (transformers' RMSNorms) become the norm op first
 and a GEMM read only split in two halves (a gated MLP's one-GEMM spelling) two GEMMs
 (patterns/split_gemms.py). A pooling along the features, written as a pooling of the rows viewed
 as one channel, becomes one node of the rows (patterns/feature_pooling.py); where its windows
-reach past a row, the ``unsqueeze(1)`` carries the reason to stop a chain.
+reach past a row, the ``unsqueeze(1)`` carries the reason to stop a chain. The rotary embedding of
+attention's heads becomes one node of the projection's rows, before the view into heads
+(patterns/rotary.py).
 
 Dynamo records ``y.mul_(3)`` as a node whose later readers still name ``y``: the mutation is
 implicit in the node order. Where ``y`` is a fresh temporary, readers after the in-place node are
@@ -20,10 +22,11 @@ from __future__ import annotations
 from torch.fx import Graph, Node
 
 from . import patterns
-from .patterns import feature_pooling, shape_reads, split_gemms, written_norms
-from .canonical import AliasOp, CanonicalOp, GemmOp, NormOp, PointwiseOp, PoolOp, ReduceOp, Rejected, ReshapeOp, RowSelection
+from .patterns import feature_pooling, rotary, shape_reads, split_gemms, written_norms
+from .canonical import (AliasOp, CanonicalOp, GemmOp, NormOp, PointwiseOp, PoolOp, ReduceOp, Rejected, ReshapeOp,
+                        RotaryOp, RowSelection)
 
-FRESH_VALUE_OPS = (GemmOp, PointwiseOp, NormOp, ReduceOp, PoolOp)  # they produce new tensors, not views
+FRESH_VALUE_OPS = (GemmOp, PointwiseOp, NormOp, ReduceOp, PoolOp, RotaryOp)  # they produce new tensors, not views
 
 
 def canonicalize(graph: Graph) -> dict[Node, CanonicalOp]:
@@ -35,6 +38,7 @@ def canonicalize(graph: Graph) -> dict[Node, CanonicalOp]:
     split_gemms.split_in_two(graph, gemms)
     order = {node: i for i, node in enumerate(graph.nodes)}
     rejected: dict[Node, Rejected] = feature_pooling.recognise(graph)
+    rotary.recognise(graph)
     for node in graph.nodes:  # in order, so chains of in-place ops rewire one after another
         op = _lookup(node)
         if isinstance(op, PointwiseOp) and op.inplace:

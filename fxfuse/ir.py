@@ -17,7 +17,8 @@ stage marks where the chain widens to float32, as autocast and type promotion wi
 ``narrow()`` stage marks the cast back to the GEMM's dtype after a widened stretch; a
 ``dropout(p=0.1, seed=p2)`` stage is training-mode dropout, its masks drawn per call; an
 ``avg_pool(kernel=4, stride=4)`` / ``max_pool(...)`` stage pools windows of a row's values, and
-the stages after it see the narrower row.
+the stages after it see the narrower row; a ``rotary(head_dim=64, cos=p0, sin=p1)`` stage is
+attention's rotary embedding of each head of the row.
 """
 
 from __future__ import annotations
@@ -39,8 +40,11 @@ from .vocabulary import EpilogueFunction
 # one value per row (an (M, 1) operand: a per-row scale, or read after a row reduction), a
 # dropout stage's seed (two int64 values drawn from torch's generator on every call), or the (N, K)
 # weight of a second GEMM on the op's input, whose output the epilogue reads (a gated MLP's up
-# projection: ``silu(x @ Wg.T) * (x @ Wu.T)`` is one op)
-ParamKind = Literal["col", "scalar", "full", "row", "seed", "gemm"]
+# projection: ``silu(x @ Wg.T) * (x @ Wu.T)`` is one op), or a rotary embedding's cos or sin table
+# ("head": a row of D values for every P-th row of the output, each head of D columns reading it:
+# (B, T, D) or (1, T, D) or (T, D) tables against rows (B, T, H·D); output row r reads table row
+# r mod P)
+ParamKind = Literal["col", "scalar", "full", "row", "seed", "gemm", "head"]
 NormKind = Literal["group", "layer", "rms", "batch"]
 ReduceKind = Literal["sum", "mean", "max", "min", "logsumexp", "vector_norm", "var", "std", "softmax", "log_softmax",
                      "normalize"]
@@ -167,7 +171,19 @@ class Pool:
         return (n - self.kernel) // self.stride + 1 if n >= self.kernel else 0
 
 
-Stage = Union[Pointwise, Norm, Reduce, Widen, Narrow, Keep, Dropout, Pool]
+@dataclass(frozen=True)
+class Rotary:
+    """Attention's rotary embedding (RoPE) of every head of ``head_dim`` columns of the row, as
+    transformers computes it: ``y * cos + cat(-y[D/2:], y[:D/2]) * sin`` per head, cos and sin the
+    "head" parameters ``cos`` and ``sin``. Each product and the sum are rounded to the chain's
+    dtype, as eager's three ops round them; the row keeps its width."""
+
+    head_dim: int
+    cos: int
+    sin: int
+
+
+Stage = Union[Pointwise, Norm, Reduce, Widen, Narrow, Keep, Dropout, Pool, Rotary]
 
 
 @dataclass(frozen=True)
@@ -210,10 +226,13 @@ class Program:
 
     @property
     def constant_params(self) -> frozenset[int]:
-        """Parameters the output is not differentiable in (running statistics, as in eager)."""
+        """Parameters that get no gradient: running statistics (as in eager) and rotary tables (the
+        matcher only takes tables computed without a gradient)."""
         return frozenset(
-            i for s in self.stages if isinstance(s, Norm)
-            for i in (s.running_mean, s.running_var) if i is not None
+            i for s in self.stages
+            for i in ((s.running_mean, s.running_var) if isinstance(s, Norm)
+                      else (s.cos, s.sin) if isinstance(s, Rotary) else ())
+            if i is not None
         )
 
     @property
@@ -390,6 +409,7 @@ _WIDEN_NAME = "float32"
 _KEEP_NAME = "keep"
 _NARROW_NAME = "narrow"
 _DROPOUT_NAME = "dropout"
+_ROTARY_NAME = "rotary"
 
 
 def _stage_string(stage: Stage) -> str:
@@ -413,6 +433,8 @@ def _stage_string(stage: Stage) -> str:
         return f"{_DROPOUT_NAME}(p={stage.p!r}, seed=p{stage.seed})"
     if isinstance(stage, Pool):
         return f"{stage.kind}_pool(kernel={stage.kernel}, stride={stage.stride})"
+    if isinstance(stage, Rotary):
+        return f"{_ROTARY_NAME}(head_dim={stage.head_dim}, cos=p{stage.cos}, sin=p{stage.sin})"
     defaults = Norm(kind=stage.kind, eps=0.0)
     items = [f"eps={stage.eps!r}"]
     for f in fields(Norm)[2:]:
@@ -457,6 +479,8 @@ def _parse_stage(text: str) -> Stage:
         return Narrow()
     if name == _DROPOUT_NAME and not node.args:
         return Dropout(**_keywords(node))
+    if name == _ROTARY_NAME and not node.args:
+        return Rotary(**_keywords(node))
     if name.endswith("_pool") and name[: -len("_pool")] in POOLS and not node.args:
         return Pool(kind=name[: -len("_pool")], **_keywords(node))
     raise ValueError(f"unknown stage {text!r}")

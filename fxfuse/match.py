@@ -16,6 +16,7 @@ a pointwise op of the GEMM's dtype may still read values from before it).
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
@@ -38,11 +39,12 @@ from .canonical import (
     Rejected,
     RejectedGemm,
     ReshapeOp,
+    RotaryOp,
     RowSelection,
     example_value,
 )
 from .describe import describe
-from .ir import Dropout, Gemm, Keep, Narrow, Norm, Pointwise, Pool, Program, Reduce, Stage, Widen
+from .ir import Dropout, Gemm, Keep, Narrow, Norm, Pointwise, Pool, Program, Reduce, Rotary, Stage, Widen
 from .vocabulary import ROUNDING, call, is_rounding
 from .patterns.norms import FAMILY as NORMS
 from .patterns.reductions import FAMILY as REDUCTIONS
@@ -134,11 +136,13 @@ class Chain:
 class Stop(Exception):
     """Growth ends at this node, for this reason (None: the chain simply ends here);
     ``wider_dtype`` when the node computes in a wider dtype than the chain can take (float64):
-    an op Inductor would fuse with the chain."""
+    an op Inductor would fuse with the chain; ``natural_end`` when the chain is complete there all
+    the same (a view into attention's heads: the reason says why a chain with no epilogue op
+    before it has none)."""
 
-    def __init__(self, reason: str | None, wider_dtype: bool = False):
+    def __init__(self, reason: str | None, wider_dtype: bool = False, natural_end: bool = False):
         super().__init__(reason)
-        self.reason, self.wider_dtype = reason, wider_dtype
+        self.reason, self.wider_dtype, self.natural_end = reason, wider_dtype, natural_end
 
 
 def _autocast_casts_to(gemm: Node, device_type: str, dtype: torch.dtype) -> bool:
@@ -219,6 +223,7 @@ class _Matcher:
         self.widened = False  # an op of the chain computes in float32 (in a bf16/fp16 chain)
         self.casts_operands = False
         self.stopped_at_wider_dtype = False
+        self.natural_end = False
 
     # -- driver -------------------------------------------------------------------------------
 
@@ -233,6 +238,7 @@ class _Matcher:
                 self._absorb(candidate)
             except Stop as stop:
                 stop_node, stop_reason, self.stopped_at_wider_dtype = candidate, stop.reason, stop.wider_dtype
+                self.natural_end = stop.natural_end
                 break
         chain = self._result(stop_node, stop_reason)
         if self.keep is None and self.escaped is not None:  # go on past it, returning it too
@@ -266,7 +272,7 @@ class _Matcher:
                                          f"{'is an identity' if len(after) == 1 else 'are identities'} here")
             return Chain(self.gemm, "not_fused", chain, [], reason, dtype=self.dtype)
         nodes = self.region[: self.region.index(best.node) + 1]
-        complete = len(nodes) == len(self.region) and stop_reason is None
+        complete = len(nodes) == len(self.region) and (stop_reason is None or self.natural_end)
         kept = self.keep if self.keep in nodes[1:] and self.keep is not best.node else None
         stages = best.stages if kept is not None else tuple(s for s in best.stages if not isinstance(s, Keep))
         program = Program(
@@ -408,7 +414,8 @@ class _Matcher:
             expr, is_tuple = self._one_value(op), op.tuple_output
         else:  # a norm, dropout, pooling or reduction: the next segment reads its result
             stage = (self._norm(op) if isinstance(op, NormOp) else self._dropout(node, op) if isinstance(op, DropoutOp)
-                     else self._pool(op) if isinstance(op, PoolOp) else self._reduce(op))
+                     else self._pool(op) if isinstance(op, PoolOp) else self._rotary(op) if isinstance(op, RotaryOp)
+                     else self._reduce(op))
             self._close_segment(op.input, stage)
             self.segment, is_tuple = {}, isinstance(op, ReduceOp) and op.tuple_output
         self.segment[node] = expr
@@ -443,7 +450,8 @@ class _Matcher:
                     and tuple(value.shape[:-2]) == tuple(self.shape[:-1])
                     and value.shape[-2] * value.shape[-1] == self.shape[-1]):
                 raise Stop(f"{describe(node)} changes the feature dim: it splits the features into "
-                           f"{value.shape[-2]} heads of {value.shape[-1]} (attention's layout), and the chain ends there")
+                           f"{value.shape[-2]} heads of {value.shape[-1]} (attention's layout), and the chain ends there",
+                           natural_end=True)
             raise Stop(f"{describe(node)} changes the feature dim")
         self.ndim, self.shape = value.dim(), tuple(value.shape)
 
@@ -730,6 +738,27 @@ class _Matcher:
         stage = Pool(op.kind, op.kernel, op.stride)
         self.shape = (*self.shape[:-1], stage.width(self.shape[-1]))
         return stage
+
+    def _rotary(self, op: RotaryOp) -> Rotary:
+        """Attention's rotary embedding of the row's heads; its cos and sin tables are "head"
+        operands: D values a row, for every P-th row of the chain value (P dividing its rows)."""
+        if self.reduced or self.pooled:
+            raise Stop(f"a rotary embedding after a {'row reduction' if self.reduced else 'pooling'}")
+        d = example_value(op.cos).shape[-1]
+        if d % 2 or self.n % d:
+            raise Stop(f"a rotary embedding of heads of {d} in rows of {self.n}")
+        rows = math.prod(self.shape[:-1])
+        for table in (op.cos, op.sin):
+            value = example_value(table)
+            if self._is_downstream(table):
+                raise Stop(f"rotary table {describe(table)} is computed from the chain's value")
+            if value.dtype != self.node_dtype or value.device != self.device or value.requires_grad:
+                raise Stop(f"rotary table {describe(table)} has dtype {value.dtype} on {value.device}"
+                           + (" and a gradient" if value.requires_grad else ""))
+            table_rows = math.prod(value.shape[:-1])
+            if value.shape[-1] != d or not table_rows or rows % table_rows:
+                raise Stop(f"rotary table {describe(table)} of shape {tuple(value.shape)} against rows {self.shape}")
+        return Rotary(d, self._param(op.cos, "head"), self._param(op.sin, "head"))
 
     def _reduces_one_value(self, op: ReduceOp) -> bool:
         """A reduction over the size-1 feature dim a row reduction with keepdim left: each row

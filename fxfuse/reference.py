@@ -16,7 +16,7 @@ import torch.nn.functional as F
 
 from . import expr as E
 from . import masks
-from .ir import Dropout, Keep, Narrow, Norm, Pointwise, Pool, Program, Reduce, Widen, read_as
+from .ir import Dropout, Keep, Narrow, Norm, Pointwise, Pool, Program, Reduce, Rotary, Widen, read_as
 from .patterns.feature_pooling import feature_pool
 from .patterns.norms import FAMILY as NORMS
 from .patterns.reductions import FAMILY as REDUCTIONS
@@ -100,6 +100,8 @@ def _as_operand(p: torch.Tensor, kind: str, shape) -> torch.Tensor:
         return p.reshape(())
     if read_as(kind) == "full":
         return p.reshape(shape)
+    if kind == "head":  # a table row of D values for every P-th output row (Rotary reads it)
+        return p
     rows = (*shape[:-1], 1)
     return p.reshape(rows) if p.numel() == math.prod(rows) else p.expand(rows)
 
@@ -134,6 +136,8 @@ def epilogue_and_kept(program: Program, y: torch.Tensor,
                 v = _dropout(stage, v, params[stage.seed]).to(dtype).to(v.dtype)
             elif isinstance(stage, Pool):
                 v = feature_pool(v, stage.kind, stage.kernel, stage.stride).to(dtype).to(v.dtype)
+            elif isinstance(stage, Rotary):
+                v = _rotary(stage, v, values[stage.cos], values[stage.sin], dtype)
             else:
                 v = _reduce(stage, v)
         return v.to(program.output_dtype(y.dtype)), stats, kept
@@ -176,6 +180,23 @@ def _dropout(stage: Dropout, v: torch.Tensor, seed: torch.Tensor) -> torch.Tenso
     keep = masks.keep_mask(seed, v.numel() // n, n, stage.p).reshape(v.shape)
     factor = torch.where(keep, masks.scale(stage.p), 0.0).to(v.dtype)
     return v * factor
+
+
+def _rotary(stage: Rotary, v: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """Every head of the rows rotated, each product and the sum rounded to ``dtype`` as eager's
+    ops round them; output row r reads table row r mod P (the tables' P rows)."""
+    d, shape = stage.head_dim, v.shape
+    heads = v.reshape(-1, shape[-1] // d, d)
+    cos, sin = (t.reshape(-1, d) for t in (cos, sin))
+    repeats = heads.shape[0] // max(1, cos.shape[0])
+    cos, sin = (t.repeat(repeats, 1).unsqueeze(1) for t in (cos, sin))
+
+    def rounded(t):
+        return t.to(dtype).to(v.dtype)
+
+    half = d // 2
+    turned = torch.cat((-heads[..., half:], heads[..., :half]), dim=-1)
+    return rounded(rounded(heads * cos) + rounded(turned * sin)).reshape(shape)
 
 
 def _reduce(stage: Reduce, v: torch.Tensor) -> torch.Tensor:

@@ -31,10 +31,10 @@ def spell(build: Callable[..., CanonicalOp], *targets, inplace: tuple = ()) -> S
 
 
 def _table() -> dict[tuple[str, object], tuple[Spelling, bool]]:
-    from . import activations, feature_pooling, functions, gemm, norms, pointwise, reductions
+    from . import activations, feature_pooling, functions, gemm, norms, pointwise, reductions, rotary
 
     table: dict[tuple[str, object], tuple[Spelling, bool]] = {}
-    for module in (gemm, pointwise, functions, norms, reductions, feature_pooling, activations):
+    for module in (gemm, pointwise, functions, norms, reductions, feature_pooling, rotary, activations):
         for row in module.SPELLINGS:
             for target, inplace in [(t, False) for t in row.targets] + [(t, True) for t in row.inplace]:
                 kind = "call_method" if isinstance(target, str) else "call_function"

@@ -18,7 +18,7 @@ import torch
 
 from .. import expr as E
 from .. import masks
-from ..ir import (Dropout, Keep, Narrow, Norm, Pointwise, Pool, Program, Reduce, RowSplit, Stage, Widen, composed,
+from ..ir import (Dropout, Keep, Narrow, Norm, Pointwise, Pool, Program, Reduce, Rotary, RowSplit, Stage, Widen, composed,
                   gradient_form, row_split)
 from ..patterns.feature_pooling import FAMILY as POOLS
 from ..patterns.norms import FAMILY as NORMS
@@ -27,7 +27,7 @@ from ..vocabulary import ROUNDING, call, is_rounding
 from .gradient import print_gradient
 from .printer import UnsupportedExpression, float_literal, print_expr
 
-CODEGEN_VERSION = "11"
+CODEGEN_VERSION = "12"
 
 ELEMENT_TYPES = {
     torch.float32: "float",
@@ -36,7 +36,8 @@ ELEMENT_TYPES = {
 }
 
 PARAM_KINDS = {"scalar": "FX_PARAM_SCALAR", "col": "FX_PARAM_COL", "full": "FX_PARAM_FULL",
-               "seed": "FX_PARAM_SEED", "row": "FX_PARAM_ROW", "gemm": "FX_PARAM_GEMM"}  # fx_abi.h
+               "seed": "FX_PARAM_SEED", "row": "FX_PARAM_ROW", "gemm": "FX_PARAM_GEMM",
+               "head": "FX_PARAM_HEAD"}  # fx_abi.h
 _OUT_KIND = {None: "FX_OUT_ROWS", False: "FX_OUT_REDUCED", True: "FX_OUT_REDUCED_KEEP"}
 
 
@@ -123,6 +124,7 @@ def _program_header(program: Program, dtype: torch.dtype, namespace: str) -> str
     kinds = [PARAM_KINDS[kind] for kind in program.params] or ["FX_PARAM_SCALAR"]
     groups = [s.groups for s in program.stages if isinstance(s, Norm) and NORMS[s.kind].statistics == "row group"]
     pools = [s for s in program.stages if isinstance(s, Pool)]
+    rotary = [s.head_dim for s in program.stages if isinstance(s, Rotary)]
     bn = program.batch_norm_training
     # torch's batch and group norms take dim 1 as channels: the kernels cover them for 2-D x only
     channels_dim1 = any(isinstance(s, Norm) and NORMS[s.kind].over_channels for s in program.stages)
@@ -151,7 +153,8 @@ def _program_header(program: Program, dtype: torch.dtype, namespace: str) -> str
             f"  static constexpr int kVec = {chunk_elements(program, dtype)};  // elements a chunk",
             "",
             "  static bool groups_ok(int64_t n) {",
-            "    return " + " && ".join([f"n % {g} == 0" for g in groups] or ["true"]) + ";",
+            "    return " + " && ".join([f"n % {g} == 0" for g in groups] + [f"n % {d} == 0" for d in rotary]
+                                     or ["true"]) + ";",
             "  }",
             "",
             "  // no statistic of a row wider than a warp (the launch plan's choice)",
@@ -170,7 +173,7 @@ def _program_header(program: Program, dtype: torch.dtype, namespace: str) -> str
             "  static int64_t scratch_floats(int64_t n, int vec) {",
             "    int64_t s = 0;",
             *[f"    s = fx::group_norm_scratch(s, n, vec, {g});" for g in groups],
-            *(["    s = s > n ? s : n;  // a pooling's row"] if pools else []),
+            *(["    s = s > n ? s : n;  // a pooling's or a rotary embedding's row"] if pools or rotary else []),
             "    (void)n;",
             "    (void)vec;",
             "    return s;",
@@ -243,6 +246,15 @@ def _check(program: Program) -> None:
     for stage in program.stages:
         if isinstance(stage, Pool) and (stage.kernel < 1 or stage.stride < 1 or stage.kind not in POOLS):
             raise UnsupportedProgram(f"pooling {stage}")
+        if isinstance(stage, Rotary) and (stage.head_dim < 2 or stage.head_dim % 2 or any(
+                not 0 <= i < len(program.params) or program.params[i] != "head" for i in (stage.cos, stage.sin))):
+            raise UnsupportedProgram(f"rotary embedding {stage}")
+    if any(kind == "head" for kind in program.params) and not any(isinstance(s, Rotary) for s in program.stages):
+        raise UnsupportedProgram("a rotary table outside a rotary embedding")
+    for stage in program.stages:
+        if isinstance(stage, Pointwise) and any(program.operand_kinds[i] == "head" for i in
+                                                {E.param_index(sym) for sym in stage.expr.free_symbols} - {None}):
+            raise UnsupportedProgram("a rotary table read by a pointwise stage")
     reduced = False
     for stage in program.stages:
         if reduced and not isinstance(stage, Pointwise):
@@ -288,7 +300,7 @@ def _row_local(program: Program) -> str:
     small groups; batch norms take column statistics from another kernel)."""
     terms = []
     for stage in program.stages:
-        if isinstance(stage, (Reduce, Pool)) or (isinstance(stage, Norm) and NORMS[stage.kind].statistics == "row"):
+        if isinstance(stage, (Reduce, Pool, Rotary)) or (isinstance(stage, Norm) and NORMS[stage.kind].statistics == "row"):
             return "false"
         if isinstance(stage, Norm) and NORMS[stage.kind].statistics == "row group":
             terms.append(f"fx::group_in_lanes(n, {stage.groups}, vec)")
@@ -494,6 +506,11 @@ class _Emitter:
                 lines.append(f"r.template {POOLS[stage.kind].row_stage}<{stage.kernel}, {stage.stride}>();")
                 if stage.kind == "avg" and self.rounding is not None:
                     lines.append("r.round_input();")
+            elif isinstance(stage, Rotary):  # eager's three ops on the chain's dtype, each rounding
+                lines += self.norm_input()
+                lines.append(f"r.template rotary<{ELEMENT_TYPES[self.dtype]}, {stage.head_dim}, {stage.cos}, "
+                             f"{stage.sin}>();")
+                self.rounded = True
             else:
                 call = f"r.{REDUCTIONS[stage.kind].row_stage}({_reduce_attribute(stage)})"
                 if stage.changes_shape:

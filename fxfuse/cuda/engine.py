@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING, Callable
 import torch
 
 from .. import reference
-from ..ir import Program
+from ..ir import Program, Rotary
 from .errors import BuildError
 
 if TYPE_CHECKING:
@@ -389,7 +389,8 @@ def random_operands(program: Program, dtype, param_dtypes, shape, device, has_bi
     x = torch.randn(m, k, device=device, dtype=dtype, generator=g)
     weight = torch.randn(*((k, n) if weight_is_kn else (n, k)), device=device, dtype=dtype, generator=g) * k ** -0.5
     bias = torch.randn(n, device=device, dtype=dtype, generator=g) if has_bias else None
-    kind_shapes = {"col": (n,), "full": (m, n), "row": (m, 1), "gemm": (n, k)}  # scalars: ()
+    head_dim = next((s.head_dim for s in program.stages if isinstance(s, Rotary)), 1)
+    kind_shapes = {"col": (n,), "full": (m, n), "row": (m, 1), "gemm": (n, k), "head": (m, head_dim)}  # scalars: ()
     shapes = param_shapes or tuple(kind_shapes.get(kind, ()) for kind in program.params)
     params = [torch.randn(s, device=device, dtype=d, generator=g) * k ** -0.5 if kind == "gemm"
               else torch.rand(s, device=device, dtype=d, generator=g) + 0.5

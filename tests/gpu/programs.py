@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from fxfuse import expr as E
-from fxfuse.ir import Dropout, Gemm, Keep, Norm, Pointwise, Program, Reduce, Widen, row_split
+from fxfuse.ir import Dropout, Gemm, Keep, Norm, Pointwise, Program, Reduce, Rotary, Widen, row_split
 from fxfuse.masks import SEED_HIGH
 from fxfuse.vocabulary import POINTWISE, call
 
@@ -259,6 +259,11 @@ PROGRAMS["normalize_then_col"] = Program(
 PROGRAMS["normalize_large_eps"] = Program(Gemm(False), (Reduce("normalize", eps=1e-3),))
 # a row over its written Euclidean norm (CLIP's embeddings): eps 0, NaN on a row of zeros
 PROGRAMS["normalize_no_eps"] = Program(Gemm(False), (Reduce("normalize", eps=0.0), pw(E.mul(X, c(2.5)))))
+# attention's rotary embedding of heads of 16 (after the bias), and of heads of 64 between pointwise
+# stages (cos and sin: a table row for every P-th output row, make_params)
+PROGRAMS["rotary_heads"] = Program(Gemm(True), (Rotary(16, 0, 1),), ("head", "head"))
+PROGRAMS["rotary_between_pointwise"] = Program(
+    Gemm(False), (pw(E.mul(X, c(0.5))), Rotary(64, 1, 0), pw(E.add(X, c(1.0)))), ("head", "head"))
 # max(dim)/min(dim): the gradient to the first maximum (Reduce.ties), after a pre stage
 PROGRAMS["reduce_max_first_drop"] = Program(Gemm(True), (pw(call("relu", X)), Reduce("max", ties="first")))
 PROGRAMS["reduce_min_first_keep"] = Program(
@@ -314,6 +319,7 @@ LOW_PRECISION = ["s01_scale_leaky", "s04_group_silu_vec_silu", "s03_batch_train_
                  "dropout_residual_layer", "gelu_dropout", "dropout_traced_bf16", "row_scale_gelu",
                  "row_after_sum", "gemm_gate_silu", "gemm_gate_gelu_scaled", "reduce_sum_keep_broadcast",
                  "reduce_mean_broadcast_traced_bf16", "pool_max_sum_scale", "pool_avg_overlapping_rows",
+                 "rotary_heads", "rotary_between_pointwise",
                  "pool_traced_bf16", "group_then_pool", "batch_train_then_pool"] + [
                      name for name in PROGRAMS if name.startswith("widen_")]
 TRACED_IN_BF16 = ["s05_traced_bf16", "s11_traced_bf16", "narrow_traced_bf16", "dropout_traced_bf16",
@@ -324,7 +330,8 @@ def fits(program: Program, n: int) -> bool:
     """Whether rows of ``n`` suit ``program``: its group norms' groups divide them and its
     poolings' windows fit in them (else eager raises, and so does the op)."""
     groups = all(n % s.groups == 0 for s in program.stages if isinstance(s, Norm) and s.kind == "group")
-    return groups and program.width(n) >= 1
+    heads = all(n % s.head_dim == 0 for s in program.stages if isinstance(s, Rotary))
+    return groups and heads and program.width(n) >= 1
 
 
 def dtypes_of(name: str) -> list[torch.dtype]:
@@ -339,10 +346,12 @@ def make_params(program: Program, n: int, dtype=torch.float32, device="cpu", gen
                 lead: tuple[int, ...] | None = None, k: int | None = None) -> list[torch.Tensor]:
     """Parameters for ``program``: column vectors of N values, scalars as 0-d tensors, full ones
     of the output's shape ``(*lead, N)``, row ones of ``(*lead, 1)`` (``lead``: x's leading dims),
-    a second GEMM's (N, K) weight in the GEMM's dtype (``k``: x's last dim). Variance-like parameters
+    a second GEMM's (N, K) weight in the GEMM's dtype (``k``: x's last dim), rotary tables of a row
+    of D values for each of the last leading dim's rows (the (T, D) table of rows (B, T, N); with
+    one leading dim, one a row). Variance-like parameters
     (BatchNorm running_var) are positive. A program that widens gets float32 ones, as autocast's
     float32 model has (a float32 norm of bf16 parameters is an error in eager)."""
-    if ("full" in program.params or "row" in program.params) and lead is None:
+    if ({"full", "row", "head"} & set(program.params)) and lead is None:
         raise ValueError("a program with a full or row parameter needs the output's leading dims (lead=)")
     if "gemm" in program.params and k is None:
         raise ValueError("a program with a second GEMM needs its K (k=)")
@@ -358,7 +367,9 @@ def make_params(program: Program, n: int, dtype=torch.float32, device="cpu", gen
             weight = torch.randn(n, k, generator=generator, dtype=torch.float32) / k ** 0.5
             out.append(weight.to(dtype=gemm_dtype, device=device))
             continue
-        shape = {"col": (n,), "scalar": (), "full": (*(lead or ()), n), "row": (*(lead or ()), 1)}[kind]
+        head_dim = next((s.head_dim for s in program.stages if isinstance(s, Rotary)), 1)
+        shape = {"col": (n,), "scalar": (), "full": (*(lead or ()), n), "row": (*(lead or ()), 1),
+                 "head": ((lead or (1,))[-1], head_dim)}[kind]
         t = torch.randn(shape, generator=generator, dtype=torch.float32)
         if i in positive:
             t = t.abs() + 0.5

@@ -10,7 +10,8 @@ norm by lane shuffles, by warps, by chunk and staged in shared memory, row reduc
 the mean), normalize, chains that widen to a float32 output in both chunk layouts), the BatchNorm
 statistics and combine kernels, and the backward kernels of pointwise and row programs (16-byte
 and 1-element paths, many chunks of rows, a column parameter, group norms by lanes, layer norms
-over several warps, row maps over 256 threads and normalize's, reductions with std's). Prints one
+over several warps, row maps over 256 threads and normalize's, reductions with std's), and the
+rotary embedding (partners through shared memory). Prints one
 line per call and exits non-zero on a mismatch with the reference.
 """
 
@@ -48,6 +49,8 @@ CALLS = [  # (program, dtype, M, N, K)
     ("pool_max_sum_scale", torch.float32, 3, 4096, 16),  # pooling of a multi-warp row, then a reduction
     ("reduce_var_keep", torch.float32, 5, 4096, 16),  # two passes about the mean of a multi-warp row
     ("normalize_then_col", torch.float32, 7, 1000, 16),  # a row map over its norm, unaligned tail
+    ("rotary_heads", torch.bfloat16, 37, 256, 16),  # rotary embedding: partners through shared memory
+    ("rotary_between_pointwise", torch.float32, 5, 4096, 16),  # rotary embedding of a multi-warp row
 ]
 GRAD_CALLS = [  # (program, dtype, M, N) of the backward kernel
     ("s01_scale_leaky", torch.bfloat16, 300, 256),  # 16-byte path, many chunks of rows a column
@@ -71,10 +74,13 @@ def main() -> int:
     parser.add_argument("--build-only", action="store_true")
     args = parser.parse_args()
     torch.backends.cuda.matmul.allow_tf32 = False
+    if args.build_only:  # in parallel worker processes; the sanitized run then loads them
+        failed = fxcuda.prepare_many(list({(PROGRAMS[name], dtype) for name, dtype, *_ in CALLS + GRAD_CALLS}))
+        for (program, dtype), error in failed.items():
+            print(f"BUILD FAILED {program} {dtype}: {error}", flush=True)
+        return 1 if failed else 0
     for name, dtype, *_ in CALLS + GRAD_CALLS:
         fxcuda.prepare(PROGRAMS[name], dtype)
-    if args.build_only:
-        return 0
     failures = 0
     for name, dtype, m, n, k in CALLS:
         program = PROGRAMS[name]
@@ -82,7 +88,7 @@ def main() -> int:
         x = torch.randn(m, k, generator=g).to("cuda", dtype)
         w = (torch.randn(n, k, generator=g) / math.sqrt(k)).to("cuda", dtype)
         b = torch.randn(n, generator=g).to("cuda", dtype) if program.gemm.bias else None
-        params = make_params(program, n, dtype=dtype, device="cuda", generator=g)
+        params = make_params(program, n, dtype=dtype, device="cuda", generator=g, lead=(m,))
         ref, _ = reference.forward(program, x, w, b, params)
         result = fxcuda.engine.forward_kernels(program.to_string(), x, w, b, params)
         torch.cuda.synchronize()

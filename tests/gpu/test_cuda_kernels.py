@@ -274,6 +274,45 @@ def test_by_default_a_row_reduction_chain_goes_where_it_measured_faster():
     torch.testing.assert_close(out, eager, rtol=1e-2, atol=1e-2 * eager.abs().max().item())
 
 
+def test_q_and_k_projections_run_their_rotary_embedding_in_the_row_kernel():
+    """transformers' Llama attention in bfloat16 on the GPU: q_proj and k_proj fuse with their
+    rotation (cos and sin of (1, T, D), read once a row), and the kernels' result is eager's."""
+    import fxfuse
+
+    class Attention(torch.nn.Module):
+        def __init__(self, heads=16, d=128):
+            super().__init__()
+            self.d, hidden = d, heads * d
+            self.q_proj, self.k_proj, self.v_proj = (torch.nn.Linear(hidden, hidden, bias=False) for _ in range(3))
+            angles = torch.arange(256).float()[:, None] / (10000 ** (torch.arange(0, d, 2).float() / d))[None]
+            emb = torch.cat((angles, angles), dim=-1)[None]
+            self.register_buffer("cos", emb.cos())
+            self.register_buffer("sin", emb.sin())
+
+        def forward(self, h):
+            shape = (*h.shape[:-1], -1, self.d)
+            q, k, v = (p(h).view(shape).transpose(1, 2) for p in (self.q_proj, self.k_proj, self.v_proj))
+            cos, sin = self.cos.unsqueeze(1).to(h.dtype), self.sin.unsqueeze(1).to(h.dtype)
+
+            def rotate(x):
+                half = x.shape[-1] // 2
+                return x * cos + torch.cat((-x[..., half:], x[..., :half]), dim=-1) * sin
+
+            return torch.nn.functional.scaled_dot_product_attention(rotate(q), rotate(k), v, is_causal=True)
+
+    torch.manual_seed(3)
+    model = Attention().to(DEVICE, torch.bfloat16).eval()
+    h = torch.randn(4, 256, 16 * 128, device=DEVICE, dtype=torch.bfloat16)
+    fxfuse.reset_report()
+    torch._dynamo.reset()
+    with torch.no_grad():
+        out = torch.compile(model, backend="fxfuse", options={"policy": "always"})(h)
+        eager = model(h)
+    rotated = [r for r in fxfuse.last_report().rows if "rotary(" in (r.program or "")]
+    assert len(rotated) == 2 and all(r.status == "fused" and "row" in (r.path or "") for r in rotated), rotated
+    torch.testing.assert_close(out, eager, rtol=1e-2, atol=1e-2)
+
+
 SMALL_GROUPS_N = 4096
 
 
