@@ -7,6 +7,7 @@ its example file; this module only says which file, which size and which mode.
 from __future__ import annotations
 
 import importlib
+import importlib.util
 from dataclasses import dataclass
 from types import ModuleType
 
@@ -106,13 +107,20 @@ def get_row(row_id: str) -> SuiteRow:
 
 
 def select(ids: list[str] | None = None) -> list[SuiteRow]:
-    """Rows named by ``ids``, in that order; ``"S23"`` means all eight decode rows; None: all."""
+    """Rows named by ``ids``, in that order; ``"S23"`` means all eight decode rows; None: all. An
+    id that names an example file instead (``"llama_attention_rope"``) is that model at its full
+    size, as a row of its own (examples that are not suite rows)."""
     if not ids:
         return list(ROWS)
     out: list[SuiteRow] = []
     for rid in ids:
         key = rid.strip().upper()
         group = [r for r in ROWS if r.id.startswith(key + "-")]
+        if not group and key not in _BY_ID and importlib.util.find_spec(_module_name(rid.strip())) is not None:
+            module = load(rid.strip())
+            out.append(SuiteRow(id=rid.strip(), module=module.__name__,
+                                description=(module.__doc__ or "").strip().split(":")[0]))
+            continue
         out.extend(group if group and key not in _BY_ID else [get_row(key)])
     return out
 

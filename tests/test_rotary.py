@@ -146,3 +146,12 @@ def test_a_rotation_the_chain_cannot_hold_is_left_as_the_model_wrote_it(model):
     assert recognise(gm.graph) == 0
     report = check_against_eager(model, _inputs, train=True, grads=True, draws=2)
     assert not _rotated_chains(report)
+
+
+def test_the_example_model_fuses_q_and_k_with_their_rotation():
+    """examples/llama_attention_rope.py (what the benchmark times at full size), at its small size."""
+    from examples.suite import build, make_inputs, select
+
+    (row,) = select(["llama_attention_rope"])
+    report = check_against_eager(lambda: build(row, "small")[0], lambda: make_inputs(row, "small"), train=False)
+    assert [r.status for r in _rotated_chains(report)] == ["fused", "fused"]

@@ -173,7 +173,8 @@ def _program_header(program: Program, dtype: torch.dtype, namespace: str) -> str
             "  static int64_t scratch_floats(int64_t n, int vec) {",
             "    int64_t s = 0;",
             *[f"    s = fx::group_norm_scratch(s, n, vec, {g});" for g in groups],
-            *(["    s = s > n ? s : n;  // a pooling's or a rotary embedding's row"] if pools or rotary else []),
+            *(["    s = s > n ? s : n;  // a pooling's row"] if pools else []),
+            *[f"    s = fx::rotary_in_lanes(n, {d}, vec) || s > n ? s : n;  // a rotary embedding's row" for d in rotary],
             "    (void)n;",
             "    (void)vec;",
             "    return s;",
@@ -296,12 +297,15 @@ def _reduce_attribute(stage: Reduce | None) -> str:
 
 
 def _row_local(program: Program) -> str:
-    """C++ condition on (n, vec): every statistic the rows need is warp-local (group norms of
-    small groups; batch norms take column statistics from another kernel)."""
+    """C++ condition on (n, vec): every statistic and partner the rows need is warp-local (group
+    norms of small groups, rotary heads paired by lane shuffles; batch norms take column statistics
+    from another kernel)."""
     terms = []
     for stage in program.stages:
-        if isinstance(stage, (Reduce, Pool, Rotary)) or (isinstance(stage, Norm) and NORMS[stage.kind].statistics == "row"):
+        if isinstance(stage, (Reduce, Pool)) or (isinstance(stage, Norm) and NORMS[stage.kind].statistics == "row"):
             return "false"
+        if isinstance(stage, Rotary):  # heads of whole chunks in a warp's lanes: segments of whole heads
+            terms.append(f"fx::rotary_in_lanes(n, {stage.head_dim}, vec)")
         if isinstance(stage, Norm) and NORMS[stage.kind].statistics == "row group":
             terms.append(f"fx::group_in_lanes(n, {stage.groups}, vec)")
     return " && ".join(terms) or "true"

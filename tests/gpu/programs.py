@@ -264,6 +264,8 @@ PROGRAMS["normalize_no_eps"] = Program(Gemm(False), (Reduce("normalize", eps=0.0
 PROGRAMS["rotary_heads"] = Program(Gemm(True), (Rotary(16, 0, 1),), ("head", "head"))
 PROGRAMS["rotary_between_pointwise"] = Program(
     Gemm(False), (pw(E.mul(X, c(0.5))), Rotary(64, 1, 0), pw(E.add(X, c(1.0)))), ("head", "head"))
+# heads of 24: 3 (bf16) or 6 (float32) chunks a head, which lane shuffles cannot pair (the scratch path)
+PROGRAMS["rotary_heads_of_24"] = Program(Gemm(True), (Rotary(24, 0, 1),), ("head", "head"))
 # max(dim)/min(dim): the gradient to the first maximum (Reduce.ties), after a pre stage
 PROGRAMS["reduce_max_first_drop"] = Program(Gemm(True), (pw(call("relu", X)), Reduce("max", ties="first")))
 PROGRAMS["reduce_min_first_keep"] = Program(
@@ -319,7 +321,7 @@ LOW_PRECISION = ["s01_scale_leaky", "s04_group_silu_vec_silu", "s03_batch_train_
                  "dropout_residual_layer", "gelu_dropout", "dropout_traced_bf16", "row_scale_gelu",
                  "row_after_sum", "gemm_gate_silu", "gemm_gate_gelu_scaled", "reduce_sum_keep_broadcast",
                  "reduce_mean_broadcast_traced_bf16", "pool_max_sum_scale", "pool_avg_overlapping_rows",
-                 "rotary_heads", "rotary_between_pointwise",
+                 "rotary_heads", "rotary_between_pointwise", "rotary_heads_of_24",
                  "pool_traced_bf16", "group_then_pool", "batch_train_then_pool"] + [
                      name for name in PROGRAMS if name.startswith("widen_")]
 TRACED_IN_BF16 = ["s05_traced_bf16", "s11_traced_bf16", "narrow_traced_bf16", "dropout_traced_bf16",

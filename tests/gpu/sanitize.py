@@ -11,7 +11,7 @@ the mean), normalize, chains that widen to a float32 output in both chunk layout
 statistics and combine kernels, and the backward kernels of pointwise and row programs (16-byte
 and 1-element paths, many chunks of rows, a column parameter, group norms by lanes, layer norms
 over several warps, row maps over 256 threads and normalize's, reductions with std's), and the
-rotary embedding (partners through shared memory). Prints one
+rotary embedding (partners by lane shuffles and through shared memory). Prints one
 line per call and exits non-zero on a mismatch with the reference.
 """
 
@@ -49,8 +49,9 @@ CALLS = [  # (program, dtype, M, N, K)
     ("pool_max_sum_scale", torch.float32, 3, 4096, 16),  # pooling of a multi-warp row, then a reduction
     ("reduce_var_keep", torch.float32, 5, 4096, 16),  # two passes about the mean of a multi-warp row
     ("normalize_then_col", torch.float32, 7, 1000, 16),  # a row map over its norm, unaligned tail
-    ("rotary_heads", torch.bfloat16, 37, 256, 16),  # rotary embedding: partners through shared memory
-    ("rotary_between_pointwise", torch.float32, 5, 4096, 16),  # rotary embedding of a multi-warp row
+    ("rotary_heads", torch.bfloat16, 37, 256, 16),  # rotary embedding, many rows a block
+    ("rotary_between_pointwise", torch.float32, 5, 4096, 16),  # rotary embedding by lane shuffles
+    ("rotary_heads_of_24", torch.bfloat16, 5, 4800, 16),  # rotary embedding through shared memory
 ]
 GRAD_CALLS = [  # (program, dtype, M, N) of the backward kernel
     ("s01_scale_leaky", torch.bfloat16, 300, 256),  # 16-byte path, many chunks of rows a column

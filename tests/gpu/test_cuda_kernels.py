@@ -35,6 +35,7 @@ def all_builds():
     pairs += [(PROGRAMS[name], dtype) for name, dtype, *_ in grad_cases(GRAD_SHAPES)]
     pairs += [(PROGRAMS[n], d) for n in GRADIENT_PROGRAMS for d in (torch.float32, torch.bfloat16)]
     pairs += [(PROGRAMS[n], torch.float32) for n in dict.fromkeys(REDUCTION_EDGES + ZERO_ROW_NORMS)]
+    pairs += [(PROGRAMS[n], d) for n, _ in ROTARY_LAYOUTS for d in dtypes_of(n)]
     return pairs
 
 
@@ -272,6 +273,21 @@ def test_by_default_a_row_reduction_chain_goes_where_it_measured_faster():
     said = row.path if row.status == "fused" else row.reason
     assert "measured (" in said and "row " in said and "Inductor " in said
     torch.testing.assert_close(out, eager, rtol=1e-2, atol=1e-2 * eager.abs().max().item())
+
+
+ROTARY_LAYOUTS = [("rotary_heads", 4096), ("rotary_between_pointwise", 8192), ("rotary_heads_of_24", 4800),
+                  ("rotary_heads_of_24", 24)]
+
+
+@pytest.mark.parametrize("name,n", ROTARY_LAYOUTS, ids=[f"{name}-{n}" for name, n in ROTARY_LAYOUTS])
+def test_a_rotary_embedding_pairs_its_columns_by_lanes_or_through_shared_memory(name, n):
+    """Heads of 16 and 64 (whole chunks a head: the partner one lane shuffle away) and of 24 (the
+    partner through the row's scratch), over (3, 9) rows reading a table of 9 rows."""
+    program = PROGRAMS[name]
+    for dtype in dtypes_of(name):
+        fxcuda.prepare(program, dtype)
+        for seed in range(2):
+            check(program, dtype, *inputs(program, dtype, 9, n, 32, seed, layout="3d"))
 
 
 def test_q_and_k_projections_run_their_rotary_embedding_in_the_row_kernel():
