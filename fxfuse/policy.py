@@ -36,6 +36,10 @@ more than the chain's output; Inductor's pointwise kernel reads it too, and S26 
 SwiGLU product and the residual add, bf16, H100) measured 1.04x Inductor's GPU time through the
 row pass: where no measurement decides, such chains go to Inductor at large sizes.
 
+A rotary embedding (Llama's q and k: 8192 x 4096, heads of 128, bf16, H100) measured 1.05x
+Inductor's kernels per chain through the row pass (BENCHMARKS.md section 21): where no measurement
+decides, such chains go to Inductor at large sizes.
+
 A pooling along the features runs in the row kernels (through shared memory) but has not been
 timed against Inductor by a benchmark: where no measurement decides, such chains go to Inductor at
 large sizes too.
@@ -55,7 +59,7 @@ import math
 
 import torch
 
-from .ir import Norm, Program, Reduce, row_split
+from .ir import Norm, Program, Reduce, Rotary, row_split
 from .patterns.norms import FAMILY as NORMS
 
 POLICIES = ("fastest", "always")
@@ -119,6 +123,8 @@ def _measured_slower(program: Program) -> tuple[str, str] | None:
     slower than Inductor at large sizes (BENCHMARKS.md)."""
     if any(isinstance(s, Norm) for s in program.stages):
         return "norm epilogues", "1.0-1.2x Inductor's time on CUDA"
+    if any(isinstance(s, Rotary) for s in program.stages):
+        return "rotary embeddings", "1.05x Inductor's kernels per chain on CUDA, Llama's q and k"
     if "full" in program.operand_kinds:
         return ("pointwise epilogues reading an operand of the output's shape",
                 "1.04x Inductor's GPU time on CUDA, S26")

@@ -9,6 +9,7 @@ rows (bf16 / fp16) are left out: a cast is a step function whose gradient eager 
 
 from __future__ import annotations
 
+import math
 import sys
 from pathlib import Path
 
@@ -18,7 +19,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent / "gpu"))  # the shared program table
 
 import fxfuse.op  # noqa: E402,F401 - defines torch.ops.fxfuse.linear_epilogue
-from fxfuse.ir import Norm  # noqa: E402
+from fxfuse.ir import Norm, Rotary  # noqa: E402
 from fxfuse.vocabulary import POINTWISE, ROUNDING  # noqa: E402
 from programs import PROGRAMS, TRACED_IN_BF16, make_params, vocabulary_program  # noqa: E402
 
@@ -27,9 +28,13 @@ CASES["vocabulary"] = vocabulary_program([name for name in POINTWISE if name not
 
 
 def columns(program) -> int:
-    """A row width every group norm of ``program`` divides."""
+    """A row width every group norm and every rotary embedding's heads of ``program`` divide."""
     groups = [s.groups for s in program.stages if isinstance(s, Norm) and s.kind == "group"]
-    return 40 if 5 in groups else 16
+    width = 40 if 5 in groups else 16
+    for stage in program.stages:
+        if isinstance(stage, Rotary):
+            width = math.lcm(width, stage.head_dim)
+    return width
 
 
 @pytest.mark.parametrize("generated", [False, True], ids=["autograd", "generated_backward_op"])

@@ -59,6 +59,16 @@ def test_large_chains_reading_a_residual_go_to_inductor_small_ones_stay():
     assert inductor_is_faster(RESIDUAL_ADD, gemm_output(1024, 8192, device="cpu"), after_selection=True) is None
 
 
+ROTARY = Program.parse("linear(bias=False) | rotary(head_dim=128, cos=p0, sin=p1) || head head")
+
+
+def test_large_rotary_chains_in_training_go_to_inductor_small_ones_stay():
+    """In training, where no selection times the chain: its row pass measured 1.05x Inductor's."""
+    reason = inductor_is_faster(ROTARY, gemm_output(8192, 4096, training=True))
+    assert reason is not None and reason.startswith("Inductor is faster: rotary embeddings")
+    assert inductor_is_faster(ROTARY, gemm_output(16, 4096, training=True)) is None
+
+
 POOLING_SUM = Program.parse("linear(bias=True) | max_pool(kernel=2, stride=2) | sum(keepdim=False)")
 
 
@@ -70,8 +80,8 @@ def test_large_pooling_chains_not_yet_timed_on_a_gpu_go_to_inductor_and_say_so()
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
-@pytest.mark.parametrize("program", [GROUP_NORM, RESIDUAL_ADD, WIDENED_POINTWISE, POOLING_SUM, SOFTMAX],
-                         ids=["norm", "residual", "widened", "pooling", "softmax"])
+@pytest.mark.parametrize("program", [GROUP_NORM, RESIDUAL_ADD, WIDENED_POINTWISE, POOLING_SUM, ROTARY, SOFTMAX],
+                         ids=["norm", "residual", "widened", "pooling", "rotary", "softmax"])
 def test_outside_training_every_cuda_chain_is_kept_for_the_selection_to_time_against_inductor(program, dtype):
     """No rule decides before the selection has timed the chain's paths beside Inductor's kernels
     at its shape (the row pass alone where the in-GEMM path does not take it); asked again without

@@ -253,8 +253,8 @@ def _check(program: Program) -> None:
     if any(kind == "head" for kind in program.params) and not any(isinstance(s, Rotary) for s in program.stages):
         raise UnsupportedProgram("a rotary table outside a rotary embedding")
     for stage in program.stages:
-        if isinstance(stage, Pointwise) and any(program.operand_kinds[i] == "head" for i in
-                                                {E.param_index(sym) for sym in stage.expr.free_symbols} - {None}):
+        read = {E.param_index(sym) for sym in stage.expr.free_symbols} if isinstance(stage, Pointwise) else set()
+        if any(i is not None and i < len(program.params) and program.params[i] == "head" for i in read):
             raise UnsupportedProgram("a rotary table read by a pointwise stage")
     reduced = False
     for stage in program.stages:
