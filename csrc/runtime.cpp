@@ -101,7 +101,8 @@ bool on_kernel_device(const Tensor& t) {
 }
 
 // A parameter as the kernels read it: 1 (scalar), N (column), M (row: one value a row, its last dim
-// 1; one a sample expands), M x N (full: the output's shape, N its last dim) or P x D (head: a
+// 1; one a sample expands), M x N (full: the output's shape, N its last dim; one broadcast along
+// the rows expands) or P x D (head: a
 // rotary table of P rows dividing M, D dividing N) contiguous values of a float type, on x's
 // device. nullopt where the reference would raise (wrong size or device).
 std::optional<Tensor> kernel_param(const Tensor& p, int32_t kind, int64_t m, int64_t n, const Tensor& x) {
@@ -111,6 +112,12 @@ std::optional<Tensor> kernel_param(const Tensor& p, int32_t kind, int64_t m, int
     return p.reshape({2}).contiguous();
   }
   Tensor q = p;
+  if (kind == FX_PARAM_FULL && p.numel() != m * n) {  // broadcast along the rows ((T, N) of (B, T, N))
+    std::vector<int64_t> full(x.sizes().begin(), x.sizes().end() - 1);
+    full.push_back(n);
+    if (!at::is_expandable_to(p.sizes(), full)) return std::nullopt;
+    q = p.expand(full);  // made contiguous below: the kernels read M x N values
+  }
   if (kind == FX_PARAM_ROW && p.numel() != m) {  // one value a sample: expand it to one a row
     std::vector<int64_t> rows(x.sizes().begin(), x.sizes().end() - 1);
     rows.push_back(1);

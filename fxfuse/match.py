@@ -647,12 +647,20 @@ class _Matcher:
                 and all(d == 1 for d in shape[:-1])):  # one value a row against N: a row of N again
             self.broadcast_back, self.keeps_reduced_dim = True, False
             return "col"
-        if not self.reduced and shape == self.shape:
+        if not self.reduced and (shape == self.shape or self._is_per_leading_rows(shape)):
             return "full"
         if (not self.reduced or self.keeps_reduced_dim) and self._is_per_row(shape):
             return "row"
         raise Stop(f"operand {describe(node)} of shape {shape} is not a per-column vector, a scalar, one value per "
                    "row or of the output's shape")
+
+    def _is_per_leading_rows(self, shape: tuple) -> bool:
+        """A tensor of the chain value's trailing shape broadcast along its leading dims ((T, N) or
+        (1, T, N) against (B, T, N): a position embedding), where the op's rows are the chain's (no
+        view regrouped them): read as an operand of the output's shape, expanded."""
+        trailing = shape[next((i for i, d in enumerate(shape) if d != 1), len(shape)):]
+        return (len(trailing) >= 2 and tuple(self.shape[:-1]) == self.rows
+                and tuple(self.shape[len(self.shape) - len(trailing):]) == tuple(trailing))
 
     def _is_per_row(self, shape: tuple) -> bool:
         """One value per row of the chain value: (*rows, 1), or a shape that broadcasts to it along

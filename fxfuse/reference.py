@@ -98,8 +98,8 @@ def _as_operand(p: torch.Tensor, kind: str, shape) -> torch.Tensor:
         return p.reshape(shape[-1])
     if kind == "scalar":
         return p.reshape(())
-    if read_as(kind) == "full":
-        return p.reshape(shape)
+    if read_as(kind) == "full":  # (fewer values: broadcast along the leading dims, expanded)
+        return p.reshape(shape) if p.numel() == math.prod(shape) else p.expand(shape)
     if kind == "head":  # a table row of D values for every P-th output row (Rotary reads it)
         return p
     rows = (*shape[:-1], 1)

@@ -87,6 +87,42 @@ def test_a_gate_of_the_outputs_shape_fuses_with_its_gradient(dtype):
     assert row.status == "fused" and "full" in row.program.split("||")[1]
 
 
+class PositionEmbedding(nn.Module):
+    """A (T, N) learned position embedding (or a (1, T, N) one) added after the projection, then
+    LayerNorm: an operand broadcast along the batch, its gradient summed over it."""
+
+    def __init__(self, batch_dim: bool = False):
+        super().__init__()
+        self.proj = nn.Linear(K, N)
+        self.pos = nn.Parameter(torch.randn(*((1,) if batch_dim else ()), T, N))
+        self.norm = nn.LayerNorm(N)
+
+    def forward(self, x):
+        return self.norm(torch.nn.functional.gelu(self.proj(x) + self.pos))
+
+
+@pytest.mark.parametrize("batch_dim", [False, True], ids=["T_N", "1_T_N"])
+@pytest.mark.parametrize("train", [False, True], ids=["eval", "train"])
+def test_an_operand_broadcast_along_the_batch_fuses_with_its_summed_gradient(batch_dim, train):
+    report = check_against_eager(lambda: PositionEmbedding(batch_dim), x_alone, train=train, grads=train)
+    (row,) = report.rows
+    assert row.status == "fused" and row.program.endswith("|| full col col")
+
+
+def test_an_operand_broadcast_along_the_features_of_a_row_still_stops_the_chain():
+    """(B, 1, N) against (B, T, N) is a per-sample row, not read at each row's own position."""
+    class PerSample(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.proj = nn.Linear(K, N)
+
+        def forward(self, x, s):
+            return torch.relu(self.proj(x)) * s
+
+    (row,) = check_against_eager(PerSample, lambda: [torch.randn(B, T, K), torch.randn(B, 1, N)]).rows
+    assert row.status == "partial" and "not a per-column vector" in row.reason
+
+
 def test_a_residual_read_twice_is_one_operand():
     report = check_against_eager(ResidualTwice, three_d, grads=True)
     (row,) = report.rows

@@ -290,6 +290,16 @@ def test_a_rotary_embedding_pairs_its_columns_by_lanes_or_through_shared_memory(
             check(program, dtype, *inputs(program, dtype, 9, n, 32, seed, layout="3d"))
 
 
+def test_an_operand_broadcast_along_the_rows_is_expanded_for_the_kernels():
+    """A (T, N) residual of a (3, T, K) x (a position embedding): the runtime hands the kernels the
+    (3, T, N) expansion, contiguous; each row reads its own position's values."""
+    program = PROGRAMS["full_residual_layer"]
+    for dtype in (torch.float32, torch.bfloat16):
+        fxcuda.prepare(program, dtype)
+        x, w, b, (residual, *cols) = inputs(program, dtype, 9, 4096, 32, 0, layout="3d")
+        check(program, dtype, x, w, b, [residual[0], *cols])
+
+
 def test_q_and_k_projections_run_their_rotary_embedding_in_the_row_kernel():
     """transformers' Llama attention in bfloat16 on the GPU: q_proj and k_proj fuse with their
     rotation (cos and sin of (1, T, D), read once a row), and the kernels' result is eager's."""

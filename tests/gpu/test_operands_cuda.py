@@ -16,8 +16,8 @@ import torch.nn as nn
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/: support, test_operands
 
 from support import check_against_eager  # noqa: E402
-from test_operands import (B, K, N, T, BertOutput, BroadcastBack, Conv1DBlock, PreNormBlock,  # noqa: E402
-                           UpFirstSwiGLU, three_d, x_alone)
+from test_operands import (B, K, N, T, BertOutput, BroadcastBack, Conv1DBlock, PositionEmbedding,  # noqa: E402
+                           PreNormBlock, UpFirstSwiGLU, three_d, x_alone)
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 
@@ -52,6 +52,17 @@ def test_a_chain_with_a_residual_fuses_on_cuda(model, train, dtype):
     (row,) = report.rows
     assert row.status == "fused", report
     assert row.program.endswith("full") or " full" in row.program.split("||")[1]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("train", [False, True], ids=["eval", "train"])
+def test_an_operand_broadcast_along_the_batch_fuses_on_cuda(train, dtype):
+    """A (T, N) position embedding added to the (B, T, N) projection: the runtime expands it to the
+    output's shape for the kernels; its gradient sums over the batch."""
+    report = check_against_eager(PositionEmbedding, x_alone, dtype=dtype, device="cuda", train=train, grads=train,
+                                 draws=3)
+    (row,) = report.rows
+    assert row.status == "fused" and row.program.endswith("|| full col col")
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
