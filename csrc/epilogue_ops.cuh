@@ -139,6 +139,15 @@ FX_FN float fx_softshrink(float x, float lambd) {
   return x > lambd ? x - lambd : (x < -lambd ? x + lambd : x * 0.0f);
 }
 
+// Comparisons as the expressions compute them: 1 where the comparison holds, else 0 (NaN compares
+// false); pick(c, v) is v where c is nonzero, else 0 (torch.where(c, a, b) = pick(c, a) +
+// pick(1 - c, b): an infinite or NaN value not picked never reaches the sum)
+FX_FN float fx_gt(float a, float b) { return a > b ? 1.0f : 0.0f; }
+FX_FN float fx_ge(float a, float b) { return a >= b ? 1.0f : 0.0f; }
+FX_FN float fx_lt(float a, float b) { return a < b ? 1.0f : 0.0f; }
+FX_FN float fx_le(float a, float b) { return a <= b ? 1.0f : 0.0f; }
+FX_FN float fx_pick(float c, float v) { return c != 0.0f ? v : 0.0f; }
+
 // torch.maximum / torch.minimum propagate NaN from either side
 FX_FN float fx_maximum(float a, float b) {
   if (fx_isnan(a)) return a;
@@ -353,6 +362,26 @@ FX_FN float fx_minimum_bwd_other(float g, float a, float b, float y) {
   (void)y;
   const float h = a == b ? g / 2.0f : g;
   return a < b ? 0.0f : h;
+}
+
+// No gradient flows through a comparison (whatever g is), nor to torch.where's condition
+#define FX_NO_GRADIENT(name)                                                                  \
+  FX_FN float name(float g, float a, float b, float y) { (void)g; (void)a; (void)b; (void)y; return 0.0f; }
+FX_NO_GRADIENT(fx_gt_bwd)
+FX_NO_GRADIENT(fx_gt_bwd_other)
+FX_NO_GRADIENT(fx_ge_bwd)
+FX_NO_GRADIENT(fx_ge_bwd_other)
+FX_NO_GRADIENT(fx_lt_bwd)
+FX_NO_GRADIENT(fx_lt_bwd_other)
+FX_NO_GRADIENT(fx_le_bwd)
+FX_NO_GRADIENT(fx_le_bwd_other)
+FX_NO_GRADIENT(fx_pick_bwd)
+#undef FX_NO_GRADIENT
+
+FX_FN float fx_pick_bwd_other(float g, float c, float v, float y) {
+  (void)v;
+  (void)y;
+  return c != 0.0f ? g : 0.0f;
 }
 
 // A rounding point's gradient is the incoming one rounded (eager hands a bf16/fp16 gradient on)

@@ -322,12 +322,9 @@ struct Row {
     });
   }
 
-  // Pooling along the features (a Pool stage): windows of K values, S apart, every one inside the
-  // row; the row narrows to (n - K) / S + 1 values, the mean of each window (Max: its max, NaN where
-  // it holds one, as eager's), which later stages and the store see. Through the row's scratch
-  // (n floats: Prog::scratch_floats); whole rows a segment (Prog::row_local is false).
-  template <bool Max, int K, int S>
-  FX_DEVICE void pool() {
+  // The row's values into its scratch (n floats: Prog::scratch_floats), each at its column, for a
+  // stage that reads other columns' (pooling, a rotary embedding's partners); whole rows a segment.
+  FX_DEVICE void to_scratch() {
     if (active) {
 #pragma unroll
       for (int i = 0; i < ITEMS; ++i)
@@ -336,6 +333,15 @@ struct Row {
           if (col(i, e) < n) scratch[col(i, e)] = v[i][e];
     }
     t.sync();
+  }
+
+  // Pooling along the features (a Pool stage): windows of K values, S apart, every one inside the
+  // row; the row narrows to (n - K) / S + 1 values, the mean of each window (Max: its max, NaN where
+  // it holds one, as eager's), which later stages and the store see. Through the row's scratch
+  // (n floats: Prog::scratch_floats); whole rows a segment (Prog::row_local is false).
+  template <bool Max, int K, int S>
+  FX_DEVICE void pool() {
+    to_scratch();
     const int width = (n - K) / S + 1;
 #pragma unroll
     for (int i = 0; i < ITEMS; ++i)
@@ -412,14 +418,7 @@ struct Row {
   // time.
   template <typename U, int D, int C, int S>
   FX_DEVICE void rotary_by_scratch() {
-    if (active) {
-#pragma unroll
-      for (int i = 0; i < ITEMS; ++i)
-#pragma unroll
-        for (int e = 0; e < VEC; ++e)
-          if (col(i, e) < n) scratch[col(i, e)] = v[i][e];
-    }
-    t.sync();
+    to_scratch();
     if (active) {
       const int64_t table_row = (row % a.prows[C]) * D;
 #pragma unroll

@@ -33,6 +33,7 @@ import torch
 
 from . import expr as E
 from .patterns.feature_pooling import FAMILY as POOLS
+from .patterns.functions import PREDICATES
 from .patterns.reductions import FAMILY as REDUCTIONS
 from .vocabulary import EpilogueFunction
 
@@ -226,14 +227,19 @@ class Program:
 
     @property
     def constant_params(self) -> frozenset[int]:
-        """Parameters that get no gradient: running statistics (as in eager) and rotary tables (the
-        matcher only takes tables computed without a gradient)."""
-        return frozenset(
+        """Parameters that get no gradient: running statistics (as in eager), rotary tables (the
+        matcher only takes tables computed without a gradient) and operands only compared (a
+        threshold: eager's comparisons give none, and its .grad stays None)."""
+        stage_params = {
             i for s in self.stages
             for i in ((s.running_mean, s.running_var) if isinstance(s, Norm)
                       else (s.cos, s.sin) if isinstance(s, Rotary) else ())
             if i is not None
-        )
+        }
+        pointwise = [s.expr for s in self.stages if isinstance(s, Pointwise)]
+        read = {E.param_index(sym) for e in pointwise for sym in e.free_symbols} - {None}
+        differentiable = set().union(*(_params_outside_comparisons(e) for e in pointwise))
+        return frozenset(stage_params | (read - differentiable - _stage_read_params(self.stages)))
 
     @property
     def second_gemms(self) -> tuple[int, ...]:
@@ -393,6 +399,29 @@ def composed(stages: tuple[Stage, ...]) -> sympy.Expr | None:
         if isinstance(stage, Pointwise):
             expression = stage.expr if expression is None else E.substitute(stage.expr, {E.X: expression})
     return expression
+
+
+def _params_outside_comparisons(expr: sympy.Expr) -> set[int]:
+    """The parameters ``expr`` reads other than as a comparison's operand (where no gradient
+    flows)."""
+    if isinstance(expr, EpilogueFunction) and expr.row.name in PREDICATES:
+        return set()
+    if isinstance(expr, sympy.Symbol):
+        index = E.param_index(expr)
+        return set() if index is None else {index}
+    return set().union(*(_params_outside_comparisons(a) for a in expr.args))
+
+
+def _stage_read_params(stages) -> set[int]:
+    """The parameters stages other than pointwise ones read (a norm's weight and bias, a dropout's
+    seed), which get their gradient there."""
+    out = set()
+    for s in stages:
+        if isinstance(s, Norm):
+            out |= {i for i in (s.weight, s.bias) if i is not None}
+        elif isinstance(s, Dropout):
+            out.add(s.seed)
+    return out
 
 
 def _widened_after(stages) -> bool:

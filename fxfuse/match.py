@@ -48,6 +48,7 @@ from .ir import Dropout, Gemm, Keep, Narrow, Norm, Pointwise, Pool, Program, Red
 from .vocabulary import ROUNDING, call, is_rounding
 from .patterns.norms import FAMILY as NORMS
 from .patterns.reductions import FAMILY as REDUCTIONS
+from .patterns.functions import PREDICATES
 from .patterns.gemm import transposed_for_gemms
 from .patterns.split_gemms import splits_features
 
@@ -401,9 +402,14 @@ class _Matcher:
         if isinstance(op, Rejected):
             raise Stop(op.reason)
         value = example_value(node)
-        self.node_dtype = self._dtype_of(node, op, value.dtype if isinstance(value, torch.Tensor) else self.dtype)
+        # a comparison's bool value: 0s and 1s inside the chain, never its end (no snapshot)
+        predicate = isinstance(op, PointwiseOp) and op.fn in PREDICATES
+        if not predicate:
+            self.node_dtype = self._dtype_of(node, op, value.dtype if isinstance(value, torch.Tensor) else self.dtype)
         expr, is_tuple = self._rounded(E.X), False
-        if isinstance(op, AliasOp):  # a cast back to the chain's dtype rounds here
+        if predicate:
+            expr = self._pointwise(node, op)
+        elif isinstance(op, AliasOp):  # a cast back to the chain's dtype rounds here
             expr = self._rounded(self._segment_value(op.input))
         elif isinstance(op, ReshapeOp):
             self._regroup_rows(node, value)
@@ -423,10 +429,11 @@ class _Matcher:
             self._keep_here(node, expr, value)
             expr = E.X
         self.region.append(node)
-        self.snapshots.append(
-            _Snapshot(node, self._stages_with(expr), expr, len(self.params), self.bias,
-                      self.batch_norm_update, is_tuple)
-        )
+        if not predicate:
+            self.snapshots.append(
+                _Snapshot(node, self._stages_with(expr), expr, len(self.params), self.bias,
+                          self.batch_norm_update, is_tuple)
+            )
 
     def _keep_here(self, node: Node, expr: sympy.Expr, value) -> None:
         """A keep() stage after ``node``: its value (``expr`` in the segment) is an output too; the
@@ -518,7 +525,17 @@ class _Matcher:
             return E.power(*args)
         if fn == "neg":
             return E.neg(args[0])
+        if fn == "where":  # where(c, a, b), c a comparison's 0/1: a where it holds, b elsewhere
+            condition, picked, other = args
+            if not self._is_predicate(op.operands[0]):
+                raise Stop(f"torch.where's condition {op.operands[0]!r} is not a comparison of the chain's values")
+            return E.add(call("pick", condition, picked), call("pick", E.sub(E.const(1.0), condition), other))
         return call(fn, *args, *attrs)
+
+    def _is_predicate(self, operand: Operand) -> bool:
+        """A comparison absorbed into this chain (a bool value of 0s and 1s)."""
+        op = self.canon.get(operand) if isinstance(operand, Node) else None
+        return isinstance(op, PointwiseOp) and op.fn in PREDICATES and operand in self.region
 
     def _folds_into_bias(self, op: PointwiseOp) -> bool:
         """``matmul(x, W.T) + b`` (or a bias-free Linear then ``+ b``) is a GEMM with bias. Only in

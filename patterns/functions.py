@@ -20,6 +20,8 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
+from torch.fx import Node
+
 from ..canonical import PointwiseOp, Rejected
 from . import Spelling, spell
 
@@ -102,6 +104,96 @@ def maximum(input, other):
 
 def minimum(input, other):
     return PointwiseOp("minimum", (input, other))
+
+
+def _zeros_like(like):
+    return None if like is None else torch.zeros(like[0], dtype=like[1], device=like[2])
+
+
+def _like(t):
+    return (t.shape, t.dtype, t.device) if isinstance(t, torch.Tensor) else None
+
+
+class _NoGradient(torch.autograd.Function):
+    """A comparison's 0/1 value (``value``) as a function of its operands whose gradient is zero:
+    eager's comparisons give its operands none."""
+
+    @staticmethod
+    def forward(value: torch.Tensor, *operands) -> torch.Tensor:
+        return value.clone()
+
+    @staticmethod
+    def setup_context(ctx, inputs, output) -> None:  # this form also works under torch.func
+        ctx.likes = [_like(t) for t in inputs[1:]]
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        return (None, *[_zeros_like(like) for like in ctx.likes])
+
+
+class _Pick(torch.autograd.Function):
+    """``value`` where ``condition`` is nonzero, else 0; the gradient to value where picked, none
+    to the condition (as torch.where's)."""
+
+    @staticmethod
+    def forward(condition: torch.Tensor, value: torch.Tensor) -> torch.Tensor:
+        return torch.where(condition != 0, value, torch.zeros((), dtype=value.dtype, device=value.device))
+
+    @staticmethod
+    def setup_context(ctx, inputs, output) -> None:
+        condition, value = inputs
+        ctx.save_for_backward(condition)
+        ctx.likes = [_like(condition), _like(value)]
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        (condition,) = ctx.saved_tensors
+        picked = torch.where(condition != 0, grad, torch.zeros((), dtype=grad.dtype, device=grad.device))
+        return _zeros_like(ctx.likes[0]), picked.sum_to_size(ctx.likes[1][0])
+
+
+def _float_of(*operands) -> torch.dtype:
+    return next((t.dtype for t in operands if isinstance(t, torch.Tensor) and t.is_floating_point()), torch.float32)
+
+
+def _predicate(compare):
+    """A comparison as the expressions compute it: 1.0 where it holds, else 0.0 (NaN compares
+    false), in the operands' float dtype, without a gradient."""
+    def reference(a, b):
+        value = compare(torch.as_tensor(a), torch.as_tensor(b)).to(_float_of(a, b))
+        return _NoGradient.apply(value, *[t for t in (a, b) if isinstance(t, torch.Tensor)])
+
+    return reference
+
+
+def _pick(condition, value):
+    """``value`` where ``condition`` (a comparison's 0/1) is nonzero, else 0: half of torch.where
+    (``where(c, a, b) = pick(c, a) + pick(1 - c, b)``, which an infinite or NaN unpicked value
+    never reaches); the gradient to value only."""
+    dtype = _float_of(condition, value)
+    return _Pick.apply(torch.as_tensor(condition, dtype=dtype), torch.as_tensor(value, dtype=dtype))
+
+
+def compare(name: str):
+    def build(input, other):
+        if not isinstance(other, (Node, int, float)) or isinstance(other, bool):
+            return Rejected(f"{name} with {other!r}")
+        return PointwiseOp(name, (input, other))
+
+    build.__name__ = name
+    return build
+
+
+def where(condition, input=None, other=None):
+    if input is None or other is None:
+        return Rejected("torch.where with only a condition (the nonzero indices)")
+    return PointwiseOp("where", (condition, input, other))
+
+
+def masked_fill(input, mask, value):
+    if not isinstance(value, (int, float)) or isinstance(value, bool):
+        return Rejected("masked_fill with a tensor value")
+    return PointwiseOp("where", (mask, float(value), input))
 
 
 def elu(input, alpha=1.0, inplace=False):
@@ -200,7 +292,23 @@ FAMILY: tuple[Activation, ...] = (
                spellings=(spell(maximum, torch.maximum, "maximum"),)),
     Activation("minimum", torch.minimum, "fx_minimum", operands=2,
                spellings=(spell(minimum, torch.minimum, "minimum"),)),
+    # comparisons (1.0 or 0.0: a mask multiplied in, or torch.where's condition) and pick, which
+    # torch.where and masked_fill are written in (the matcher: where(c, a, b) = pick(c, a) +
+    # pick(1 - c, b))
+    Activation("gt", _predicate(torch.gt), "fx_gt", operands=2, continuous=False,
+               spellings=(spell(compare("gt"), operator.gt, torch.gt, torch.greater, "gt", "greater"),)),
+    Activation("ge", _predicate(torch.ge), "fx_ge", operands=2, continuous=False,
+               spellings=(spell(compare("ge"), operator.ge, torch.ge, torch.greater_equal, "ge", "greater_equal"),)),
+    Activation("lt", _predicate(torch.lt), "fx_lt", operands=2, continuous=False,
+               spellings=(spell(compare("lt"), operator.lt, torch.lt, torch.less, "lt", "less"),)),
+    Activation("le", _predicate(torch.le), "fx_le", operands=2, continuous=False,
+               spellings=(spell(compare("le"), operator.le, torch.le, torch.less_equal, "le", "less_equal"),)),
+    Activation("pick", _pick, "fx_pick", operands=2),
 )
+
+PREDICATES = ("gt", "ge", "lt", "le")  # their value is a bool tensor in the graph
+
+WHERE_SPELLINGS = (spell(where, torch.where, "where"), spell(masked_fill, torch.masked_fill, "masked_fill"))
 
 
 
@@ -236,4 +344,4 @@ COMPOSITES = (
     spell(_composite("tanhshrink", _tanhshrink), F.tanhshrink),
 )
 
-SPELLINGS = tuple(s for entry in FAMILY for s in entry.spellings) + COMPOSITES
+SPELLINGS = tuple(s for entry in FAMILY for s in entry.spellings) + COMPOSITES + WHERE_SPELLINGS

@@ -259,6 +259,11 @@ PROGRAMS["normalize_then_col"] = Program(
 PROGRAMS["normalize_large_eps"] = Program(Gemm(False), (Reduce("normalize", eps=1e-3),))
 # a row over its written Euclidean norm (CLIP's embeddings): eps 0, NaN on a row of zeros
 PROGRAMS["normalize_no_eps"] = Program(Gemm(False), (Reduce("normalize", eps=0.0), pw(E.mul(X, c(2.5)))))
+# torch.where(y > 0, y, 0.2 * y) and a mask multiplied in, y * (y < p0) (comparisons: 1 or 0)
+_POSITIVE = call("gt", X, c(0.0))
+PROGRAMS["where_leaky"] = Program(
+    Gemm(True), (pw(E.add(call("pick", _POSITIVE, X), call("pick", E.sub(c(1.0), _POSITIVE), E.mul(X, c(0.2))))),))
+PROGRAMS["mask_below_col"] = Program(Gemm(False), (pw(E.mul(X, call("lt", X, p(0)))),), ("col",))
 # attention's rotary embedding of heads of 16 (after the bias), and of heads of 64 between pointwise
 # stages (cos and sin: a table row for every P-th output row, make_params)
 PROGRAMS["rotary_heads"] = Program(Gemm(True), (Rotary(16, 0, 1),), ("head", "head"))
@@ -321,7 +326,7 @@ LOW_PRECISION = ["s01_scale_leaky", "s04_group_silu_vec_silu", "s03_batch_train_
                  "dropout_residual_layer", "gelu_dropout", "dropout_traced_bf16", "row_scale_gelu",
                  "row_after_sum", "gemm_gate_silu", "gemm_gate_gelu_scaled", "reduce_sum_keep_broadcast",
                  "reduce_mean_broadcast_traced_bf16", "pool_max_sum_scale", "pool_avg_overlapping_rows",
-                 "rotary_heads", "rotary_between_pointwise", "rotary_heads_of_24",
+                 "rotary_heads", "rotary_between_pointwise", "rotary_heads_of_24", "where_leaky", "mask_below_col",
                  "pool_traced_bf16", "group_then_pool", "batch_train_then_pool"] + [
                      name for name in PROGRAMS if name.startswith("widen_")]
 TRACED_IN_BF16 = ["s05_traced_bf16", "s11_traced_bf16", "narrow_traced_bf16", "dropout_traced_bf16",
@@ -445,3 +450,41 @@ def assert_backward_close(program: Program, got, want, tol: float, col_atol: flo
     if scalar:
         torch.testing.assert_close(sums[scalar].sum(1), ref_sums[scalar].sum(1), rtol=tol, atol=scalar_atol,
                                    equal_nan=True)
+
+
+# -- backward edge cases (the emulator's tests and the device's draw the same) ---------------------
+
+REDUCTION_EDGES = ["reduce_max_keep", "reduce_min_drop", "reduce_max_first_drop", "reduce_min_first_keep",
+                   "reduce_logsumexp_keep", "reduce_mean_drop", "reduce_vector_norm_keep", "normalize_then_col",
+                   "normalize_no_eps", "reduce_var_keep", "reduce_std_drop", "s11_gelu_softmax", "log_softmax_then_pointwise"]
+ZERO_ROW_NORMS = ["reduce_vector_norm_keep", "reduce_vector_norm_drop", "normalize_no_eps", "normalize_large_eps",
+                  "reduce_std_drop"]
+
+
+def reduction_edges(program: Program) -> tuple[torch.Tensor, torch.Tensor, list[torch.Tensor]]:
+    """(y, grad, params): rows of small integers, where max and min tie, and rows holding NaN,
+    +inf, -inf, only -inf or only zeros (a vector norm of zero: eager's gradient is 0 there)."""
+    import math
+
+    g = torch.Generator().manual_seed(7)
+    y = torch.randint(-3, 4, (9, 40), generator=g).float()
+    y[1, 3], y[2, 5], y[3, 7], y[5, 2], y[5, 9] = math.nan, math.inf, -math.inf, math.nan, math.nan
+    y[4] = -math.inf
+    y[6] = 0.0
+    grad = torch.randn(program.output_shape((9,), 40), generator=g)
+    return y, grad, make_params(program, 40, generator=g)
+
+
+def rows_of_zeros(program: Program) -> tuple[torch.Tensor, torch.Tensor, list[torch.Tensor]]:
+    """(y, grad, params): rows of zeros reached by a finite, an infinite, a NaN and a zero gradient."""
+    import math
+
+    g = torch.Generator().manual_seed(9)
+    y = torch.randn(6, 40, generator=g)
+    y[1:5] = 0.0
+    grad = torch.randn(program.output_shape((6,), 40), generator=g)
+    grad[2].fill_(math.inf)
+    grad[3].fill_(math.nan)
+    grad[4].fill_(0.0)
+    return y, grad, make_params(program, 40, generator=g)
+

@@ -17,7 +17,8 @@ import fxfuse.cuda as fxcuda
 from fxfuse import reference
 from fxfuse.cuda import codegen
 from fxfuse.ir import Gemm, Norm, Program, row_split
-from programs import LOW_PRECISION, PROGRAMS, assert_backward_close, dtypes_of, fits, grad_cases, make_params, poison
+from programs import (LOW_PRECISION, PROGRAMS, REDUCTION_EDGES, ZERO_ROW_NORMS, assert_backward_close, dtypes_of, fits,
+                      grad_cases, make_params, poison, reduction_edges, rows_of_zeros)
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 
@@ -415,13 +416,6 @@ def test_backward_kernel_matches_reference(name, dtype, m, n):
                               col_atol=tol * m ** 0.5, scalar_atol=tol * (m * n) ** 0.5)
 
 
-REDUCTION_EDGES = ["reduce_max_keep", "reduce_min_drop", "reduce_max_first_drop", "reduce_min_first_keep",
-                   "reduce_logsumexp_keep", "reduce_mean_drop", "reduce_vector_norm_keep", "normalize_then_col",
-                   "normalize_no_eps", "reduce_var_keep", "reduce_std_drop", "s11_gelu_softmax", "log_softmax_then_pointwise"]
-ZERO_ROW_NORMS = ["reduce_vector_norm_keep", "reduce_vector_norm_drop", "normalize_no_eps", "normalize_large_eps",
-                  "reduce_std_drop"]
-
-
 def backward_on_device(program, y, grad, params):
     """fxfuse::epilogue_backward through the dispatcher against the reference's autograd on the
     same CUDA tensors (torch's own CUDA kernels), float32."""
@@ -439,29 +433,14 @@ def backward_on_device(program, y, grad, params):
 def test_reduction_backward_kernel_at_ties_nan_and_inf(name):
     """Rows of small integers, where max and min tie, and rows holding NaN, +inf, -inf, only -inf
     or only zeros: the gradients are eager's on the device, NaN where eager's are."""
-    program = PROGRAMS[name]
-    g = torch.Generator().manual_seed(7)
-    y = torch.randint(-3, 4, (9, 40), generator=g).float()
-    y[1, 3], y[2, 5], y[3, 7], y[5, 2], y[5, 9] = math.nan, math.inf, -math.inf, math.nan, math.nan
-    y[4] = -math.inf
-    y[6] = 0.0
-    grad = torch.randn(program.output_shape((9,), 40), generator=g)
-    backward_on_device(program, y, grad, make_params(program, 40, generator=g))
+    backward_on_device(PROGRAMS[name], *reduction_edges(PROGRAMS[name]))
 
 
 @pytest.mark.parametrize("name", ZERO_ROW_NORMS)
 def test_rows_of_zeros_take_eagers_gradient_whatever_reaches_the_norm(name):
     """A row of zeros: eager's CUDA norm backward masks the row by a product (a finite gradient
     gives 0, an infinite or NaN one NaN; F.normalize at eps 0 gives NaN), std's by a fill."""
-    program = PROGRAMS[name]
-    g = torch.Generator().manual_seed(9)
-    y = torch.randn(6, 40, generator=g)
-    y[1:5] = 0.0
-    grad = torch.randn(program.output_shape((6,), 40), generator=g)
-    grad[2].fill_(math.inf)
-    grad[3].fill_(math.nan)
-    grad[4].fill_(0.0)
-    backward_on_device(program, y, grad, make_params(program, 40, generator=g))
+    backward_on_device(PROGRAMS[name], *rows_of_zeros(PROGRAMS[name]))
 
 
 GRADIENT_PROGRAMS = ["s01_scale_leaky", "s14_silu_div_clamp_tanh", "scalar_param_pow", "vocabulary_2",

@@ -26,7 +26,8 @@ from fxfuse.cuda.engine import Engine
 from fxfuse.ir import Gemm, Norm, Program
 from fxfuse.vocabulary import call
 from progress import shown
-from programs import LOW_PRECISION, PROGRAMS, assert_backward_close, dtypes_of, fits, grad_cases, make_params, poison, pw
+from programs import (LOW_PRECISION, PROGRAMS, REDUCTION_EDGES, ZERO_ROW_NORMS, assert_backward_close, dtypes_of, fits,
+                      grad_cases, make_params, poison, pw, reduction_edges, rows_of_zeros)
 
 SHAPES = [(7, 1000, 300), (1, 64, 16), (5, 256, 16), (3, 4096, 8), (4, 3, 8), (6, 24, 5)]
 EXTRA = ["s16_sigmoid_sum", "s04_group_silu_vec_silu", "group_odd", "s03_batch_train_gelu_relu",
@@ -371,10 +372,6 @@ def test_eval_batch_norm_backward_kernel_nan_inf(engine):
         assert got[0][4:, :3].isfinite().all() and got[0][0, 4:].isfinite().all()
 
 
-REDUCTION_EDGES = ["reduce_max_keep", "reduce_min_drop", "reduce_max_first_drop", "reduce_min_first_keep",
-                   "reduce_logsumexp_keep", "reduce_mean_drop", "reduce_vector_norm_keep", "normalize_then_col",
-                   "normalize_no_eps", "reduce_var_keep", "reduce_std_drop", "s11_gelu_softmax", "log_softmax_then_pointwise"]
-
 
 def test_normalize_backward_kernel_on_rows_under_eps(engine):
     """F.normalize(eps=1e-3) on rows of zeros, rows whose norm is under eps (divided by eps: no
@@ -387,21 +384,14 @@ def test_normalize_backward_kernel_on_rows_under_eps(engine):
     compare_backward(engine, program, torch.float32, y, torch.randn(8, 48, generator=g), [])
 
 
-@pytest.mark.parametrize("name", ["reduce_vector_norm_keep", "reduce_vector_norm_drop", "normalize_no_eps",
-                                  "normalize_large_eps", "reduce_std_drop"])
+@pytest.mark.parametrize("name", ZERO_ROW_NORMS)
 def test_rows_of_zeros_take_eagers_gradient_whatever_reaches_the_norm(engine, name):
     """A row of zeros: eager's norm backward masks the row by a product (a finite gradient gives 0,
     an infinite or NaN one NaN — and F.normalize at eps 0 sends it NaN), std's by a fill (0
     always)."""
     program = PROGRAMS[name]
-    g = torch.Generator().manual_seed(9)
-    y = torch.randn(6, 40, generator=g)
-    y[1:5] = 0.0
-    grad = torch.randn(program.output_shape((6,), 40), generator=g)
-    grad[2].fill_(math.inf)
-    grad[3].fill_(math.nan)
-    grad[4].fill_(0.0)
-    compare_backward(engine, program, torch.float32, y, grad, make_params(program, 40, generator=g))
+    y, grad, params = rows_of_zeros(program)
+    compare_backward(engine, program, torch.float32, y, grad, params)
 
 
 @pytest.mark.parametrize("name", REDUCTION_EDGES)
@@ -410,13 +400,8 @@ def test_reduction_backward_kernel_at_ties_nan_and_inf(engine, name):
     elements, max(dim)/min(dim) give it to the first), and rows holding NaN, +inf, -inf, only
     -inf or only zeros: the gradients are eager's, NaN where eager's are."""
     program = PROGRAMS[name]
-    g = torch.Generator().manual_seed(7)
-    y = torch.randint(-3, 4, (9, 40), generator=g).float()
-    y[1, 3], y[2, 5], y[3, 7], y[5, 2], y[5, 9] = math.nan, math.inf, -math.inf, math.nan, math.nan
-    y[4] = -math.inf
-    y[6] = 0.0  # (a vector norm of zero: eager's gradient is 0 there, not NaN)
-    grad = torch.randn(program.output_shape((9,), 40), generator=g)
-    compare_backward(engine, program, torch.float32, y, grad, make_params(program, 40, generator=g))
+    y, grad, params = reduction_edges(program)
+    compare_backward(engine, program, torch.float32, y, grad, params)
 
 
 def test_backward_kernel_is_eager_to_the_bit_where_each_gradient_op_is_exact(engine):
