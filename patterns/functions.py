@@ -190,6 +190,10 @@ def where(condition, input=None, other=None):
     return PointwiseOp("where", (condition, input, other))
 
 
+def where_method(input, condition, other):  # y.where(c, other): torch.where(c, y, other)
+    return where(condition, input, other)
+
+
 def masked_fill(input, mask, value):
     if not isinstance(value, (int, float)) or isinstance(value, bool):
         return Rejected("masked_fill with a tensor value")
@@ -308,7 +312,8 @@ FAMILY: tuple[Activation, ...] = (
 
 PREDICATES = ("gt", "ge", "lt", "le")  # their value is a bool tensor in the graph
 
-WHERE_SPELLINGS = (spell(where, torch.where, "where"), spell(masked_fill, torch.masked_fill, "masked_fill"))
+WHERE_SPELLINGS = (spell(where, torch.where), spell(where_method, "where"),
+                   spell(masked_fill, torch.masked_fill, "masked_fill"))
 
 
 

@@ -56,14 +56,26 @@ class WhereOfTwoBranches(nn.Module):
         return torch.where(torch.ge(y, 0.5), torch.exp(y * 20.0), torch.sigmoid(y)) + 1.0
 
 
+class WhereMethod(nn.Module):
+    """The method form: ``y.where(c, other)`` keeps y where c holds."""
+
+    def __init__(self):
+        super().__init__()
+        self.proj = nn.Linear(K, N)
+
+    def forward(self, x):
+        y = self.proj(x)
+        return y.where(y < 1.0, 1.0 + 0.1 * y)
+
+
 def _inputs():
     x = torch.randn(16, K)
     x[3, 5] = float("nan")  # a NaN row: NaN wherever eager's is
     return [x]
 
 
-@pytest.mark.parametrize("model", [WhereLeaky, MaskMultiplied, WhereOfTwoBranches],
-                         ids=["where_leaky", "mask_multiplied", "two_branches"])
+@pytest.mark.parametrize("model", [WhereLeaky, MaskMultiplied, WhereOfTwoBranches, WhereMethod],
+                         ids=["where_leaky", "mask_multiplied", "two_branches", "where_method"])
 @pytest.mark.parametrize("train", [False, True], ids=["eval", "train"])
 def test_a_chain_with_comparisons_fuses_in_full_and_computes_eagers_values_and_gradients(model, train):
     report = check_against_eager(model, _inputs, train=train, grads=train)
