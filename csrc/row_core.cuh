@@ -389,6 +389,13 @@ struct Row {
     rotary_by_scratch<U, D, C, S>();
   }
 
+  // One rotated value: y * cos + partner * sin (the partner signed), each product and the sum
+  // rounded to U as eager's three ops round them
+  template <typename U>
+  FX_DEVICE static float rotated(float y, float partner, float cs, float sn) {
+    return round_to<U>(round_to<U>(y * cs) + round_to<U>(partner * sn));
+  }
+
   // A head is HEAD_CHUNKS whole chunks on consecutive lanes of one item (rt a multiple of them), so
   // the partner chunk of lane l is lane l ^ HEAD_CHUNKS / 2's: one shuffle a value, the tables read
   // a chunk at a time (their rows start 16-byte aligned: D a multiple of VEC).
@@ -410,7 +417,7 @@ struct Row {
       const float sign = j0 < D / 2 ? -1.0f : 1.0f;
 #pragma unroll
       for (int e = 0; e < VEC; ++e)
-        v[i][e] = round_to<U>(round_to<U>(v[i][e] * cs[e]) + round_to<U>((sign * partner[e]) * sn[e]));
+        v[i][e] = rotated<U>(v[i][e], sign * partner[e], cs[e], sn[e]);
     }
   }
 
@@ -431,7 +438,7 @@ struct Row {
           const float partner = j < D / 2 ? -scratch[c + D / 2] : scratch[c - D / 2];
           const float cs = load_param(a.pptr[C], a.pdtype[C], table_row + j);
           const float sn = load_param(a.pptr[S], a.pdtype[S], table_row + j);
-          v[i][e] = round_to<U>(round_to<U>(v[i][e] * cs) + round_to<U>(partner * sn));
+          v[i][e] = rotated<U>(v[i][e], partner, cs, sn);
         }
     }
     t.sync();  // the scratch is free again (a later stage, the next row)

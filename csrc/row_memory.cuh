@@ -248,9 +248,6 @@ struct FastDiv {
   }
 };
 
-// Whether each group of a group norm over n columns is whole 16-byte chunks held by a power of two
-// of at most 32 consecutive threads of a row (any plan's threads a row are a multiple of that
-// count): its statistics take warp shuffles only.
 // Heads of d columns a rotary embedding pairs by lane shuffles (Row::rotary_by_lanes): whole chunks
 // a head, a power of two of them from 2 (the partner chunk another lane's) up to a warp's 32. Rows
 // of such heads run row-local: a local plan's threads a segment, a power of two no fewer than the
@@ -260,6 +257,9 @@ FX_HOST_DEVICE bool rotary_in_lanes(int64_t n, int64_t d, int vec) {
   return n % d == 0 && d % vec == 0 && lanes >= 2 && lanes <= 32 && (lanes & (lanes - 1)) == 0;
 }
 
+// Whether each group of a group norm over n columns is whole 16-byte chunks held by a power of two
+// of at most 32 consecutive threads of a row (any plan's threads a row are a multiple of that
+// count): its statistics take warp shuffles only.
 FX_HOST_DEVICE bool group_in_lanes(int64_t n, int64_t groups, int vec) {
   const int64_t gs = n / groups;
   const int64_t lanes = gs / vec;

@@ -102,9 +102,9 @@ bool on_kernel_device(const Tensor& t) {
 
 // A parameter as the kernels read it: 1 (scalar), N (column), M (row: one value a row, its last dim
 // 1; one a sample expands), M x N (full: the output's shape, N its last dim; one broadcast along
-// the rows expands) or P x D (head: a
-// rotary table of P rows dividing M, D dividing N) contiguous values of a float type, on x's
-// device. nullopt where the reference would raise (wrong size or device).
+// the rows expands) or P x D (head: a rotary table of P rows dividing M, D dividing N) contiguous
+// values of a float type, on x's device. nullopt where the reference would raise (wrong size or
+// device).
 std::optional<Tensor> kernel_param(const Tensor& p, int32_t kind, int64_t m, int64_t n, const Tensor& x) {
   if (kind == FX_PARAM_GEMM) kind = FX_PARAM_FULL;  // by now its GEMM's output (second_gemm_outputs)
   if (kind == FX_PARAM_SEED) {  // two int64 values on x's device, read as they are

@@ -239,7 +239,8 @@ class Program:
         pointwise = [s.expr for s in self.stages if isinstance(s, Pointwise)]
         read = {E.param_index(sym) for e in pointwise for sym in e.free_symbols} - {None}
         differentiable = set().union(*(_params_outside_comparisons(e) for e in pointwise))
-        return frozenset(stage_params | (read - differentiable - _stage_read_params(self.stages)))
+        norm_params = {i for s in self.stages if isinstance(s, Norm) for i in (s.weight, s.bias) if i is not None}
+        return frozenset(stage_params | (read - differentiable - norm_params))
 
     @property
     def second_gemms(self) -> tuple[int, ...]:
@@ -410,18 +411,6 @@ def _params_outside_comparisons(expr: sympy.Expr) -> set[int]:
         index = E.param_index(expr)
         return set() if index is None else {index}
     return set().union(*(_params_outside_comparisons(a) for a in expr.args))
-
-
-def _stage_read_params(stages) -> set[int]:
-    """The parameters stages other than pointwise ones read (a norm's weight and bias, a dropout's
-    seed), which get their gradient there."""
-    out = set()
-    for s in stages:
-        if isinstance(s, Norm):
-            out |= {i for i in (s.weight, s.bias) if i is not None}
-        elif isinstance(s, Dropout):
-            out.add(s.seed)
-    return out
 
 
 def _widened_after(stages) -> bool:

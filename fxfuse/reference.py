@@ -18,6 +18,7 @@ from . import expr as E
 from . import masks
 from .ir import Dropout, Keep, Narrow, Norm, Pointwise, Pool, Program, Reduce, Rotary, Widen, read_as
 from .patterns.feature_pooling import feature_pool
+from .patterns.rotary import rotate_heads
 from .patterns.norms import FAMILY as NORMS
 from .patterns.reductions import FAMILY as REDUCTIONS
 
@@ -187,16 +188,9 @@ def _rotary(stage: Rotary, v: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
     ops round them; output row r reads table row r mod P (the tables' P rows)."""
     d, shape = stage.head_dim, v.shape
     heads = v.reshape(-1, shape[-1] // d, d)
-    cos, sin = (t.reshape(-1, d) for t in (cos, sin))
-    repeats = heads.shape[0] // max(1, cos.shape[0])
-    cos, sin = (t.repeat(repeats, 1).unsqueeze(1) for t in (cos, sin))
-
-    def rounded(t):
-        return t.to(dtype).to(v.dtype)
-
-    half = d // 2
-    turned = torch.cat((-heads[..., half:], heads[..., :half]), dim=-1)
-    return rounded(rounded(heads * cos) + rounded(turned * sin)).reshape(shape)
+    repeats = heads.shape[0] // max(1, cos.numel() // d)
+    cos, sin = (t.reshape(-1, d).repeat(repeats, 1).unsqueeze(1) for t in (cos, sin))
+    return rotate_heads(heads, cos, sin, lambda t: t.to(dtype).to(v.dtype)).reshape(shape)
 
 
 def _reduce(stage: Reduce, v: torch.Tensor) -> torch.Tensor:

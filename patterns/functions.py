@@ -40,6 +40,10 @@ class Activation:
     # in its operand into a jump, so it must see eager's rounded GEMM output (the in-GEMM epilogue
     # reads the float32 accumulator and does not take it)
     continuous: bool = True
+    # a comparison: its value in the graph is a bool tensor, which the expressions read as 1 or 0 (a
+    # mask multiplied in, torch.where's condition); no gradient flows through it and a chain never
+    # ends at it
+    mask: bool = False
 
     @property
     def device_backward(self) -> tuple[str, ...]:
@@ -299,18 +303,16 @@ FAMILY: tuple[Activation, ...] = (
     # comparisons (1.0 or 0.0: a mask multiplied in, or torch.where's condition) and pick, which
     # torch.where and masked_fill are written in (the matcher: where(c, a, b) = pick(c, a) +
     # pick(1 - c, b))
-    Activation("gt", _predicate(torch.gt), "fx_gt", operands=2, continuous=False,
-               spellings=(spell(compare("gt"), operator.gt, torch.gt, torch.greater, "gt", "greater"),)),
-    Activation("ge", _predicate(torch.ge), "fx_ge", operands=2, continuous=False,
-               spellings=(spell(compare("ge"), operator.ge, torch.ge, torch.greater_equal, "ge", "greater_equal"),)),
-    Activation("lt", _predicate(torch.lt), "fx_lt", operands=2, continuous=False,
-               spellings=(spell(compare("lt"), operator.lt, torch.lt, torch.less, "lt", "less"),)),
-    Activation("le", _predicate(torch.le), "fx_le", operands=2, continuous=False,
-               spellings=(spell(compare("le"), operator.le, torch.le, torch.less_equal, "le", "less_equal"),)),
+    *(Activation(name, _predicate(fn), f"fx_{name}", operands=2, continuous=False, mask=True,
+                 spellings=(spell(compare(name), op, fn, alias, name, alias.__name__),))
+      for name, op, fn, alias in (("gt", operator.gt, torch.gt, torch.greater),
+                                  ("ge", operator.ge, torch.ge, torch.greater_equal),
+                                  ("lt", operator.lt, torch.lt, torch.less),
+                                  ("le", operator.le, torch.le, torch.less_equal))),
     Activation("pick", _pick, "fx_pick", operands=2),
 )
 
-PREDICATES = ("gt", "ge", "lt", "le")  # their value is a bool tensor in the graph
+PREDICATES = tuple(row.name for row in FAMILY if row.mask)  # the comparisons
 
 WHERE_SPELLINGS = (spell(where, torch.where), spell(where_method, "where"),
                    spell(masked_fill, torch.masked_fill, "masked_fill"))

@@ -15,6 +15,7 @@ for every head of the row.
 from __future__ import annotations
 
 import operator
+from typing import Callable
 
 import torch
 from torch.fx import Graph, Node
@@ -24,16 +25,24 @@ from ..describe import LABEL
 from . import spell
 
 
+def rotate_heads(heads: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                 rounded: Callable[[torch.Tensor], torch.Tensor] = lambda t: t) -> torch.Tensor:
+    """Each head (the last dim, D) of ``heads`` rotated as transformers' ``apply_rotary_pos_emb``
+    rotates it, ``q * cos + cat(-q[D/2:], q[:D/2]) * sin``, with tables that broadcast against the
+    heads; each product and the sum through ``rounded`` (the reference's rounding to the chain's
+    dtype; none where eager's ops in eager's dtype round them)."""
+    half = heads.shape[-1] // 2
+    rotated = torch.cat((-heads[..., half:], heads[..., :half]), dim=-1)
+    return rounded(rounded(heads * cos) + rounded(rotated * sin))
+
+
 def rotary_embedding(rows: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Every head of D = cos.shape[-1] features of ``rows`` (..., H·D) rotated as transformers'
-    ``apply_rotary_pos_emb`` rotates it: ``q * cos + cat(-q[D/2:], q[:D/2]) * sin``, with eager's
-    ops in eager's order (the same values and roundings). ``cos`` and ``sin`` are (B, T, D) or
-    (1, T, D) or (T, D) against rows (B, T, H·D)."""
+    """Every head of D = cos.shape[-1] features of ``rows`` (..., H·D) rotated, with eager's ops in
+    eager's order (the same values and roundings). ``cos`` and ``sin`` are (B, T, D) or (1, T, D)
+    or (T, D) against rows (B, T, H·D)."""
     d = cos.shape[-1]
     heads = rows.unflatten(-1, (rows.shape[-1] // d, d))
-    half = d // 2
-    rotated = torch.cat((-heads[..., half:], heads[..., :half]), dim=-1)
-    return (heads * cos.unsqueeze(-2) + rotated * sin.unsqueeze(-2)).flatten(-2)
+    return rotate_heads(heads, cos.unsqueeze(-2), sin.unsqueeze(-2)).flatten(-2)
 
 
 def rotary(rows, cos, sin):
