@@ -52,6 +52,8 @@ CALLS = [  # (program, dtype, M, N, K)
     ("rotary_heads", torch.bfloat16, 37, 256, 16),  # rotary embedding, many rows a block
     ("rotary_between_pointwise", torch.float32, 5, 4096, 16),  # rotary embedding by lane shuffles
     ("rotary_heads_of_24", torch.bfloat16, 5, 4800, 16),  # rotary embedding through shared memory
+    ("where_leaky", torch.bfloat16, 7, 1000, 16),  # comparisons and picks, unaligned tail
+    ("mask_below_col", torch.float32, 5, 4096, 16),  # a mask against a per-column threshold
 ]
 GRAD_CALLS = [  # (program, dtype, M, N) of the backward kernel
     ("s01_scale_leaky", torch.bfloat16, 300, 256),  # 16-byte path, many chunks of rows a column
@@ -67,6 +69,7 @@ GRAD_CALLS = [  # (program, dtype, M, N) of the backward kernel
     ("reduce_max_first_drop", torch.float32, 9, 999),  # reduction: the first maximum, 1-element path
     ("reduce_std_drop", torch.float32, 33, 2048),  # reduction: std about the mean, several warps
     ("normalize_no_eps", torch.float32, 9, 999),  # row map: the norm's path, 1-element path
+    ("where_leaky", torch.bfloat16, 77, 1000),  # picks: the gradient of the picked branch only
 ]
 
 

@@ -340,6 +340,24 @@ def test_q_and_k_projections_run_their_rotary_embedding_in_the_row_kernel():
     torch.testing.assert_close(out, eager, rtol=1e-2, atol=1e-2)
 
 
+@pytest.mark.parametrize("train", [False, True], ids=["eval", "train"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["float32", "bfloat16"])
+def test_comparisons_and_where_run_in_the_kernels_with_eagers_values_and_gradients(dtype, train):
+    """tests/test_comparisons.py's models on the GPU: where, masks against numbers and per-column
+    thresholds, masked_fill and the method form fuse in full and their outputs (a NaN row
+    included) and gradients are eager's; the unpicked infinite branch leaves no NaN."""
+    import test_comparisons as cases
+    from support import check_against_eager
+
+    models = [cases.WhereLeaky, cases.MaskMultiplied, cases.WhereMethod]
+    if dtype == torch.float32 or not train:  # exp(20 y)' carries 20x the bf16 rounding of y, eager's too
+        models.append(cases.WhereOfTwoBranches)
+    for model in models:
+        report = check_against_eager(model, cases._inputs, dtype=dtype, train=train, grads=train, device=DEVICE)
+        (row,) = report.rows
+        assert row.status == "fused" and row.path, (model.__name__, row)  # a GPU path, not the reference
+
+
 SMALL_GROUPS_N = 4096
 
 
