@@ -8,7 +8,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#define FX_ABI_VERSION 16
+#define FX_ABI_VERSION 17
 
 // Widest row the row kernel holds in registers (64 floats a thread, 512 threads a row).
 #define FX_MAX_N 32768
@@ -121,7 +121,7 @@ struct FxGemmLaunch {
   const void* weight;     // (n, k) row-major, 16-byte aligned; a gated module's: the interleaved
                           // (2 * round_up(n, gated_block), k) weight of its two GEMMs
   const void* bias;       // n values of x's dtype, or null without a bias
-  void* out;              // (m, n) row-major output, 16-byte aligned
+  void* out;              // (m, n) row-major output, 16-byte aligned; (m,) for FX_OUT_REDUCED(_KEEP)
   const FxParam* params;  // num_params entries, in program order, of the module's param_dtypes
   void* workspace;        // workspace(m, n, k, sm_count, config) bytes, else null
   int64_t m;
@@ -137,6 +137,7 @@ struct FxGemmInfo {
   int32_t abi_version;
   int32_t dtype;                // FxDtype of x and weight (and the bias)
   int32_t out_dtype;            // FxDtype of the output
+  int32_t out_kind;             // FxOutKind: (m, n) rows, or one value a row (a row reduction)
   int32_t num_params;
   const int32_t* param_kinds;   // num_params FxParamKind codes (scalar, column, full or second GEMM)
   const int32_t* param_dtypes;  // num_params FxDtype codes the module reads its parameters as

@@ -10,6 +10,8 @@
 //                        subtile, statistics in registers, then the rest of the chain
 //   gemm_gated.cuh       fxg::Gated<Gate, EpiN, Out>: a second GEMM on the same x in the same
 //                        kernel (a gated MLP), combined with the GEMM's columns and stored by it
+//   gemm_row_reduce.cuh  fxg::RowReduce<Frame, Kind, EpiN>: per (row, N-tile) partials of a row
+//                        reduction; fxg::finalize_rows then writes one value a row (no M x N store)
 // This header assembles the GEMM around a program's tree from a Config (tile, cluster, mainloop
 // and epilogue schedules) by fxg::GemmFor; a program module compiles one unit per Config (and
 // tree) so that ninja builds them in parallel; each runs under several tile orders chosen at
@@ -36,6 +38,7 @@
 #include "fx_abi.h"
 #include "gemm_gated.cuh"
 #include "gemm_group_norm.cuh"
+#include "gemm_row_reduce.cuh"
 #include "gemm_stages.cuh"
 
 namespace fxg {
@@ -118,14 +121,18 @@ using EpilogueTileFor = cute::conditional_t<EpiN == 0, cutlass::epilogue::collec
 
 // Prog (generated): Element (x, weight), Out (the output), kEpilogueN (0: CUTLASS's subtile),
 // kGatedBlock (0, or a Gated tree's EpiN / 2: the GEMM runs over an interleaved weight and the
-// tree stores the output itself), template <class Frame> Tree (the EVT), and
-// args(const FxGemmLaunch&) -> Tree<Frame>::Arguments.
+// tree stores the output itself), kReduceKind (-1, or the fxg::ReduceKind of a RowReduce tree:
+// the kernel writes partials and fxg::finalize_rows the output, with Prog::Finalize), template
+// <class Frame> Tree (the EVT), and args(const FxGemmLaunch&, float* partials) ->
+// Tree<Frame>::Arguments.
 template <class Prog, class Cfg>
 struct GemmFor {
   using T = typename Prog::Element;
   using Out = typename Prog::Out;
   static constexpr bool kGated = Prog::kGatedBlock > 0;
-  using OutD = cute::conditional_t<kGated, void, Out>;  // the collective's D: none where the tree stores
+  static constexpr bool kReduces = Prog::kReduceKind >= 0;
+  static constexpr int kTileN = decltype(size<1>(typename Cfg::Tile{}))::value;
+  using OutD = cute::conditional_t<kGated || kReduces, void, Out>;  // the collective's D: none where the tree stores
   // The GEMM's columns: N, or the rows of a gated module's interleaved weight
   static int64_t gemm_columns(int64_t n) {
     return kGated ? 2 * ((n + Prog::kGatedBlock - 1) / Prog::kGatedBlock * Prog::kGatedBlock) : n;
@@ -147,7 +154,19 @@ struct GemmFor {
                                                       cutlass::gemm::PersistentScheduler>;
   using Gemm = cutlass::gemm::device::GemmUniversalAdapter<Kernel>;
 
-  static typename Gemm::Arguments arguments(const FxGemmLaunch& a) {
+  // A row reduction's partials, after CUTLASS's workspace: [parts][N-tiles][M] float32
+  static int64_t partial_floats(int64_t m, int64_t n) {
+    if constexpr (kReduces) {
+      return kPartialParts<Prog::kReduceKind> * row_tiles<kTileN>(n) * m;
+    } else {
+      return 0;
+    }
+  }
+  static int64_t partials_offset(const FxGemmLaunch& a) {
+    return (static_cast<int64_t>(Gemm::get_workspace_size(arguments(a, nullptr))) + 255) / 256 * 256;
+  }
+
+  static typename Gemm::Arguments arguments(const FxGemmLaunch& a, float* partials) {
     const Schedule& schedule = kSchedules[(a.config >= 0 ? a.config : 0) % kNumSchedules];
     const int m = static_cast<int>(a.m), n = static_cast<int>(gemm_columns(a.n)), k = static_cast<int>(a.k);
     using StrideA = typename Gemm::GemmKernel::StrideA;
@@ -163,7 +182,7 @@ struct GemmFor {
         cutlass::gemm::GemmUniversalMode::kGemm,
         {m, n, k, 1},
         {static_cast<const T*>(a.x), da, static_cast<const T*>(a.weight), db},
-        {Prog::template args<EpilogueFrame>(a), nullptr, dd, static_cast<OutD*>(kGated ? nullptr : a.out), dd},
+        {Prog::template args<EpilogueFrame>(a, partials), nullptr, dd, static_cast<OutD*>(kGated || kReduces ? nullptr : a.out), dd},
         hw};
     args.scheduler.raster_order = schedule.raster;
     args.scheduler.max_swizzle_size = schedule.swizzle;
@@ -177,7 +196,7 @@ struct GemmFor {
     a.n = n;
     a.k = k;
     a.sm_count = 1;
-    return Gemm::can_implement(arguments(a)) == cutlass::Status::kSuccess;
+    return Gemm::can_implement(arguments(a, nullptr)) == cutlass::Status::kSuccess;
   }
 
   static int64_t workspace_bytes(int64_t m, int64_t n, int64_t k, int32_t sm_count) {
@@ -186,16 +205,23 @@ struct GemmFor {
     a.n = n;
     a.k = k;
     a.sm_count = sm_count;
-    return static_cast<int64_t>(Gemm::get_workspace_size(arguments(a)));
+    return kReduces ? partials_offset(a) + 4 * partial_floats(m, n) : partials_offset(a);
   }
 
   static const char* launch(const FxGemmLaunch& a, void* stream) {
-    typename Gemm::Arguments args = arguments(a);
+    float* partials = kReduces ? reinterpret_cast<float*>(static_cast<char*>(a.workspace) + partials_offset(a)) : nullptr;
+    typename Gemm::Arguments args = arguments(a, partials);
     Gemm gemm;
     cutlass::Status status = gemm.initialize(args, a.workspace, static_cast<cudaStream_t>(stream));
     if (status != cutlass::Status::kSuccess) return cutlassGetStatusString(status);
     status = gemm.run(static_cast<cudaStream_t>(stream));
     if (status != cutlass::Status::kSuccess) return cutlassGetStatusString(status);
+    if constexpr (kReduces) {
+      constexpr int kThreads = 256;
+      finalize_rows<typename Prog::Finalize, Prog::kReduceKind>
+          <<<static_cast<unsigned>((a.m + kThreads - 1) / kThreads), kThreads, 0, static_cast<cudaStream_t>(stream)>>>(
+              partials, static_cast<Out*>(a.out), a.m, a.n, row_tiles<kTileN>(a.n), Prog::Finalize::args(a));
+    }
     const cudaError_t error = cudaGetLastError();
     return error == cudaSuccess ? nullptr : cudaGetErrorString(error);
   }
@@ -244,6 +270,7 @@ struct GemmFor {
     return unit != nullptr ? unit->launch(a, stream) : "fxfuse: no such GEMM configuration";            \
   }                                                                                                     \
   const FxGemmInfo kInfo = {FX_ABI_VERSION,   PROG::kDtype,                 PROG::kOutDtype,             \
+                            PROG::kOutKind,                                                             \
                             PROG::kNumParams, PROG::kParamKinds,            PROG::kParamDtypes,          \
                             GATED_BLOCK,      fxg::kNumConfigs,             kNumUnits * fxg::kNumSchedules, \
                             fxg::config_names(), &supports,                 &workspace,                  \

@@ -8,7 +8,7 @@
 //   fxg::Pointwise<Fn>  the program's pointwise expression on the float32 fragments of its inputs,
 //                       rounded once to the output type (Sm90Compute)
 //   fxg::RegisterNode   what a node that works in registers declares (the nodes of
-//                       gemm_group_norm.cuh and gemm_gated.cuh)
+//                       gemm_group_norm.cuh, gemm_gated.cuh and gemm_row_reduce.cuh)
 // Col and Full take the GEMM's Frame (its CTA tile and CUTLASS's epilogue descriptor: subtile and
 // load stages) as a template argument, so a program's tree is a template over it.
 #pragma once

@@ -336,7 +336,7 @@ Result run_gemm(const FxGemmInfo* gemm, int32_t config, const Tensor& x, const T
   const int device = x.device().is_cpu() ? 0 : x.get_device();
   const DeviceFacts facts = device_facts(device);
   std::vector<int64_t> shape(x.sizes().begin(), x.sizes().end() - 1);
-  shape.push_back(n);
+  if (gemm->out_kind != FX_OUT_REDUCED) shape.push_back(gemm->out_kind == FX_OUT_ROWS ? n : 1);
   Tensor out = at::empty(shape, x.options().dtype(*scalar_type_of(gemm->out_dtype)));
   const int64_t ws_bytes = gemm->workspace(m, n, k, facts.sm_count, config);
   Tensor workspace;

@@ -28,7 +28,7 @@ class ReductionFamily:
     ``reference(v, stage)``: eager's result over the last dim for the ir.Reduce ``stage`` (its
     keepdim, max/min's gradient rule ``ties``, normalize's ``eps``). ``row_stage``: the row kernels' member function
     (csrc/row_epilogue.cuh); ``backward_code``: its code in the generated backward
-    (csrc/row_grad.cuh)."""
+    (csrc/row_grad.cuh); ``in_gemm``: its kind in the in-GEMM epilogue, where it has one."""
 
     kind: str
     changes_shape: bool
@@ -37,6 +37,7 @@ class ReductionFamily:
     backward_code: str
     of_one_value_is_it: bool = True  # a reduction of one value is that value (not the norm's |v|)
     attribute: str | None = None  # the ir.Reduce field it reads ("eps": normalize's, "correction": var's)
+    in_gemm: str | None = None  # its fxg::ReduceKind in the in-GEMM epilogue (csrc/gemm_row_reduce.cuh)
 
 
 def _extremum(kind: str) -> Callable[[torch.Tensor, "Reduce"], torch.Tensor]:
@@ -52,12 +53,14 @@ def _extremum(kind: str) -> Callable[[torch.Tensor, "Reduce"], torch.Tensor]:
 
 
 FAMILY: dict[str, ReductionFamily] = {entry.kind: entry for entry in (
-    ReductionFamily("sum", True, lambda v, s: v.sum(-1, keepdim=s.keepdim), "reduce_sum", "fx::kSum"),
-    ReductionFamily("mean", True, lambda v, s: v.mean(-1, keepdim=s.keepdim), "reduce_mean", "fx::kMean"),
-    ReductionFamily("max", True, _extremum("max"), "reduce_max", "fx::kMax"),
-    ReductionFamily("min", True, _extremum("min"), "reduce_min", "fx::kMin"),
+    ReductionFamily("sum", True, lambda v, s: v.sum(-1, keepdim=s.keepdim), "reduce_sum", "fx::kSum",
+                    in_gemm="fxg::kSum"),
+    ReductionFamily("mean", True, lambda v, s: v.mean(-1, keepdim=s.keepdim), "reduce_mean", "fx::kMean",
+                    in_gemm="fxg::kMean"),
+    ReductionFamily("max", True, _extremum("max"), "reduce_max", "fx::kMax", in_gemm="fxg::kMax"),
+    ReductionFamily("min", True, _extremum("min"), "reduce_min", "fx::kMin", in_gemm="fxg::kMin"),
     ReductionFamily("logsumexp", True, lambda v, s: torch.logsumexp(v, -1, keepdim=s.keepdim),
-                    "reduce_logsumexp", "fx::kLogSumExp"),
+                    "reduce_logsumexp", "fx::kLogSumExp", in_gemm="fxg::kLogSumExp"),
     # the Euclidean norm of the row (torch.norm / Tensor.norm / linalg.vector_norm, p = 2)
     ReductionFamily("vector_norm", True, lambda v, s: torch.linalg.vector_norm(v, 2, -1, keepdim=s.keepdim),
                     "reduce_vector_norm", "fx::kVectorNorm", of_one_value_is_it=False),

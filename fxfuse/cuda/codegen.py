@@ -38,7 +38,7 @@ ELEMENT_TYPES = {
 PARAM_KINDS = {"scalar": "FX_PARAM_SCALAR", "col": "FX_PARAM_COL", "full": "FX_PARAM_FULL",
                "seed": "FX_PARAM_SEED", "row": "FX_PARAM_ROW", "gemm": "FX_PARAM_GEMM",
                "head": "FX_PARAM_HEAD"}  # fx_abi.h
-_OUT_KIND = {None: "FX_OUT_ROWS", False: "FX_OUT_REDUCED", True: "FX_OUT_REDUCED_KEEP"}
+OUT_KINDS = {None: "FX_OUT_ROWS", False: "FX_OUT_REDUCED", True: "FX_OUT_REDUCED_KEEP"}
 
 
 class UnsupportedProgram(ValueError):
@@ -142,7 +142,7 @@ def _program_header(program: Program, dtype: torch.dtype, namespace: str) -> str
             f"  static constexpr int kNumParams = {len(program.params)};",
             f"  static constexpr int kParamSlots = {max(1, len(program.params))};",
             f"  static constexpr int32_t kParamKinds[kParamSlots] = {{{', '.join(kinds)}}};",
-            f"  static constexpr int32_t kOutKind = {_OUT_KIND[None if reduction is None else reduction.keepdim]};",
+            f"  static constexpr int32_t kOutKind = {OUT_KINDS[None if reduction is None else reduction.keepdim]};",
             f"  static constexpr bool kBatchTrain = {'true' if bn else 'false'};",
             f"  static constexpr bool kChannelsDim1 = {'true' if channels_dim1 else 'false'};",
             f"  static constexpr float kBatchEps = {float_literal(bn.eps) if bn else '0.0f'};",

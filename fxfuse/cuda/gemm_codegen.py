@@ -11,6 +11,11 @@ eager's rounding: the expression runs in float32 on the float32 accumulator (the
 there), the rounding points a bfloat16/float16 chain carries are dropped, and the result is
 rounded once, at the store.
 
+A program that reduces each row to one value (sum, mean, max, min, logsumexp; scalars after it)
+ends its tree in an ``fxg::RowReduce`` node: the kernel stores no D but per (row, N-tile)
+partials, and ``fxg::finalize_rows`` combines them and runs the stages after the reduction
+(``RowFinalize``, printed as a group norm's ``Post`` is) into the (M,) or (M, 1) output.
+
 A program with a second GEMM (a gated MLP: ``silu(x @ Wg.T) * (x @ Wu.T)``) gets two trees in its
 module, measured against each other by the selection: ``Prog`` reads the second GEMM's output
 (computed by cuBLAS in the runtime) as an operand of the output's shape; ``GatedProg`` is one GEMM
@@ -31,13 +36,14 @@ import sympy
 import torch
 
 from .. import expr as E
-from ..ir import Norm, Pointwise, Program, Widen
+from ..ir import Norm, Pointwise, Program, Reduce, Widen
 from ..vocabulary import ROUNDING
 from ..patterns.norms import FAMILY as NORMS
-from .codegen import PARAM_KINDS, UnsupportedProgram
+from ..patterns.reductions import FAMILY as REDUCTIONS
+from .codegen import OUT_KINDS, PARAM_KINDS, UnsupportedProgram
 from .printer import UnsupportedExpression, print_expr
 
-GEMM_CODEGEN_VERSION = "5"
+GEMM_CODEGEN_VERSION = "6"
 NUM_KERNELS = 3  # fxg::kNumKernels, csrc/gemm_epilogue.cuh: one unit each
 
 # element types the in-GEMM path takes for x and weight (float32 would be TF32: not built yet)
@@ -49,30 +55,34 @@ _ELEMENTS = {"FX_F32": "float", "FX_BF16": "cutlass::bfloat16_t", "FX_F16": "cut
 GROUP_NORM_SUBTILE = 64
 # fxg::Gated's: 32 gate columns, then the 32 up columns of the same output columns
 GATED_SUBTILE = 64
+# fxg::RowReduce's: the layout it folds a thread's values by is checked for 64 columns
+ROW_REDUCE_SUBTILE = 64
 
 
 @dataclass(frozen=True)
 class Epilogue:
     """A program as the in-GEMM epilogue computes it: float32 expressions without rounding points
-    before and after an optional in-tile group norm (``post`` is ``x`` without one)."""
+    before and after an optional in-tile group norm or row reduction (``post`` is ``x`` without
+    one)."""
 
     pre: sympy.Expr
     norm: Norm | None
     post: sympy.Expr
+    reduce: Reduce | None = None
 
     @staticmethod
     def of(program: Program) -> "Epilogue":
         segments: list[sympy.Expr] = [E.X]
-        norm = None
+        norm = reduce = None
         for stage in program.stages:
             if isinstance(stage, Pointwise):
                 segments[-1] = E.substitute(stage.expr, {E.X: segments[-1]})
-            elif isinstance(stage, Norm):
-                norm = stage
+            elif isinstance(stage, (Norm, Reduce)):
+                norm, reduce = (stage, reduce) if isinstance(stage, Norm) else (norm, stage)
                 segments.append(E.X)
         rounding = set(ROUNDING.values())
-        post = E.without_calls(segments[-1], rounding) if norm is not None else E.X
-        return Epilogue(E.without_calls(segments[0], rounding), norm, post)
+        post = E.without_calls(segments[-1], rounding) if len(segments) > 1 else E.X
+        return Epilogue(E.without_calls(segments[0], rounding), norm, post, reduce)
 
     def affine_post(self) -> sympy.Expr:
         """What follows the normalized value: the norm's weight and bias, then the stages after it."""
@@ -101,14 +111,18 @@ def unsupported_reason(program: Program, dtype: torch.dtype) -> str | None:
         return (f"{', '.join(program.steps)} of the GEMM output: a step turns the float32 accumulator's "
                 "last-bit difference from eager's rounded output into a jump, so the row pass takes it")
     norms = [s for s in program.stages if isinstance(s, Norm)]
+    reductions = [s for s in program.stages if isinstance(s, Reduce)]
     for stage in program.stages:
-        if not isinstance(stage, (Pointwise, Widen, Norm)):
+        if not isinstance(stage, (Pointwise, Widen, Norm, Reduce)):
             return f"{type(stage).__name__.lower()} stages are not in the in-GEMM epilogue yet"
     outside = sorted({norm.kind for norm in norms if not NORMS[norm.kind].in_gemm})
+    outside += sorted({r.kind for r in reductions if not REDUCTIONS[r.kind].in_gemm})
     if outside:
-        return f"{', '.join(outside)} norms are not in the in-GEMM epilogue yet"
-    if len(norms) > 1:
-        return "more than one norm in a chain is not in the in-GEMM epilogue yet"
+        return f"{', '.join(outside)} {'norms' if norms else 'reductions'} are not in the in-GEMM epilogue yet"
+    if len(norms) + len(reductions) > 1:
+        return "more than one norm or reduction in a chain is not in the in-GEMM epilogue yet"
+    if reductions and program.second_gemms:
+        return "a reduction after a gated pair of GEMMs is not in the in-GEMM epilogue yet"
     if any(kind not in ("col", "scalar", "full") for kind in program.operand_kinds):
         return f"{', '.join(sorted(set(program.operand_kinds) - {'col', 'scalar', 'full'}))} parameters are not in the in-GEMM epilogue"
     epilogue = Epilogue.of(program)
@@ -118,6 +132,10 @@ def unsupported_reason(program: Program, dtype: torch.dtype) -> str | None:
             after = print_expr(epilogue.affine_post())
             if any(program.operand_kinds[i] == "full" for i in after.params):
                 return "an operand of the output's shape after an in-tile group norm is not in the in-GEMM epilogue yet"
+        if epilogue.reduce is not None:
+            after = print_expr(epilogue.post)
+            if any(program.params[i] != "scalar" for i in after.params):
+                return "only scalars are read after a row reduction in the in-GEMM epilogue"
     except UnsupportedExpression as error:
         return str(error)
     return None
@@ -146,8 +164,8 @@ def canonical(program: Program) -> Program:
     only where eager rounds share one GEMM module: it names the module and keys its build."""
     epilogue = Epilogue.of(program)
     stages: tuple = (Pointwise(epilogue.pre),)
-    if epilogue.norm is not None:
-        stages += (epilogue.norm, Pointwise(epilogue.post))
+    if epilogue.norm is not None or epilogue.reduce is not None:
+        stages += (epilogue.norm or epilogue.reduce, Pointwise(epilogue.post))
     return Program(program.gemm, stages + ((Widen(),) if program.widens else ()), program.params)
 
 
@@ -212,10 +230,18 @@ def _program_header(program: Program, dtype: torch.dtype, param_dtypes: tuple[to
     inputs = ", ".join(["A const& acc"] + [f"A const& in_{name}" for name in names])
     x_value = "acc[e] + in_bias[e]" if program.gemm.bias else "acc[e]"
     comment = program.to_string().replace("*/", "* /")
-    chain_out = "Out" if epilogue.norm is None else "float"
+    chain_out = "Out" if epilogue.norm is None and epilogue.reduce is None else "float"
     chain = f"fxg::Tree<fxg::Pointwise<Chain, {chain_out}>, {', '.join(['fxg::Acc'] + leaves)}>"
     chain_args = f"{{{', '.join(['fxg::acc_args()'] + leaf_args + ['{}'])}}}"
-    if epilogue.norm is None:
+    reduce_kind = "-1"
+    if epilogue.reduce is not None:
+        reduce_kind = REDUCTIONS[epilogue.reduce.kind].in_gemm
+        post = _column_struct("RowFinalize", "after the row reduction: its result through the stages after it",
+                              print_expr(epilogue.post, x_name="x", prefix="u"), codes, program.params, ["x"], [])
+        tree = f"fxg::Tree<fxg::RowReduce<Frame, {reduce_kind}, {ROW_REDUCE_SUBTILE}>, {chain}>"
+        tree_args = f"{{{chain_args}, {{partials, a.m, a.n}}}}"
+        subtile = ROW_REDUCE_SUBTILE
+    elif epilogue.norm is None:
         post, tree, tree_args, subtile = [], chain, chain_args, 0
     else:
         post = _post_struct(epilogue, codes, program.params)
@@ -231,6 +257,7 @@ def _program_header(program: Program, dtype: torch.dtype, param_dtypes: tuple[to
         f"  using Out = {_ELEMENTS[out_code]};",
         f"  static constexpr int32_t kDtype = {GEMM_DTYPES[dtype]};",
         f"  static constexpr int32_t kOutDtype = {out_code};",
+        f"  static constexpr int32_t kOutKind = {OUT_KINDS[None if epilogue.reduce is None else epilogue.reduce.keepdim]};",
         f"  static constexpr int32_t kNumParams = {len(program.params)};",
         f"  static constexpr int32_t kParamKinds[{max(1, len(codes))}] = {{{', '.join(kinds) or 'FX_PARAM_SCALAR'}}};",
         f"  static constexpr int32_t kParamDtypes[{max(1, len(codes))}] = {{{', '.join(codes) or 'FX_F32'}}};",
@@ -240,12 +267,12 @@ def _program_header(program: Program, dtype: torch.dtype, param_dtypes: tuple[to
         + ("; groups inside the norm's subtile" if epilogue.norm is not None else ""),
         f"  static bool supports(int64_t n, int64_t k) {{ return {supports}; }}",
     ]
-    progs = _prog_struct("Prog", facts, tree, tree_args, subtile, 0)
+    progs = _prog_struct("Prog", facts, tree, tree_args, subtile, 0, reduce_kind)
     if program.second_gemms and gated_unsupported_reason(program) is None:  # both GEMMs in one kernel
         post += _gate_struct(epilogue, codes, program.params, program.gemm.bias, element)
         progs += _prog_struct("GatedProg", facts, f"fxg::Tree<fxg::Gated<Gate, {GATED_SUBTILE}, Out>, fxg::Acc>",
                               "{fxg::acc_args(), {static_cast<Out*>(a.out), a.m, a.n, Gate::args(a)}}",
-                              GATED_SUBTILE, GATED_SUBTILE // 2)
+                              GATED_SUBTILE, GATED_SUBTILE // 2, "-1")
     return "\n".join([
         f"// fxfuse GEMM program (gemm codegen {GEMM_CODEGEN_VERSION}), {dtype}",
         f"/* {comment} */",
@@ -277,20 +304,24 @@ def _program_header(program: Program, dtype: torch.dtype, param_dtypes: tuple[to
     ])
 
 
-def _prog_struct(name: str, facts: list[str], tree: str, tree_args: str, subtile: int, gated_block: int) -> list[str]:
+def _prog_struct(name: str, facts: list[str], tree: str, tree_args: str, subtile: int, gated_block: int,
+                 reduce_kind: str) -> list[str]:
     """One Prog of csrc/gemm_epilogue.cuh's GemmFor: the module's facts, its subtile and tree."""
     return [
         f"struct {name} {{",
         *facts,
         f"  static constexpr int kEpilogueN = {subtile};",
         f"  static constexpr int kGatedBlock = {gated_block};",
+        f"  static constexpr int kReduceKind = {reduce_kind};",
+        *(["  using Finalize = RowFinalize;"] if reduce_kind != "-1" else []),
         "",
         "  template <class Frame>",
         f"  using Tree = {tree};",
         "",
         "  template <class Frame>",
-        "  static typename Tree<Frame>::Arguments args(const FxGemmLaunch& a) {",
+        "  static typename Tree<Frame>::Arguments args(const FxGemmLaunch& a, float* partials) {",
         "    (void)a;",
+        "    (void)partials;",
         f"    return {tree_args};",
         "  }",
         "};",

@@ -149,7 +149,9 @@ def test_one_unit_per_kernel_and_an_entry_point():
     ("s01_scale_leaky", torch.float32, "bfloat16 and float16"),
     ("s20_layer_silu", torch.bfloat16, "layer norms are not in the in-GEMM epilogue"),
     ("widen_rms_then_group", torch.bfloat16, "rms norms are not in the in-GEMM epilogue"),
-    ("s16_sigmoid_sum", torch.bfloat16, "reduce stages"),
+    ("reduce_vector_norm_keep", torch.bfloat16, "vector_norm reductions are not in the in-GEMM epilogue"),
+    ("s11_gelu_softmax", torch.bfloat16, "softmax reductions are not in the in-GEMM epilogue"),
+    ("reduce_sum_keep_broadcast", torch.bfloat16, "only scalars are read after a row reduction"),
     ("full_residual_layer", torch.bfloat16, "norms are not in the in-GEMM epilogue"),
     ("keep_residual_layer", torch.bfloat16, "keep stages"),
     ("dropout_residual_layer", torch.bfloat16, "dropout stages"),
@@ -179,6 +181,27 @@ def test_the_suite_group_norm_chains_are_taken():
     for name in ("s02_group_leaky_double", "s04_group_silu_vec_silu", "s17_vec_hardtanh_mish_group",
                  "widen_s08_silu_vec_group"):
         assert gemm_codegen.unsupported_reason(PROGRAMS[name], torch.bfloat16) is None, name
+
+
+def test_the_suite_row_reduction_chains_are_taken():
+    for name in ("s05_logsumexp_chain", "s15_div_sum_mul", "s16_sigmoid_sum", "reduce_max_keep", "reduce_min_drop",
+                 "reduce_mean_drop", "reduce_logsumexp_keep"):
+        assert gemm_codegen.unsupported_reason(PROGRAMS[name], torch.bfloat16) is None, name
+
+
+def test_a_row_reduction_folds_partials_in_the_epilogue_and_runs_the_stages_after_it_in_a_finalize():
+    """S05: the bias is the epilogue's only pointwise work; the tree ends in a RowReduce node (no
+    M x N store: one value a row, kept as (M, 1)); the LeakyReLUs and GELUs run once a row."""
+    text = header(PROGRAMS["s05_logsumexp_chain"])
+    (tree,) = trees(text)
+    assert tree.startswith("using Tree = fxg::Tree<fxg::RowReduce<Frame, fxg::kLogSumExp, 64>,")
+    assert "kOutKind = FX_OUT_REDUCED_KEEP" in text and "kReduceKind = fxg::kLogSumExp" in text
+    chain = text[text.index("struct Chain"):text.index("struct RowFinalize")]
+    assert "fx_gelu" not in chain and "out[e] = x;" in chain
+    finalize = text[text.index("struct RowFinalize"):text.index("struct Prog")]
+    assert finalize.count("fx_leaky_relu") == 2 and finalize.count("fx_gelu") == 2
+    assert "kOutKind = FX_OUT_REDUCED;" in header(PROGRAMS["reduce_min_drop"])
+    assert "using Out = float;" in header(PROGRAMS["widen_s05_logsumexp_chain"])  # a widened chain's value a row
 
 
 def test_a_group_norm_chain_is_its_stages_before_and_after_the_norm_without_rounding_points():

@@ -39,9 +39,11 @@ EXTRA = {
                                                                          E.param(1)), E.param(2)), E.param(3))),),
                                 ("full", "full", "col", "scalar")),
 }
+REDUCTIONS = ["s05_logsumexp_chain", "s15_div_sum_mul", "s16_sigmoid_sum", "reduce_max_keep", "reduce_min_drop",
+              "reduce_mean_drop"]  # one value a row: partials in the epilogue, then a finalize
 NAMES = ["identity", "s01_scale_leaky", "s10_div_gelu", "s13_sub_mul_relu", "s14_silu_div_clamp_tanh",
          "full_residual", "full_gate_silu", "gemm_gate_silu", "gemm_up_first_silu", "gemm_gate_gelu_scaled",
-         *EXTRA]
+         *REDUCTIONS, *EXTRA]
 CASES = [(name, torch.bfloat16) for name in NAMES] + [("s01_scale_leaky", torch.float16),
                                                       ("scalar_and_col", torch.float16),
                                                       ("full_gate_silu", torch.float16),
@@ -95,6 +97,16 @@ def test_three_dimensional_input(modules, name, dtype):
     assert_under_rule(out, eager, truth(program, x, w, b, params))
 
 
+@pytest.mark.parametrize("name", ["s05_logsumexp_chain", "reduce_min_drop"])
+def test_a_reduced_three_dimensional_input_keeps_its_leading_dims(modules, name):
+    program, module = program_of(name), modules[(name, torch.bfloat16)]
+    x, w, b, params = draw(program, torch.bfloat16, 37, 264, 136, seed=3, batch=(3,))
+    eager = reference.op_forward(program, x, w, b, params, False)[0]
+    out = run_config(module, program, x, w, b, params, 0)
+    assert out.shape == eager.shape and eager.shape[:2] == (3, 37) and eager.numel() == 3 * 37
+    assert_under_rule(out, eager, truth(program, x, w, b, params))
+
+
 def assert_every_kernel_puts_nan_and_inf_where_eager_does(module, program, x, w, b, params) -> None:
     eager = reference.op_forward(program, x, w, b, params, False)[0]
     for config in kernels(module):
@@ -110,6 +122,19 @@ def test_nan_and_inf_reach_eagers_positions(modules, name):
     x[3, 5] = math.nan
     x[7, :] = math.inf
     x[9, 2] = -math.inf
+    assert_every_kernel_puts_nan_and_inf_where_eager_does(module, program, x, w, b, params)
+
+
+@pytest.mark.parametrize("name", ["s05_logsumexp_chain", "reduce_max_keep", "reduce_min_drop", "s16_sigmoid_sum"])
+def test_a_row_reduction_gives_nan_and_inf_where_eager_does(modules, name):
+    """A NaN anywhere in a row makes its reduction NaN; +inf and -inf in a row (in different
+    N-tiles) give eager's infinite or NaN sum, max, min and logsumexp."""
+    program, module = program_of(name), modules[(name, torch.bfloat16)]
+    x, w, b, params = draw(program, torch.bfloat16, 64, 600, 72, seed=5)
+    x[3, 5] = math.nan
+    w[10, :] = 0.0
+    w[10, 0] = math.inf  # column 10: +inf or -inf, the sign of the row's x[:, 0]
+    b[300] = -math.inf  # column 300: -inf in every row
     assert_every_kernel_puts_nan_and_inf_where_eager_does(module, program, x, w, b, params)
 
 
@@ -300,10 +325,11 @@ def test_a_weight_read_transposed_is_timed_as_the_calls_read_it(hopper):
     assert_under_rule(out, reference.op_forward(program, x, w, b, params, False)[0], truth(program, x, w, b, params))
 
 
-def test_supported_programs_are_the_pointwise_and_group_norm_ones():
+def test_supported_programs_are_the_pointwise_group_norm_and_row_reduction_ones():
     assert unsupported_reason(PROGRAMS["s01_scale_leaky"], torch.bfloat16) is None
     assert unsupported_reason(PROGRAMS["s01_scale_leaky"], torch.float32) is not None
     assert unsupported_reason(PROGRAMS["s02_group_leaky_double"], torch.bfloat16) is None
+    assert unsupported_reason(PROGRAMS["s15_div_sum_mul"], torch.bfloat16) is None
     assert unsupported_reason(PROGRAMS["s11_gelu_softmax"], torch.bfloat16) is not None
 
 
