@@ -47,11 +47,13 @@ using namespace cute;
 
 // -- configurations --------------------------------------------------------------------------------
 
-// A GEMM configuration: CTA tile (M, N, K), cluster shape, mainloop and epilogue schedules.
+// A GEMM configuration: CTA tile (M, N, K), cluster shape, mainloop and epilogue schedules. TK is
+// the tile's K for 16-bit elements; 32-bit ones (float32 as TF32) take half as many, so that a
+// pipeline stage holds the same bytes.
 template <int TM, int TN, int TK, int CM, int CN, bool Pingpong>
 struct Config {
   static constexpr bool kPingpong = Pingpong;
-  using Tile = Shape<Int<TM>, Int<TN>, Int<TK>>;
+  template <class T> using TileFor = Shape<Int<TM>, Int<TN>, Int<TK * 2 / static_cast<int>(sizeof(T))>>;
   using Cluster = Shape<Int<CM>, Int<CN>, _1>;
   using MainloopSchedule = cute::conditional_t<Pingpong, cutlass::gemm::KernelTmaWarpSpecializedPingpong,
                                                cutlass::gemm::KernelTmaWarpSpecializedCooperative>;
@@ -131,23 +133,24 @@ struct GemmFor {
   using Out = typename Prog::Out;
   static constexpr bool kGated = Prog::kGatedBlock > 0;
   static constexpr bool kReduces = Prog::kReduceKind >= 0;
-  static constexpr int kTileN = decltype(size<1>(typename Cfg::Tile{}))::value;
+  using Tile = typename Cfg::template TileFor<T>;
+  static constexpr int kTileN = decltype(size<1>(Tile{}))::value;
   using OutD = cute::conditional_t<kGated || kReduces, void, Out>;  // the collective's D: none where the tree stores
   // The GEMM's columns: N, or the rows of a gated module's interleaved weight
   static int64_t gemm_columns(int64_t n) {
     return kGated ? 2 * ((n + Prog::kGatedBlock - 1) / Prog::kGatedBlock * Prog::kGatedBlock) : n;
   }
-  using EpilogueFrame = Frame<typename Cfg::Tile, EpilogueTileFor<Cfg, Prog::kEpilogueN>, Out,
+  using EpilogueFrame = Frame<Tile, EpilogueTileFor<Cfg, Prog::kEpilogueN>, Out,
                               typename Cfg::EpilogueSchedule>;
   using EpilogueTree = typename Prog::template Tree<EpilogueFrame>;
   using Epilogue = typename cutlass::epilogue::collective::CollectiveBuilder<
-      cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, typename Cfg::Tile, typename Cfg::Cluster,
+      cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, Tile, typename Cfg::Cluster,
       EpilogueTileFor<Cfg, Prog::kEpilogueN>, float, float, void, cutlass::layout::RowMajor,
       kAlign<Out>, OutD, cutlass::layout::RowMajor, kAlign<Out>, typename Cfg::EpilogueSchedule,
       EpilogueTree>::CollectiveOp;
   using Mainloop = typename cutlass::gemm::collective::CollectiveBuilder<
       cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, T, cutlass::layout::RowMajor, kAlign<T>, T,
-      cutlass::layout::ColumnMajor, kAlign<T>, float, typename Cfg::Tile, typename Cfg::Cluster,
+      cutlass::layout::ColumnMajor, kAlign<T>, float, Tile, typename Cfg::Cluster,
       cutlass::gemm::collective::StageCountAutoCarveout<static_cast<int>(sizeof(typename Epilogue::SharedStorage))>,
       typename Cfg::MainloopSchedule>::CollectiveOp;
   using Kernel = cutlass::gemm::kernel::GemmUniversal<Shape<int, int, int, int>, Mainloop, Epilogue,

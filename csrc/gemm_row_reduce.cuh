@@ -1,4 +1,5 @@
-// fxg::RowReduce: a row reduction to one value a row (sum, mean, max, min, logsumexp) in the
+// fxg::RowReduce: a row reduction to one value a row (sum, mean, max, min, logsumexp, the
+// Euclidean norm) in the
 // in-GEMM epilogue: per (row, N-tile) partials from the accumulators, then fxg::finalize_rows
 // combines a row's partials in tile order and runs the stages after the reduction. The M x N
 // output is never written (see gemm_stages.cuh for the tree it is part of).
@@ -9,9 +10,10 @@
 
 namespace fxg {
 
-enum ReduceKind : int { kSum = 0, kMean = 1, kMax = 2, kMin = 3, kLogSumExp = 4 };
+enum ReduceKind : int { kSum = 0, kMean = 1, kMax = 2, kMin = 3, kLogSumExp = 4, kVectorNorm = 5 };
 
-// A partial reduction of some of a row's values: the sum, max or min (value); for logsumexp the
+// A partial reduction of some of a row's values: the sum, max, min or sum of squares (the
+// Euclidean norm's) (value); for logsumexp the
 // max (value) and the sum of exp(x - ref(max)) (scaled), ref(max) being 0 where the max is not
 // finite, as torch.logsumexp shifts by. Partials combine in any grouping; NaN propagates.
 template <int Kind>
@@ -22,7 +24,7 @@ struct Partial {
   CUTLASS_HOST_DEVICE static float shift(float max) { return isfinite(max) ? max : 0.f; }
 
   CUTLASS_DEVICE void combine(Partial const& other) {
-    if constexpr (Kind == kSum || Kind == kMean) {
+    if constexpr (Kind == kSum || Kind == kMean || Kind == kVectorNorm) {
       value += other.value;
     } else if constexpr (Kind == kMax) {
       value = fx::OpMax()(value, other.value);
@@ -45,6 +47,7 @@ struct Partial {
     for (int i = 0; i < Count; ++i) {
       if (!in[i]) continue;
       if constexpr (Kind == kSum || Kind == kMean) p.value += x[i];
+      if constexpr (Kind == kVectorNorm) p.value += x[i] * x[i];
       if constexpr (Kind == kMax || Kind == kLogSumExp) p.value = fx::OpMax()(p.value, x[i]);
       if constexpr (Kind == kMin) p.value = fx::OpMin()(p.value, x[i]);
     }
@@ -62,6 +65,7 @@ struct Partial {
   CUTLASS_DEVICE float result(int64_t n) const {
     if constexpr (Kind == kMean) return value / static_cast<float>(n);
     if constexpr (Kind == kLogSumExp) return logf(scaled) + shift(value);
+    if constexpr (Kind == kVectorNorm) return sqrtf(value);
     return value;
   }
 };

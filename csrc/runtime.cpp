@@ -293,6 +293,8 @@ Result run_gemm(const FxGemmInfo* gemm, int32_t config, const Tensor& x, const T
   if (config < 0 || config >= gemm->num_configs) return std::nullopt;
   if (x.dim() < 1 || weight.dim() != 2 || !on_kernel_device(x) || weight.device() != x.device()) return std::nullopt;
   if (scalar_type_of(gemm->dtype) != x.scalar_type() || weight.scalar_type() != x.scalar_type()) return std::nullopt;
+  // a float32 module computes in TF32: only while torch allows TF32 for cuBLAS's matmuls
+  if (gemm->dtype == FX_F32 && !at::globalContext().allowTF32CuBLAS()) return std::nullopt;
   if (!x.is_contiguous() || !weight.is_contiguous() || x.size(-1) != weight.size(1)) return std::nullopt;
   if (static_cast<int64_t>(params.size()) != gemm->num_params) return std::nullopt;
   if (bias && (bias->scalar_type() != x.scalar_type() || bias->device() != x.device() || !bias->is_contiguous() ||

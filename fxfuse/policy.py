@@ -19,7 +19,7 @@ layer norms (S20, 0.98-1.03x) and RMS norms (S21, 0.98x) did not gain (BENCHMARK
 
 Outside training no rule decides: every chain on CUDA is kept for the selection, which times
 fxfuse's paths (the row pass, and the in-GEMM kernel's configurations where the in-GEMM path takes
-the chain: Hopper, CUTLASS headers, bf16/fp16) and Inductor's own kernels for the chain at the
+the chain: Hopper, CUTLASS headers, bf16/fp16 or float32 with TF32 allowed) and Inductor's own kernels for the chain at the
 chain's shape, on this card, and leaves the chain to Inductor where Inductor is faster
 (fxfuse/cuda/engine.py). The rules below decide where no such measurement happens — in a graph
 that records a backward (the selection times forward calls) and where the timing failed — and

@@ -63,7 +63,7 @@ FAMILY: dict[str, ReductionFamily] = {entry.kind: entry for entry in (
                     "reduce_logsumexp", "fx::kLogSumExp", in_gemm="fxg::kLogSumExp"),
     # the Euclidean norm of the row (torch.norm / Tensor.norm / linalg.vector_norm, p = 2)
     ReductionFamily("vector_norm", True, lambda v, s: torch.linalg.vector_norm(v, 2, -1, keepdim=s.keepdim),
-                    "reduce_vector_norm", "fx::kVectorNorm", of_one_value_is_it=False),
+                    "reduce_vector_norm", "fx::kVectorNorm", of_one_value_is_it=False, in_gemm="fxg::kVectorNorm"),
     # the row's variance and standard deviation with Bessel's ``correction`` (torch.var / torch.std)
     ReductionFamily("var", True, lambda v, s: torch.var(v, -1, correction=s.correction, keepdim=s.keepdim),
                     "reduce_var", "fx::kVar", of_one_value_is_it=False, attribute="correction"),

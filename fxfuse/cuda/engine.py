@@ -8,7 +8,7 @@ program on first use as a last resort, and runs the reference when the kernels d
 program could not be built.
 
 Two paths run a program on the GPU: the row path (the GEMM on cuBLAS, then the program module's
-pass over its output) and, where a GEMM module was built (Hopper, bf16/fp16, the in-GEMM
+pass over its output) and, where a GEMM module was built (Hopper, bf16/fp16 or TF32, the in-GEMM
 epilogue of gemm_codegen.py), one CUTLASS kernel per call in one of several configurations.
 ``select`` times them once per (program, dtype, parameter dtypes, N, K, bucket of M) when a graph
 compiles, tells the runtime which to route such calls to, and keeps the measurement on disk beside

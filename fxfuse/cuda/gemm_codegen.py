@@ -46,8 +46,8 @@ from .printer import UnsupportedExpression, print_expr
 GEMM_CODEGEN_VERSION = "6"
 NUM_KERNELS = 3  # fxg::kNumKernels, csrc/gemm_epilogue.cuh: one unit each
 
-# element types the in-GEMM path takes for x and weight (float32 would be TF32: not built yet)
-GEMM_DTYPES = {torch.bfloat16: "FX_BF16", torch.float16: "FX_F16"}
+# element types the in-GEMM path takes for x and weight (float32 as TF32, while torch allows it)
+GEMM_DTYPES = {torch.bfloat16: "FX_BF16", torch.float16: "FX_F16", torch.float32: "FX_F32"}
 PARAM_DTYPES = {torch.float32: "FX_F32", torch.bfloat16: "FX_BF16", torch.float16: "FX_F16"}
 _ELEMENTS = {"FX_F32": "float", "FX_BF16": "cutlass::bfloat16_t", "FX_F16": "cutlass::half_t"}
 
@@ -106,7 +106,10 @@ def unsupported_reason(program: Program, dtype: torch.dtype) -> str | None:
     """Why the in-GEMM path cannot take ``program`` on ``dtype`` inputs (None: it can; a group
     norm's group size is checked per call, by the module)."""
     if dtype not in GEMM_DTYPES:
-        return f"the in-GEMM path takes bfloat16 and float16 GEMMs, not {dtype}"
+        return f"the in-GEMM path takes bfloat16, float16 and (as TF32) float32 GEMMs, not {dtype}"
+    if dtype == torch.float32 and not torch.backends.cuda.matmul.allow_tf32:
+        return ("a float32 GEMM is TF32 in the in-GEMM path, and torch.backends.cuda.matmul.allow_tf32 "
+                "is off: cuBLAS computes it in float32")
     if program.steps:
         return (f"{', '.join(program.steps)} of the GEMM output: a step turns the float32 accumulator's "
                 "last-bit difference from eager's rounded output into a jump, so the row pass takes it")

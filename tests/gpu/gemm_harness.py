@@ -36,13 +36,18 @@ def build_modules(cases: dict[str, tuple[Program, torch.dtype]]) -> dict:
         pytest.skip(reason)
     items = [(program, dtype) for program, dtype in cases.values()]
     gemms = [(program, dtype, param_dtypes(program, dtype)) for program, dtype in cases.values()]
-    assert not fxcuda.prepare_many(items, gemm_items=gemms)
-    device = torch.device(DEVICE, torch.cuda.current_device())
-    built = {}
-    for name, (program, dtype, params) in zip(cases, gemms):
-        module = fxcuda.engine.prepare_gemm(program, dtype, params, device)
-        assert module is not None, fxcuda.engine.gemm_error(program, dtype, params, device)
-        built[name] = module
+    allowed = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = True  # float32 cases: TF32 modules
+    try:
+        assert not fxcuda.prepare_many(items, gemm_items=gemms)
+        device = torch.device(DEVICE, torch.cuda.current_device())
+        built = {}
+        for name, (program, dtype, params) in zip(cases, gemms):
+            module = fxcuda.engine.prepare_gemm(program, dtype, params, device)
+            assert module is not None, fxcuda.engine.gemm_error(program, dtype, params, device)
+            built[name] = module
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = allowed
     return built
 
 

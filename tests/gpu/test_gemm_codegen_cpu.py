@@ -146,10 +146,11 @@ def test_one_unit_per_kernel_and_an_entry_point():
 
 
 @pytest.mark.parametrize("name,dtype,reason", [
-    ("s01_scale_leaky", torch.float32, "bfloat16 and float16"),
+    ("s01_scale_leaky", torch.float32, "allow_tf32 is off"),
+    ("s01_scale_leaky", torch.float64, "bfloat16, float16 and (as TF32) float32"),
     ("s20_layer_silu", torch.bfloat16, "layer norms are not in the in-GEMM epilogue"),
     ("widen_rms_then_group", torch.bfloat16, "rms norms are not in the in-GEMM epilogue"),
-    ("reduce_vector_norm_keep", torch.bfloat16, "vector_norm reductions are not in the in-GEMM epilogue"),
+    ("reduce_var_keep", torch.bfloat16, "var reductions are not in the in-GEMM epilogue"),
     ("s11_gelu_softmax", torch.bfloat16, "softmax reductions are not in the in-GEMM epilogue"),
     ("reduce_sum_keep_broadcast", torch.bfloat16, "only scalars are read after a row reduction"),
     ("full_residual_layer", torch.bfloat16, "norms are not in the in-GEMM epilogue"),
@@ -160,6 +161,13 @@ def test_programs_the_in_gemm_path_does_not_take_yet(name, dtype, reason):
     assert reason in gemm_codegen.unsupported_reason(PROGRAMS[name], dtype)
     with pytest.raises(ValueError):
         gemm_codegen.generate(PROGRAMS[name], dtype, (dtype,) * len(PROGRAMS[name].params), "n", "e")
+
+
+def test_a_float32_gemm_is_taken_as_tf32_while_torch_allows_tf32(monkeypatch):
+    monkeypatch.setattr(torch.backends.cuda.matmul, "allow_tf32", True)
+    assert gemm_codegen.unsupported_reason(PROGRAMS["s01_scale_leaky"], torch.float32) is None
+    text = header(PROGRAMS["s01_scale_leaky"], torch.float32)
+    assert "using Element = float;" in text and "kDtype = FX_F32;" in text
 
 
 def test_a_function_with_jumps_goes_to_the_row_pass():
@@ -185,7 +193,7 @@ def test_the_suite_group_norm_chains_are_taken():
 
 def test_the_suite_row_reduction_chains_are_taken():
     for name in ("s05_logsumexp_chain", "s15_div_sum_mul", "s16_sigmoid_sum", "reduce_max_keep", "reduce_min_drop",
-                 "reduce_mean_drop", "reduce_logsumexp_keep"):
+                 "reduce_mean_drop", "reduce_logsumexp_keep", "reduce_vector_norm_keep"):
         assert gemm_codegen.unsupported_reason(PROGRAMS[name], torch.bfloat16) is None, name
 
 

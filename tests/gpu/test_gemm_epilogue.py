@@ -1,7 +1,7 @@
 """The in-GEMM back end (csrc/gemm_epilogue.cuh, fxfuse/cuda/gemm_codegen.py) on a Hopper GPU.
 
-Every GEMM configuration of every pointwise program computes the program under the correctness
-rule: within 1e-2 of eager's result, or no further from the float64 truth than eager's own result
+Every GEMM configuration of every pointwise and row-reduction program (bf16, fp16, and float32 as
+TF32 while torch allows TF32) computes the program under the correctness rule: within 1e-2 of eager's result, or no further from the float64 truth than eager's own result
 (the epilogue computes in float32 on the accumulators and rounds once, where eager rounds the GEMM
 output and every op). Every element is written (outputs poisoned with NaN first), NaN and Inf reach
 the same positions as eager's, odd shapes run, and the selection routes a shape to a measured path
@@ -40,14 +40,16 @@ EXTRA = {
                                 ("full", "full", "col", "scalar")),
 }
 REDUCTIONS = ["s05_logsumexp_chain", "s15_div_sum_mul", "s16_sigmoid_sum", "reduce_max_keep", "reduce_min_drop",
-              "reduce_mean_drop"]  # one value a row: partials in the epilogue, then a finalize
+              "reduce_mean_drop", "reduce_vector_norm_keep"]  # one value a row: partials in the epilogue, then a finalize
 NAMES = ["identity", "s01_scale_leaky", "s10_div_gelu", "s13_sub_mul_relu", "s14_silu_div_clamp_tanh",
          "full_residual", "full_gate_silu", "gemm_gate_silu", "gemm_up_first_silu", "gemm_gate_gelu_scaled",
          *REDUCTIONS, *EXTRA]
 CASES = [(name, torch.bfloat16) for name in NAMES] + [("s01_scale_leaky", torch.float16),
                                                       ("scalar_and_col", torch.float16),
                                                       ("full_gate_silu", torch.float16),
-                                                      ("gemm_gate_silu", torch.float16)]
+                                                      ("gemm_gate_silu", torch.float16),
+                                                      ("s01_scale_leaky", torch.float32),  # TF32
+                                                      ("s15_div_sum_mul", torch.float32)]
 SHAPES = [(1, 136, 72), (7, 520, 264), (300, 1032, 520), (1024, 2048, 512)]
 
 
@@ -56,6 +58,13 @@ def program_of(name: str) -> Program:
 
 
 BUILDS = {(name, dtype): (program_of(name), dtype) for name, dtype in CASES}  # also built by prebuild.py
+
+
+@pytest.fixture(autouse=True)
+def tf32():
+    """The float32 cases are TF32 GEMMs: run while torch allows TF32 (as its own matmuls then are,
+    eager's included), over the tests' default of TF32 off (tests/conftest.py restores it)."""
+    torch.backends.cuda.matmul.allow_tf32 = True
 
 
 @pytest.fixture(scope="module")
@@ -125,7 +134,8 @@ def test_nan_and_inf_reach_eagers_positions(modules, name):
     assert_every_kernel_puts_nan_and_inf_where_eager_does(module, program, x, w, b, params)
 
 
-@pytest.mark.parametrize("name", ["s05_logsumexp_chain", "reduce_max_keep", "reduce_min_drop", "s16_sigmoid_sum"])
+@pytest.mark.parametrize("name", ["s05_logsumexp_chain", "reduce_max_keep", "reduce_min_drop", "s16_sigmoid_sum",
+                                  "reduce_vector_norm_keep"])
 def test_a_row_reduction_gives_nan_and_inf_where_eager_does(modules, name):
     """A NaN anywhere in a row makes its reduction NaN; +inf and -inf in a row (in different
     N-tiles) give eager's infinite or NaN sum, max, min and logsumexp."""
@@ -325,9 +335,24 @@ def test_a_weight_read_transposed_is_timed_as_the_calls_read_it(hopper):
     assert_under_rule(out, reference.op_forward(program, x, w, b, params, False)[0], truth(program, x, w, b, params))
 
 
+def test_a_float32_gemm_takes_the_row_path_when_torch_does_not_allow_tf32(modules):
+    """The module computes in TF32; with TF32 off a call runs cuBLAS's float32 GEMM and the row pass."""
+    program, module = program_of("s01_scale_leaky"), modules[("s01_scale_leaky", torch.float32)]
+    x, w, b, params = draw(program, torch.float32, 64, 264, 72, seed=4)
+    torch.backends.cuda.matmul.allow_tf32 = False
+    try:
+        result = fxcuda.engine.forward_kernels(program.to_string(), x, w, b, params, gemm=module, config=0)
+        eager = reference.op_forward(program, x, w, b, params, False)[0]
+        assert unsupported_reason(program, torch.float32) is not None
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = True
+    torch.testing.assert_close(result[0], eager, rtol=1e-4, atol=1e-4)
+
+
 def test_supported_programs_are_the_pointwise_group_norm_and_row_reduction_ones():
     assert unsupported_reason(PROGRAMS["s01_scale_leaky"], torch.bfloat16) is None
-    assert unsupported_reason(PROGRAMS["s01_scale_leaky"], torch.float32) is not None
+    assert unsupported_reason(PROGRAMS["s01_scale_leaky"], torch.float32) is None  # TF32, allowed here
+    assert unsupported_reason(PROGRAMS["s01_scale_leaky"], torch.float64) is not None
     assert unsupported_reason(PROGRAMS["s02_group_leaky_double"], torch.bfloat16) is None
     assert unsupported_reason(PROGRAMS["s15_div_sum_mul"], torch.bfloat16) is None
     assert unsupported_reason(PROGRAMS["s11_gelu_softmax"], torch.bfloat16) is not None
