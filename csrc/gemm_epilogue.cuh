@@ -53,12 +53,18 @@ using namespace cute;
 template <int TM, int TN, int TK, int CM, int CN, bool Pingpong>
 struct Config {
   static constexpr bool kPingpong = Pingpong;
-  template <class T> using TileFor = Shape<Int<TM>, Int<TN>, Int<TK * 2 / static_cast<int>(sizeof(T))>>;
+  template <class T> static constexpr int kTileK = TK * 2 / static_cast<int>(sizeof(T));
+  template <class T> using TileFor = Shape<Int<TM>, Int<TN>, Int<kTileK<T>>>;
   using Cluster = Shape<Int<CM>, Int<CN>, _1>;
   using MainloopSchedule = cute::conditional_t<Pingpong, cutlass::gemm::KernelTmaWarpSpecializedPingpong,
                                                cutlass::gemm::KernelTmaWarpSpecializedCooperative>;
   using EpilogueSchedule = cute::conditional_t<Pingpong, cutlass::epilogue::TmaWarpSpecialized,
                                                cutlass::epilogue::TmaWarpSpecializedCooperative>;
+
+  // "cooperative 128x256x64 cluster 2x1": the schedule, the tile for elements of T, the cluster
+  template <class T> static void name(char* out, size_t size) {
+    snprintf(out, size, "%s %dx%dx%d cluster %dx%d", Pingpong ? "pingpong" : "cooperative", TM, TN, kTileK<T>, CM, CN);
+  }
 };
 
 // The kernels every GEMM module compiles, one unit each (ConfigI, I = kernel index). Cooperative
@@ -69,8 +75,6 @@ using Config0 = Config<128, 256, 64, 2, 1, false>;
 using Config1 = Config<128, 128, 64, 2, 1, true>;
 using Config2 = Config<128, 128, 64, 1, 2, false>;
 constexpr int kNumKernels = 3;
-constexpr const char* kKernelNames[kNumKernels] = {
-    "cooperative 128x256x64 cluster 2x1", "pingpong 128x128x64 cluster 2x1", "cooperative 128x128x64 cluster 1x2"};
 
 // The persistent tile scheduler's orders of visiting tiles, set at launch (no build of their own):
 // which tiles run together decides how much of A and B the L2 serves.
@@ -89,15 +93,21 @@ constexpr Schedule kSchedules[kNumSchedules] = {
 // A configuration index (FxGemmLaunch::config) is kernel * kNumSchedules + schedule.
 constexpr int kNumConfigs = kNumKernels * kNumSchedules;
 
-// "<kernel>, <schedule>" for every configuration, in index order; a module with a gated tree beside
-// its plain one has twice the configurations, the second half "gated <kernel>, <schedule>".
-inline const char* const* config_names() {
+// "<kernel>, <schedule>" for every configuration of a module of elements T, in index order; a
+// module with a gated tree beside its plain one has twice the configurations, the second half
+// "gated <kernel>, <schedule>".
+template <class T> const char* const* config_names() {
   static const char* names[2 * kNumConfigs];
   static char text[2 * kNumConfigs][112];
+  static_assert(kNumKernels == 3, "a name a kernel");
   static const bool filled = [] {
+    char kernels[kNumKernels][64];
+    Config0::name<T>(kernels[0], sizeof(kernels[0]));
+    Config1::name<T>(kernels[1], sizeof(kernels[1]));
+    Config2::name<T>(kernels[2], sizeof(kernels[2]));
     for (int c = 0; c < 2 * kNumConfigs; ++c) {
       snprintf(text[c], sizeof(text[c]), "%s%s, %s", c >= kNumConfigs ? "gated " : "",
-               kKernelNames[c / kNumSchedules % kNumKernels], kSchedules[c % kNumSchedules].name);
+               kernels[c / kNumSchedules % kNumKernels], kSchedules[c % kNumSchedules].name);
       names[c] = text[c];
     }
     return true;
@@ -272,12 +282,20 @@ struct GemmFor {
     const fxg::Unit* unit = unit_of(a->config);                                                         \
     return unit != nullptr ? unit->launch(a, stream) : "fxfuse: no such GEMM configuration";            \
   }                                                                                                     \
-  const FxGemmInfo kInfo = {FX_ABI_VERSION,   PROG::kDtype,                 PROG::kOutDtype,             \
-                            PROG::kOutKind,                                                             \
-                            PROG::kNumParams, PROG::kParamKinds,            PROG::kParamDtypes,          \
-                            GATED_BLOCK,      fxg::kNumConfigs,             kNumUnits * fxg::kNumSchedules, \
-                            fxg::config_names(), &supports,                 &workspace,                  \
-                            &launch};                                                                   \
+  const FxGemmInfo kInfo = {FX_ABI_VERSION,                                                          \
+                            PROG::kDtype,                                                            \
+                            PROG::kOutDtype,                                                         \
+                            PROG::kOutKind,                                                          \
+                            PROG::kNumParams,                                                        \
+                            PROG::kParamKinds,                                                       \
+                            PROG::kParamDtypes,                                                      \
+                            GATED_BLOCK,                                                             \
+                            fxg::kNumConfigs,                                                        \
+                            kNumUnits * fxg::kNumSchedules,                                          \
+                            fxg::config_names<typename PROG::Element>(),                             \
+                            &supports,                                                               \
+                            &workspace,                                                              \
+                            &launch};                                                                \
   extern "C" const FxGemmInfo* ENTRY() { return &kInfo; }
 
 #define FX_DEFINE_GEMM_MODULE(PROG, ENTRY)                                                              \
