@@ -9,7 +9,7 @@ namespace fxg {
 // Two GEMMs on the same x in one (a gated MLP: act(x Wg^T) * (x Wu^T)): the kernel runs one GEMM
 // over the two weights interleaved in blocks of EpiN / 2 rows (gated_weight in the runtime), so
 // each EpiN-column subtile holds EpiN / 2 gate columns and then the matching up columns. By the
-// WGMMA accumulator layout (see gemm_group_norm.cuh) a thread holds 8-column block j of the gate half and
+// WGMMA accumulator layout (fxg::SubtileCallbacks) a thread holds 8-column block j of the gate half and
 // block j + kBlocks / 2 of the up half: the same output columns. The node combines them
 // (Gate::apply: the program's expression in float32, the up value as its second-GEMM parameter) and
 // stores the (M, N) output itself, two adjacent columns a store; the kernel has no D (void).
@@ -44,48 +44,21 @@ struct Gated : RegisterNode<GatedArguments<Gate, Out>> {
   CUTLASS_HOST_DEVICE static int64_t padded_columns(int64_t n) { return (n + EpiN / 2 - 1) / (EpiN / 2) * (EpiN / 2); }
 
   template <class Coords>
-  struct ConsumerStoreCallbacks : fusion::EmptyConsumerStoreCallbacks {
-    CUTLASS_DEVICE ConsumerStoreCallbacks(Coords coords, int64_t first_row, int64_t first_col, int col_in_tile,
-                                          int epi_rows, Params const& params)
-        : coords(coords), first_row(first_row), first_col(first_col), col_in_tile(col_in_tile),
-          epi_rows(epi_rows), params(params) {}
+  struct ConsumerStoreCallbacks : SubtileCallbacks<Coords, EpiN> {
+    template <class Args>
+    CUTLASS_DEVICE ConsumerStoreCallbacks(Args const& args, Params const& params)
+        : SubtileCallbacks<Coords, EpiN>(args), params(params) {}
 
-    Coords coords;      // (R2S, R2S_M, R2S_N, EPI_M, EPI_N) -> (m, n) relative to the thread's first value
-    int64_t first_row;  // the row and (interleaved) column of the thread's first value
-    int64_t first_col;
-    int col_in_tile;    // the thread's first column within the CTA tile
-    int epi_rows;       // rows of a subtile
-    Params params;
-
-    template <class ElementAccumulator, class ElementInput, int F>
-    CUTLASS_DEVICE cutlass::Array<float, F> visit(cutlass::Array<ElementAccumulator, F> const&, int, int, int,
-                                                  cutlass::Array<ElementInput, F> const& input) {
-      return cutlass::NumericArrayConverter<float, ElementInput, F>{}(input);
-    }
+    Params params;  // a copy: pointers and sizes in registers, not read through memory per value
 
     template <class STensor, class SyncFn, class VTensor>
     CUTLASS_DEVICE void reduce(STensor&&, SyncFn const&, int epi_m, int epi_n, bool, VTensor visit_results) {
-      using Fragment = typename cute::remove_cvref_t<VTensor>::value_type;
-      constexpr int F = Fragment::kElements;
-      constexpr int V = decltype(size(visit_results))::value;
-      static_assert(V * F == 4 * kBlocks, "two rows and two columns of each 8-column block a thread");
-      auto relative = coords(_, _, _, _0{}, _0{});  // the same in every subtile
-      if (col_in_tile % EpiN >= 8 || col_in_tile % 2 != 0) __trap();  // the layout above
-
-      float value[2][kBlocks][2];  // (row slot, block, column of the pair)
-      CUTLASS_PRAGMA_UNROLL
-      for (int v = 0; v < V; ++v) {
-        CUTLASS_PRAGMA_UNROLL
-        for (int f = 0; f < F; ++f) {
-          auto c = relative(v * F + f);
-          const int r = get<0>(c) / 8, j = get<1>(c) / 8, e = get<1>(c) % 8;
-          if (get<0>(c) % 8 != 0 || r > 1 || j >= kBlocks || e > 1) __trap();
-          value[r][j][e] = visit_results(v)[f];
-        }
-      }
-      const int64_t col = first_col + static_cast<int64_t>(epi_n) * EpiN;  // the thread's first, this subtile
+      float value[2][kBlocks][2];  // (row slot, block, column of the pair): gate blocks, then up blocks
+      this->unpack(visit_results, value);
+      // the thread's first (interleaved) column this subtile, and its output column
+      const int64_t col = this->first_col + static_cast<int64_t>(epi_n) * EpiN;
       const int64_t out_col = col / EpiN * (EpiN / 2) + col % EpiN;
-      const int64_t row = first_row + static_cast<int64_t>(epi_m) * epi_rows;
+      const int64_t row = this->first_row + static_cast<int64_t>(epi_m) * this->epi_rows;
       const auto scalars = Gate::scalars(params.gate);
       CUTLASS_PRAGMA_UNROLL
       for (int r = 0; r < 2; ++r) {
@@ -107,13 +80,7 @@ struct Gated : RegisterNode<GatedArguments<Gate, Out>> {
 
   template <bool ReferenceSrc, class... Args>
   CUTLASS_DEVICE auto get_consumer_store_callbacks(fusion::ConsumerStoreArgs<Args...> const& args) {
-    static_assert(decltype(size<1>(args.epi_tile))::value == EpiN, "the subtile the weight was interleaved for");
-    const int64_t first_row = get<0>(args.problem_shape_mnkl) - get<0>(args.residue_tCcD);
-    const int64_t first_col = get<1>(args.problem_shape_mnkl) - get<1>(args.residue_tCcD);
-    const int col_in_tile = static_cast<int>(get<1>(args.residue_cD) - get<1>(args.residue_tCcD));
-    const int epi_rows = static_cast<int>(decltype(size<0>(args.epi_tile))::value);
-    return ConsumerStoreCallbacks<decltype(args.tCcD)>(args.tCcD, first_row, first_col, col_in_tile, epi_rows,
-                                                       params);
+    return ConsumerStoreCallbacks<decltype(args.tCcD)>(args, params);
   }
 };
 

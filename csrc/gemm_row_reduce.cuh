@@ -39,23 +39,31 @@ struct Partial {
     }
   }
 
-  // The partial of `count` values
-  template <int Count>
-  CUTLASS_DEVICE static Partial of(float const (&x)[Count], bool const (&in)[Count]) {
+  // The partial of a row's values of a subtile (value[block][column of the pair], as
+  // SubtileCallbacks::unpack gives them), columns from `col` on; those at N or past it left out
+  template <int Blocks>
+  CUTLASS_DEVICE static Partial of(float const (&value)[Blocks][2], int64_t col, int64_t n) {
     Partial p;
     CUTLASS_PRAGMA_UNROLL
-    for (int i = 0; i < Count; ++i) {
-      if (!in[i]) continue;
-      if constexpr (Kind == kSum || Kind == kMean) p.value += x[i];
-      if constexpr (Kind == kVectorNorm) p.value += x[i] * x[i];
-      if constexpr (Kind == kMax || Kind == kLogSumExp) p.value = fx::OpMax()(p.value, x[i]);
-      if constexpr (Kind == kMin) p.value = fx::OpMin()(p.value, x[i]);
+    for (int j = 0; j < Blocks; ++j) {
+      CUTLASS_PRAGMA_UNROLL
+      for (int e = 0; e < 2; ++e) {
+        if (col + 8 * j + e >= n) continue;
+        const float x = value[j][e];
+        if constexpr (Kind == kSum || Kind == kMean) p.value += x;
+        if constexpr (Kind == kVectorNorm) p.value += x * x;
+        if constexpr (Kind == kMax || Kind == kLogSumExp) p.value = fx::OpMax()(p.value, x);
+        if constexpr (Kind == kMin) p.value = fx::OpMin()(p.value, x);
+      }
     }
     if constexpr (Kind == kLogSumExp) {
       const float ref = shift(p.value);
       CUTLASS_PRAGMA_UNROLL
-      for (int i = 0; i < Count; ++i) {
-        if (in[i]) p.scaled += __expf(x[i] - ref);  // the fast exponential: the rule, not eager's bits
+      for (int j = 0; j < Blocks; ++j) {
+        CUTLASS_PRAGMA_UNROLL
+        for (int e = 0; e < 2; ++e) {
+          if (col + 8 * j + e < n) p.scaled += __expf(value[j][e] - ref);  // the fast exponential: the rule, not eager's bits
+        }
       }
     }
     return p;
@@ -83,7 +91,7 @@ struct RowReduceArguments {
 };
 
 // Per (row, N-tile) partials of the values its child computed (the pointwise stages before the
-// reduction, in float32): by the WGMMA accumulator layout (see gemm_group_norm.cuh) a thread
+// reduction, in float32): by the WGMMA accumulator layout (fxg::SubtileCallbacks) a thread
 // holds two rows 8 apart of each EpiN-column subtile, and its quad the rest of those rows'
 // columns, so a thread folds its values subtile by subtile (columns past N left out), its quad
 // combines them at the end of the tile, and one lane a quad writes the row's partial. The kernel
@@ -108,54 +116,26 @@ struct RowReduce : RegisterNode<RowReduceArguments> {
   }
 
   template <class Coords>
-  struct ConsumerStoreCallbacks : fusion::EmptyConsumerStoreCallbacks {
-    CUTLASS_DEVICE ConsumerStoreCallbacks(Coords coords, int64_t first_row, int64_t first_col, int col_in_tile,
-                                          int epi_rows, Params const& params)
-        : coords(coords), first_row(first_row), first_col(first_col), col_in_tile(col_in_tile),
-          epi_rows(epi_rows), params(params) {}
+  struct ConsumerStoreCallbacks : SubtileCallbacks<Coords, EpiN> {
+    template <class Args>
+    CUTLASS_DEVICE ConsumerStoreCallbacks(Args const& args, Params const& params)
+        : SubtileCallbacks<Coords, EpiN>(args), params(params) {}
 
-    Coords coords;      // (R2S, R2S_M, R2S_N, EPI_M, EPI_N) -> (m, n) relative to the thread's first value
-    int64_t first_row;  // the row and column of the thread's first value
-    int64_t first_col;
-    int col_in_tile;    // the thread's first column within the CTA tile
-    int epi_rows;       // rows of a subtile
     Params params;
     Partial<Kind> rows[kSlots][2];  // (subtile row, row slot): the thread's values so far
 
-    template <class ElementAccumulator, class ElementInput, int F>
-    CUTLASS_DEVICE cutlass::Array<float, F> visit(cutlass::Array<ElementAccumulator, F> const&, int, int, int,
-                                                  cutlass::Array<ElementInput, F> const& input) {
-      return cutlass::NumericArrayConverter<float, ElementInput, F>{}(input);
-    }
-
     template <class STensor, class SyncFn, class VTensor>
     CUTLASS_DEVICE void reduce(STensor&&, SyncFn const&, int epi_m, int epi_n, bool, VTensor visit_results) {
-      using Fragment = typename cute::remove_cvref_t<VTensor>::value_type;
-      constexpr int F = Fragment::kElements;
-      constexpr int V = decltype(size(visit_results))::value;
-      static_assert(V * F == 4 * kBlocks, "two rows and two columns of each 8-column block a thread");
-      auto relative = coords(_, _, _, _0{}, _0{});  // the same in every subtile
-      if (col_in_tile % EpiN >= 8 || col_in_tile % 2 != 0 || epi_m >= kSlots) __trap();  // the layout above
-      const int64_t col = first_col + static_cast<int64_t>(epi_n) * EpiN;  // the thread's first, this subtile
-      float x[2][2 * kBlocks];
-      bool in[2][2 * kBlocks];
+      if (epi_m >= kSlots) __trap();  // subtiles of fewer than 64 rows
+      float value[2][kBlocks][2];  // (row slot, block, column of the pair)
+      this->unpack(visit_results, value);
+      const int64_t col = this->first_col + static_cast<int64_t>(epi_n) * EpiN;  // the thread's first, this subtile
       CUTLASS_PRAGMA_UNROLL
-      for (int v = 0; v < V; ++v) {
-        CUTLASS_PRAGMA_UNROLL
-        for (int f = 0; f < F; ++f) {
-          auto c = relative(v * F + f);
-          const int r = get<0>(c) / 8, j = get<1>(c) / 8, e = get<1>(c) % 8;
-          if (get<0>(c) % 8 != 0 || r > 1 || j >= kBlocks || e > 1) __trap();
-          x[r][2 * j + e] = visit_results(v)[f];
-          in[r][2 * j + e] = col + get<1>(c) < params.n;
-        }
-      }
-      CUTLASS_PRAGMA_UNROLL
-      for (int r = 0; r < 2; ++r) rows[epi_m][r].combine(Partial<Kind>::of(x[r], in[r]));
+      for (int r = 0; r < 2; ++r) rows[epi_m][r].combine(Partial<Kind>::of(value[r], col, params.n));
     }
 
     CUTLASS_DEVICE void end() {
-      const int64_t tile = first_col / kTileN;
+      const int64_t tile = this->first_col / kTileN;
       const int64_t tiles = row_tiles<kTileN>(params.n);
       if (tile >= tiles) return;  // a CTA past N in a cluster that is not: nothing of the rows (CTA-uniform)
       const bool writes = (threadIdx.x & 3) == 0;
@@ -171,8 +151,8 @@ struct RowReduce : RegisterNode<RowReduceArguments> {
             other.scaled = __shfl_xor_sync(0xffffffffu, p.scaled, lane);
             p.combine(other);
           }
-          const int64_t row = first_row + static_cast<int64_t>(s) * epi_rows + 8 * r;
-          if (!writes || s * epi_rows >= kTileM || row >= params.m) continue;
+          const int64_t row = this->first_row + static_cast<int64_t>(s) * this->epi_rows + 8 * r;
+          if (!writes || s * this->epi_rows >= kTileM || row >= params.m) continue;
           params.partials[tile * params.m + row] = p.value;
           if constexpr (kPartialParts<Kind> == 2) params.partials[(tiles + tile) * params.m + row] = p.scaled;
         }
@@ -182,13 +162,7 @@ struct RowReduce : RegisterNode<RowReduceArguments> {
 
   template <bool ReferenceSrc, class... Args>
   CUTLASS_DEVICE auto get_consumer_store_callbacks(fusion::ConsumerStoreArgs<Args...> const& args) {
-    static_assert(decltype(size<1>(args.epi_tile))::value == EpiN, "the subtile the layout was checked for");
-    const int64_t first_row = get<0>(args.problem_shape_mnkl) - get<0>(args.residue_tCcD);
-    const int64_t first_col = get<1>(args.problem_shape_mnkl) - get<1>(args.residue_tCcD);
-    const int col_in_tile = static_cast<int>(get<1>(args.residue_cD) - get<1>(args.residue_tCcD));
-    const int epi_rows = static_cast<int>(decltype(size<0>(args.epi_tile))::value);
-    return ConsumerStoreCallbacks<decltype(args.tCcD)>(args.tCcD, first_row, first_col, col_in_tile, epi_rows,
-                                                       params);
+    return ConsumerStoreCallbacks<decltype(args.tCcD)>(args, params);
   }
 };
 

@@ -9,6 +9,8 @@
 //                       rounded once to the output type (Sm90Compute)
 //   fxg::RegisterNode   what a node that works in registers declares (the nodes of
 //                       gemm_group_norm.cuh, gemm_gated.cuh and gemm_row_reduce.cuh)
+//   fxg::SubtileCallbacks  where a thread's values of a subtile lie (the WGMMA layout), for the
+//                       callbacks of gemm_gated.cuh's and gemm_row_reduce.cuh's nodes
 // Col and Full take the GEMM's Frame (its CTA tile and CUTLASS's epilogue descriptor: subtile and
 // load stages) as a template argument, so a program's tree is a template over it.
 #pragma once
@@ -116,6 +118,62 @@ struct RegisterNode {
   template <class... Args>
   CUTLASS_DEVICE auto get_producer_load_callbacks(fusion::ProducerLoadArgs<Args...> const&) {
     return fusion::EmptyProducerLoadCallbacks{};
+  }
+};
+
+// What the callbacks of a node that works on a thread's values in registers (fxg::Gated,
+// fxg::RowReduce) start from: where the thread's values of an EpiN-column subtile lie, and those
+// values as float. By the SM90 WGMMA accumulator layout (PTX ISA, wgmma fragments) a thread holds
+// two rows 8 apart and, in each 8-column block of the subtile, two adjacent columns; the four lanes
+// of its quad hold the rest of those blocks. The layout is checked where it is read: relative
+// coordinates outside it stop the kernel (the checks fold away when it holds).
+template <class Coords, int EpiN>
+struct SubtileCallbacks : fusion::EmptyConsumerStoreCallbacks {
+  static_assert(EpiN % 8 == 0, "the subtile is a whole number of 8-column blocks");
+  static constexpr int kBlocks = EpiN / 8;
+
+  template <class Args>
+  CUTLASS_DEVICE explicit SubtileCallbacks(Args const& args)
+      : coords(args.tCcD),
+        first_row(get<0>(args.problem_shape_mnkl) - get<0>(args.residue_tCcD)),
+        first_col(get<1>(args.problem_shape_mnkl) - get<1>(args.residue_tCcD)),
+        col_in_tile(static_cast<int>(get<1>(args.residue_cD) - get<1>(args.residue_tCcD))),
+        epi_rows(static_cast<int>(decltype(size<0>(args.epi_tile))::value)) {
+    static_assert(decltype(size<1>(args.epi_tile))::value == EpiN, "the subtile the node was built for");
+  }
+
+  Coords coords;      // (R2S, R2S_M, R2S_N, EPI_M, EPI_N) -> (m, n) relative to the thread's first value
+  int64_t first_row;  // the row and column of the thread's first value (of the first subtile)
+  int64_t first_col;
+  int col_in_tile;    // the thread's first column within the CTA tile
+  int epi_rows;       // rows of a subtile
+
+  template <class ElementAccumulator, class ElementInput, int F>
+  CUTLASS_DEVICE cutlass::Array<float, F> visit(cutlass::Array<ElementAccumulator, F> const&, int, int, int,
+                                                cutlass::Array<ElementInput, F> const& input) {
+    return cutlass::NumericArrayConverter<float, ElementInput, F>{}(input);
+  }
+
+  // A subtile's visited values as value[row slot][block][column of the pair]: row first_row +
+  // 8 * slot (+ the subtile's rows), column first_col + 8 * block + column (+ the subtile's)
+  template <class VTensor>
+  CUTLASS_DEVICE void unpack(VTensor const& visit_results, float (&value)[2][kBlocks][2]) const {
+    using Fragment = typename cute::remove_cvref_t<VTensor>::value_type;
+    constexpr int F = Fragment::kElements;
+    constexpr int V = decltype(size(visit_results))::value;
+    static_assert(V * F == 4 * kBlocks, "two rows and two columns of each 8-column block a thread");
+    auto relative = coords(_, _, _, _0{}, _0{});  // the same in every subtile
+    if (col_in_tile % EpiN >= 8 || col_in_tile % 2 != 0) __trap();
+    CUTLASS_PRAGMA_UNROLL
+    for (int v = 0; v < V; ++v) {
+      CUTLASS_PRAGMA_UNROLL
+      for (int f = 0; f < F; ++f) {
+        auto c = relative(v * F + f);
+        const int r = get<0>(c) / 8, j = get<1>(c) / 8, e = get<1>(c) % 8;
+        if (get<0>(c) % 8 != 0 || r > 1 || j >= kBlocks || e > 1) __trap();
+        value[r][j][e] = visit_results(v)[f];
+      }
+    }
   }
 };
 
