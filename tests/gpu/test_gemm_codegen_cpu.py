@@ -288,6 +288,16 @@ def test_a_selection_survives_on_disk_and_a_corrupt_one_is_measured_again(tmp_pa
     assert "row 12.5 us" in Selection("row", -1, {"row": 12.5}, GRAPH_TIMING).describe()
 
 
+def test_a_selection_names_each_kernel_at_its_fastest_tile_order_fastest_first():
+    times = {"row": 12.5, "Inductor": 11.0, "cooperative 128x256x64 cluster 2x1, raster M": 10.0,
+             "cooperative 128x256x64 cluster 2x1, raster N": 10.5, "pingpong 128x128x64 cluster 2x1, raster M": 13.0,
+             "pingpong 128x128x64 cluster 2x1, raster N swizzle 2": 12.0}
+    said = Selection("cooperative 128x256x64 cluster 2x1, raster M", 1, times, GRAPH_TIMING).describe()
+    assert said.endswith("measured (CUDA-graph replay) (each kernel at its fastest tile order): "
+                         "cooperative 128x256x64 cluster 2x1, raster M 10.0 us, Inductor 11.0 us, "
+                         "pingpong 128x128x64 cluster 2x1, raster N swizzle 2 12.0 us, row 12.5 us")
+
+
 def test_the_report_shows_the_gpu_path_when_there_is_one():
     row = Row(0, "linear", "fused", ["linear", "relu"], ["linear", "relu"], None, "linear(bias=True) | "
               "pointwise(relu(x))", "bfloat16", path="in-GEMM epilogue (cooperative); measured: ...")
