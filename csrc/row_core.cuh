@@ -379,9 +379,8 @@ struct Row {
   template <typename U, int D, int C, int S>
   FX_DEVICE void rotary() {
     static_assert(D % 2 == 0, "heads of an even width");
-    constexpr int HEAD_CHUNKS = D / VEC;
-    if constexpr (D % VEC == 0 && HEAD_CHUNKS >= 2 && HEAD_CHUNKS <= 32 && (HEAD_CHUNKS & (HEAD_CHUNKS - 1)) == 0) {
-      if (a.rt % HEAD_CHUNKS == 0) {  // the same for the whole block: no lane skips the shuffles
+    if constexpr (rotary_in_lanes(D, D, VEC)) {
+      if (a.rt % (D / VEC) == 0) {  // the same for the whole block: no lane skips the shuffles
         rotary_by_lanes<U, D, C, S>();
         return;
       }

@@ -252,7 +252,7 @@ struct FastDiv {
 // a head, a power of two of them from 2 (the partner chunk another lane's) up to a warp's 32. Rows
 // of such heads run row-local: a local plan's threads a segment, a power of two no fewer than the
 // row's chunks or whole warps, are a multiple of the head's chunks.
-FX_HOST_DEVICE bool rotary_in_lanes(int64_t n, int64_t d, int vec) {
+constexpr FX_HOST_DEVICE bool rotary_in_lanes(int64_t n, int64_t d, int vec) {
   const int64_t lanes = d / vec;
   return n % d == 0 && d % vec == 0 && lanes >= 2 && lanes <= 32 && (lanes & (lanes - 1)) == 0;
 }

@@ -282,6 +282,15 @@ std::optional<Tensor> gated_weight(const Tensor& gate, const Tensor& up, int64_t
   return value;
 }
 
+// The output's shape for x's leading dims: (..., width) rows (FX_OUT_ROWS), (...) one value a row
+// (FX_OUT_REDUCED) or (..., 1) (FX_OUT_REDUCED_KEEP)
+std::vector<int64_t> output_shape(const Tensor& x, int32_t out_kind, int64_t width) {
+  std::vector<int64_t> shape(x.sizes().begin(), x.sizes().end() - 1);
+  if (out_kind == FX_OUT_ROWS) shape.push_back(width);
+  if (out_kind == FX_OUT_REDUCED_KEEP) shape.push_back(1);
+  return shape;
+}
+
 // The in-GEMM path: the program's GEMM module runs configuration `config` on the call (no GEMM
 // output is kept: a call that must save it for the backward takes the row path). nullopt where
 // the module does not cover the call (layout, alignment, dtypes, sizes); the caller then takes
@@ -337,9 +346,7 @@ Result run_gemm(const FxGemmInfo* gemm, int32_t config, const Tensor& x, const T
   }
   const int device = x.device().is_cpu() ? 0 : x.get_device();
   const DeviceFacts facts = device_facts(device);
-  std::vector<int64_t> shape(x.sizes().begin(), x.sizes().end() - 1);
-  if (gemm->out_kind != FX_OUT_REDUCED) shape.push_back(gemm->out_kind == FX_OUT_ROWS ? n : 1);
-  Tensor out = at::empty(shape, x.options().dtype(*scalar_type_of(gemm->out_dtype)));
+  Tensor out = at::empty(output_shape(x, gemm->out_kind, n), x.options().dtype(*scalar_type_of(gemm->out_dtype)));
   const int64_t ws_bytes = gemm->workspace(m, n, k, facts.sm_count, config);
   Tensor workspace;
   if (ws_bytes > 0) workspace = at::empty({ws_bytes}, x.options().dtype(at::kByte));
@@ -425,18 +432,10 @@ Result run(int64_t info_address, const Tensor& x, const Tensor& weight, const st
   if (!y.is_contiguous()) y = y.contiguous();
   if (y.scalar_type() != x.scalar_type()) return std::nullopt;
 
-  std::vector<int64_t> shape(x.sizes().begin(), x.sizes().end() - 1);
-  const auto out_options = y.options().dtype(*scalar_type_of(info->out_dtype));
-  Tensor out;
-  if (info->out_kind == FX_OUT_ROWS) {
-    const int64_t width = info->out_width(n);
-    shape.push_back(width);
-    const bool in_place = !save_gemm && info->out_dtype == info->dtype && width == n;
-    out = in_place ? y : at::empty(shape, out_options);
-  } else {
-    if (info->out_kind == FX_OUT_REDUCED_KEEP) shape.push_back(1);
-    out = at::empty(shape, out_options);
-  }
+  const int64_t width = info->out_kind == FX_OUT_ROWS ? info->out_width(n) : 1;
+  const bool in_place = info->out_kind == FX_OUT_ROWS && !save_gemm && info->out_dtype == info->dtype && width == n;
+  Tensor out = in_place ? y : at::empty(output_shape(x, info->out_kind, width),
+                                        y.options().dtype(*scalar_type_of(info->out_dtype)));
   const auto floats = y.options().dtype(at::kFloat);
   Tensor stats = info->batch_train ? at::empty({2, n}, floats) : at::empty({0}, floats);
   Tensor kept_value = info->kept_dtype >= 0 ? at::empty(y.sizes(), y.options().dtype(*scalar_type_of(info->kept_dtype)))
