@@ -1,6 +1,6 @@
 """Every path of the in-GEMM back end against cuBLAS, per program and shape (Hopper GPU).
 
-    python bench/gemm_configs.py [--rows S01,S10] [--dtype bf16|fp16] [--shape M,N,K]
+    python bench/gemm_configs.py [--rows S01,S10] [--dtype bf16|fp16] [--shape M,N,K] [--kernels wide]
 
 For each program: ``F.linear`` (cuBLAS, with the bias: the floor), the row path (cuBLAS + the
 program module's pass) and each configuration of the program's GEMM module, as GPU time per call
@@ -10,6 +10,11 @@ Programs are the suite's pointwise and group-norm rows as fxfuse matches them (t
 spells them; S08 is meant for its own shape, 32768,4096,1024; S26gate and S26dual for
 8192,11008,4096 and S26down for 8192,4096,11008). A program with a second GEMM (S26dual) is
 measured against both GEMMs' ``F.linear``.
+
+``--kernels wide`` builds the modules with WIDE_MENU instead of the production menu
+(gemm_codegen.KERNELS): how the menu is chosen. Each configuration's output is checked against the
+row path's (``!`` marks one off by more than 2e-2 of the output's scale), and the name of the
+kernel cuBLAS runs for ``F.linear`` is printed with it.
 """
 
 from __future__ import annotations
@@ -28,6 +33,41 @@ import torch.nn.functional as F
 
 GRAPH_CALLS = 20
 SETS = 4
+
+
+def wide_menu() -> tuple:
+    """Candidate kernels beyond the production menu: both cooperative tiles of 32 K accumulators a
+    thread (128x256, 256x128) under each cluster, ping-pong over 64 and 128 rows."""
+    from fxfuse.cuda.gemm_codegen import Kernel
+
+    return (Kernel(128, 256, cluster_m=2), Kernel(128, 256, cluster_n=2), Kernel(128, 256),
+            Kernel(128, 256, cluster_m=4), Kernel(256, 128, cluster_m=2), Kernel(256, 128, cluster_n=2),
+            Kernel(128, 128, cluster_m=2, pingpong=True), Kernel(128, 128, cluster_n=2),
+            Kernel(64, 256, pingpong=True), Kernel(64, 256, cluster_m=2, pingpong=True))
+
+
+def build_one(program: str, dtype: torch.dtype, params: tuple, kernel) -> str | None:
+    """Build ``program``'s module of the one kernel (a worker process); None, or why it failed."""
+    from fxfuse.cuda import build
+    from fxfuse.ir import Program
+
+    try:
+        build.build_gemm(Program.parse(program), dtype, params, build.cuda_target(torch.cuda.current_device()),
+                         kernels=(kernel,))
+    except build.BuildError as error:
+        return str(error)
+    return None
+
+
+def cublas_kernel(fn) -> str:
+    """The name of the GEMM kernel ``fn`` launches (the torch profiler's longest CUDA kernel)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        fn()
+        torch.cuda.synchronize()
+    events = [e for e in prof.key_averages() if e.device_time_total > 0]
+    return max(events, key=lambda e: e.device_time_total).key if events else "?"
 
 
 def programs() -> dict:
@@ -98,21 +138,43 @@ def main(argv=None) -> int:
     p.add_argument("--dtype", default="bf16", choices=["bf16", "fp16"])
     p.add_argument("--shape", default="1024,8192,8192", help="M,N,K (several: separated by ';')")
     p.add_argument("--repeats", type=int, default=30)
+    p.add_argument("--kernels", default="menu", choices=["menu", "wide"],
+                   help="the production menu, or the wider menu the production one is chosen from")
     args = p.parse_args(argv)
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}[args.dtype]
     chosen = programs()
     if args.rows:
         chosen = {k: v for k, v in chosen.items() if k in args.rows.split(",")}
     shapes = [tuple(int(v) for v in s.split(",")) for s in args.shape.split(";")]
-    failed = fxcuda.prepare_many([(prog, dtype) for prog in chosen.values()],
-                                 gemm_items=[(prog, dtype, (dtype,) * len(prog.params)) for prog in chosen.values()])
+    from fxfuse.cuda import build
+
+    production = args.kernels == "menu"
+    failed = fxcuda.prepare_many([(prog, dtype) for prog in chosen.values()], gemm_items=[
+        (prog, dtype, (dtype,) * len(prog.params)) for prog in chosen.values() if production])
     assert not failed, failed
     device = torch.device("cuda", torch.cuda.current_device())
+    modules = {}  # name -> the modules whose configurations are timed
+    for name, prog in chosen.items():
+        params = (dtype,) * len(prog.params)
+        if production:
+            modules[name] = [fxcuda.engine.prepare_gemm(prog, dtype, params, device)]
+            continue
+        import multiprocessing
+
+        # one module a kernel (one that fails to build costs itself), built in worker processes (a
+        # process builds one module at a time), then loaded here from the cache
+        jobs = [(prog.to_string(), dtype, params, kernel) for kernel in wide_menu()]
+        with multiprocessing.get_context("spawn").Pool(len(jobs)) as pool:
+            errors = pool.starmap(build_one, jobs)
+        for kernel, error in zip(wide_menu(), errors):
+            if error:
+                print(f"{name}: {kernel} does not build: {error[-400:]}", flush=True)
+        modules[name] = [build.build_gemm(prog, dtype, params, build.cuda_target(device), kernels=(kernel,))
+                         for kernel, error in zip(wide_menu(), errors) if not error]
     print(f"{torch.cuda.get_device_name()}  torch {torch.__version__}  {args.dtype}  us per call (CUDA graph)")
     with torch.no_grad():
         for m, n, k in shapes:
             for name, prog in chosen.items():
-                module = fxcuda.engine.prepare_gemm(prog, dtype, (dtype,) * len(prog.params), device)
                 text = prog.to_string()
                 sets = []
                 for s in range(SETS):
@@ -125,15 +187,27 @@ def main(argv=None) -> int:
                 seconds = prog.second_gemms  # a gated pair's floor: both GEMMs
                 times = {"F.linear": graph_us(lambda i: [F.linear(sets[i][0], sets[i][1], sets[i][2])] + [
                     F.linear(sets[i][0], sets[i][3][j]) for j in seconds], args.repeats)}
-                times["row"] = graph_us(lambda i: fxcuda.engine.call(
-                    text, sets[i][0], sets[i][1], sets[i][2] if prog.gemm.bias else None, sets[i][3]), args.repeats)
-                for config, cname in enumerate(module.config_names):
-                    if module.supports(m, n, k, config):
-                        times[cname] = graph_us(lambda i, c=config: fxcuda.engine.call(
-                            text, sets[i][0], sets[i][1], sets[i][2] if prog.gemm.bias else None, sets[i][3],
-                            gemm=module, config=c), args.repeats)
+                if not seconds:
+                    print(f"{name:8s} {m}x{n}x{k}  cuBLAS runs {cublas_kernel(lambda: F.linear(*sets[0][:3]))}")
+
+                def run(i, config=-1, gemm=None):
+                    x, w, b, params = sets[i]
+                    return fxcuda.engine.call(text, x, w, b if prog.gemm.bias else None, params, gemm=gemm,
+                                              config=config)[0]
+
+                times["row"] = graph_us(run, args.repeats)
+                expected = run(0).float()
+                scale = expected.abs().max().item() or 1.0
+                wrong = set()
+                for module in modules[name]:
+                    for config, cname in enumerate(module.config_names):
+                        if module.supports(m, n, k, config):
+                            times[cname] = graph_us(lambda i, c=config, g=module: run(i, c, g), args.repeats)
+                            if (run(0, config, module).float() - expected).abs().max().item() > 2e-2 * scale:
+                                wrong.add(cname)
                 base = times["F.linear"]
-                cells = "  ".join(f"{key} {t:.1f} ({t / base:.3f})" for key, t in times.items())
+                cells = "  ".join(f"{key}{'!' if key in wrong else ''} {t:.1f} ({t / base:.3f})"
+                                  for key, t in sorted(times.items(), key=lambda kv: kv[1]))
                 print(f"{name:8s} {m}x{n}x{k}  {cells}", flush=True)
     return 0
 

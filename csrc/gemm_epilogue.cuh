@@ -67,15 +67,6 @@ struct Config {
   }
 };
 
-// The kernels every GEMM module compiles, one unit each (ConfigI, I = kernel index). Cooperative
-// 128x256 with a 2x1 cluster came nearest cuBLAS on the H100 (1.05-1.08x with the bias and a
-// store); ping-pong overlaps one warp group's epilogue with the other's mainloop; 128x128 serves
-// shapes with few 128x256 tiles (BENCHMARKS.md section 9 has what each won).
-using Config0 = Config<128, 256, 64, 2, 1, false>;
-using Config1 = Config<128, 128, 64, 2, 1, true>;
-using Config2 = Config<128, 128, 64, 1, 2, false>;
-constexpr int kNumKernels = 3;
-
 // The persistent tile scheduler's orders of visiting tiles, set at launch (no build of their own):
 // which tiles run together decides how much of A and B the L2 serves.
 using RasterOrder = cutlass::gemm::kernel::detail::RasterOrderOptions;
@@ -90,31 +81,34 @@ constexpr Schedule kSchedules[kNumSchedules] = {
     {RasterOrder::AlongN, 1, "raster N"},            {RasterOrder::AlongM, 2, "raster M swizzle 2"},
     {RasterOrder::AlongN, 2, "raster N swizzle 2"},  {RasterOrder::AlongN, 4, "raster N swizzle 4"}};
 
-// A configuration index (FxGemmLaunch::config) is kernel * kNumSchedules + schedule.
-constexpr int kNumConfigs = kNumKernels * kNumSchedules;
+// A module's kernels (fxfuse/cuda/gemm_codegen.py chooses them; one unit each). A configuration
+// index (FxGemmLaunch::config) is kernel * kNumSchedules + schedule; a module with a gated tree
+// beside its plain one has twice the configurations, the second half "gated <kernel>, <schedule>".
+template <class... Kernels>
+struct Menu {
+  static constexpr int kNumKernels = static_cast<int>(sizeof...(Kernels));
+  static constexpr int kNumConfigs = kNumKernels * kNumSchedules;
+  template <int I> using At = cute::tuple_element_t<I, cute::tuple<Kernels...>>;
 
-// "<kernel>, <schedule>" for every configuration of a module of elements T, in index order; a
-// module with a gated tree beside its plain one has twice the configurations, the second half
-// "gated <kernel>, <schedule>".
-template <class T> const char* const* config_names() {
-  static const char* names[2 * kNumConfigs];
-  static char text[2 * kNumConfigs][112];
-  static_assert(kNumKernels == 3, "a name a kernel");
-  static const bool filled = [] {
-    char kernels[kNumKernels][64];
-    Config0::name<T>(kernels[0], sizeof(kernels[0]));
-    Config1::name<T>(kernels[1], sizeof(kernels[1]));
-    Config2::name<T>(kernels[2], sizeof(kernels[2]));
-    for (int c = 0; c < 2 * kNumConfigs; ++c) {
-      snprintf(text[c], sizeof(text[c]), "%s%s, %s", c >= kNumConfigs ? "gated " : "",
-               kernels[c / kNumSchedules % kNumKernels], kSchedules[c % kNumSchedules].name);
-      names[c] = text[c];
-    }
-    return true;
-  }();
-  (void)filled;
-  return names;
-}
+  // "<kernel>, <schedule>" for every configuration of a module of elements T, in index order
+  template <class T> static const char* const* config_names() {
+    static const char* names[2 * kNumConfigs];
+    static char text[2 * kNumConfigs][112];
+    static const bool filled = [] {
+      char kernels[kNumKernels][64];
+      int i = 0;
+      ((Kernels::template name<T>(kernels[i], sizeof(kernels[i])), ++i), ...);
+      for (int c = 0; c < 2 * kNumConfigs; ++c) {
+        snprintf(text[c], sizeof(text[c]), "%s%s, %s", c >= kNumConfigs ? "gated " : "",
+                 kernels[c / kNumSchedules % kNumKernels], kSchedules[c % kNumSchedules].name);
+        names[c] = text[c];
+      }
+      return true;
+    }();
+    (void)filled;
+    return names;
+  }
+};
 
 // A kernel unit's entry points (each unit is compiled on its own)
 struct Unit {
@@ -242,20 +236,19 @@ struct GemmFor {
 
 }  // namespace fxg
 
-// The macros below expand inside the generated module's own namespace (NS).
+// The macros below expand inside the generated module's own namespace (NS), which also defines
+// `Menu` (an fxg::Menu) and, in main.cu, kUnits: FX_GEMM_UNIT(NAME) for each unit in index order.
 // One configuration's entry points (a unit of its own); NAME tells a module's trees apart.
-#define FX_DEFINE_GEMM_UNIT(PROG, INDEX, NAME)                                                          \
+#define FX_DEFINE_GEMM_UNIT(PROG, KERNEL, NAME)                                                         \
   int32_t supports_##NAME(int64_t m, int64_t n, int64_t k) {                                            \
-    return fxg::GemmFor<PROG, fxg::Config##INDEX>::supports(m, n, k) ? 1 : 0;                         \
+    return fxg::GemmFor<PROG, KERNEL>::supports(m, n, k) ? 1 : 0;                                       \
   }                                                                                                    \
   int64_t workspace_##NAME(int64_t m, int64_t n, int64_t k, int32_t sms) {                              \
-    return fxg::GemmFor<PROG, fxg::Config##INDEX>::workspace_bytes(m, n, k, sms);                     \
+    return fxg::GemmFor<PROG, KERNEL>::workspace_bytes(m, n, k, sms);                                   \
   }                                                                                                    \
   const char* launch_##NAME(const FxGemmLaunch* a, void* stream) {                                     \
-    return fxg::GemmFor<PROG, fxg::Config##INDEX>::launch(*a, stream);                                \
+    return fxg::GemmFor<PROG, KERNEL>::launch(*a, stream);                                              \
   }
-#define FX_DEFINE_GEMM_CONFIG(PROG, INDEX) FX_DEFINE_GEMM_UNIT(PROG, INDEX, INDEX)
-#define FX_DEFINE_GATED_GEMM_CONFIG(PROG, INDEX) FX_DEFINE_GEMM_UNIT(PROG, INDEX, gated_##INDEX)
 
 #define FX_DECLARE_GEMM_UNIT(NAME)                                                                     \
   int32_t supports_##NAME(int64_t, int64_t, int64_t);                                                  \
@@ -263,9 +256,11 @@ struct GemmFor {
   const char* launch_##NAME(const FxGemmLaunch*, void*);
 #define FX_GEMM_UNIT(NAME) fxg::Unit{&supports_##NAME, &workspace_##NAME, &launch_##NAME}
 
-// The module's FxGemmInfo, which dispatches a configuration to its unit (kUnits, in order).
+// The module's FxGemmInfo, which dispatches a configuration to its unit (kUnits, in order):
+// GATED_BLOCK is 0, or the gated tree's block, its units after the plain tree's.
 #define FX_DEFINE_GEMM_INFO(PROG, ENTRY, GATED_BLOCK)                                                  \
   constexpr int kNumUnits = static_cast<int>(sizeof(kUnits) / sizeof(kUnits[0]));                      \
+  static_assert(kNumUnits == (GATED_BLOCK > 0 ? 2 : 1) * Menu::kNumKernels, "one unit a kernel and tree"); \
   const fxg::Unit* unit_of(int32_t config) {                                                            \
     return config < 0 || config >= kNumUnits * fxg::kNumSchedules ? nullptr                             \
                                                                  : &kUnits[config / fxg::kNumSchedules]; \
@@ -290,32 +285,10 @@ struct GemmFor {
                             PROG::kParamKinds,                                                       \
                             PROG::kParamDtypes,                                                      \
                             GATED_BLOCK,                                                             \
-                            fxg::kNumConfigs,                                                        \
+                            Menu::kNumConfigs,                                                       \
                             kNumUnits * fxg::kNumSchedules,                                          \
-                            fxg::config_names<typename PROG::Element>(),                             \
+                            Menu::config_names<typename PROG::Element>(),                            \
                             &supports,                                                               \
                             &workspace,                                                              \
                             &launch};                                                                \
   extern "C" const FxGemmInfo* ENTRY() { return &kInfo; }
-
-#define FX_DEFINE_GEMM_MODULE(PROG, ENTRY)                                                              \
-  FX_DECLARE_GEMM_UNIT(0)                                                                               \
-  FX_DECLARE_GEMM_UNIT(1)                                                                               \
-  FX_DECLARE_GEMM_UNIT(2)                                                                               \
-  static_assert(fxg::kNumKernels == 3, "one unit a kernel");                                            \
-  const fxg::Unit kUnits[] = {FX_GEMM_UNIT(0), FX_GEMM_UNIT(1), FX_GEMM_UNIT(2)};                       \
-  FX_DEFINE_GEMM_INFO(PROG, ENTRY, 0)
-
-// A program with a second GEMM: PROG reads its output (computed by cuBLAS) as an operand of the
-// output's shape, GATED runs it in the kernel (fxg::Gated); the selection measures both.
-#define FX_DEFINE_DUAL_GEMM_MODULE(PROG, GATED, ENTRY)                                                  \
-  FX_DECLARE_GEMM_UNIT(0)                                                                               \
-  FX_DECLARE_GEMM_UNIT(1)                                                                               \
-  FX_DECLARE_GEMM_UNIT(2)                                                                               \
-  FX_DECLARE_GEMM_UNIT(gated_0)                                                                         \
-  FX_DECLARE_GEMM_UNIT(gated_1)                                                                         \
-  FX_DECLARE_GEMM_UNIT(gated_2)                                                                         \
-  static_assert(fxg::kNumKernels == 3, "one unit a kernel");                                            \
-  const fxg::Unit kUnits[] = {FX_GEMM_UNIT(0),       FX_GEMM_UNIT(1),       FX_GEMM_UNIT(2),             \
-                              FX_GEMM_UNIT(gated_0), FX_GEMM_UNIT(gated_1), FX_GEMM_UNIT(gated_2)};     \
-  FX_DEFINE_GEMM_INFO(PROG, ENTRY, GATED::kGatedBlock)

@@ -559,9 +559,10 @@ def gemm_target_reason(target: Target) -> str | None:
 
 
 def build_gemm(program: Program, dtype: torch.dtype, param_dtypes: tuple[torch.dtype, ...], target: Target,
-               csrc: Path = CSRC) -> GemmModule:
+               csrc: Path = CSRC, kernels: tuple | None = None) -> GemmModule:
     """Generate, compile (or find in the cache) and load the GEMM module of ``program`` for
-    ``dtype`` inputs and parameters of ``param_dtypes``."""
+    ``dtype`` inputs and parameters of ``param_dtypes``, with the kernels of ``kernels``
+    (gemm_codegen.Kernel; the default menu unless given)."""
     from . import gemm_codegen
 
     reason = gemm_target_reason(target)
@@ -572,12 +573,14 @@ def build_gemm(program: Program, dtype: torch.dtype, param_dtypes: tuple[torch.d
         program = gemm_codegen.canonical(program)  # modules are shared across rounding points
     text = program.to_string()
     params = " ".join(str(d).removeprefix("torch.") for d in param_dtypes)
-    payload = f"{text}\n{dtype}\n{params}\ncutlass {cutlass_version(include)}"
+    kernels = tuple(kernels or gemm_codegen.KERNELS)
+    menu = " ".join(kernel.cpp for kernel in kernels)
+    payload = f"{text}\n{dtype}\n{params}\ncutlass {cutlass_version(include)}\n{menu}"
     key = cache_key("gemm", payload, target, csrc)
     short = key[:20]
     entry = f"fx_gemm_info_{short}"
     try:
-        sources = gemm_codegen.generate(program, dtype, param_dtypes, f"fxg_{short}", entry)
+        sources = gemm_codegen.generate(program, dtype, param_dtypes, f"fxg_{short}", entry, kernels)
     except codegen.UnsupportedProgram as error:
         raise BuildError(f"no in-GEMM kernel for {text!r} ({dtype}): {error}") from error
 

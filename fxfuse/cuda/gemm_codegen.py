@@ -25,7 +25,7 @@ combines each gate column with the matching up column (the expression, with the 
 
 A module is built per (program, dtype, parameter dtypes): the tree's leaves read each parameter in
 its own type. One unit per GEMM configuration (``fxg::Config<i>``) so that ninja compiles them in
-parallel.
+parallel; the kernels are a menu (``KERNELS``) the module is generated with.
 """
 
 from __future__ import annotations
@@ -43,8 +43,35 @@ from ..patterns.reductions import FAMILY as REDUCTIONS
 from .codegen import OUT_KINDS, PARAM_KINDS, UnsupportedProgram
 from .printer import UnsupportedExpression, print_expr
 
-GEMM_CODEGEN_VERSION = "6"
-NUM_KERNELS = 3  # fxg::kNumKernels, csrc/gemm_epilogue.cuh: one unit each
+GEMM_CODEGEN_VERSION = "7"
+
+
+@dataclass(frozen=True)
+class Kernel:
+    """One GEMM kernel of a module's menu (csrc/gemm_epilogue.cuh's fxg::Config): the CTA tile (its
+    K for 16-bit elements; 32-bit ones take half), the cluster and the schedule. Each runs under
+    the tile orders of fxg::kSchedules, chosen at launch."""
+
+    tile_m: int
+    tile_n: int
+    tile_k: int = 64
+    cluster_m: int = 1
+    cluster_n: int = 1
+    pingpong: bool = False
+
+    @property
+    def cpp(self) -> str:
+        return (f"fxg::Config<{self.tile_m}, {self.tile_n}, {self.tile_k}, {self.cluster_m}, {self.cluster_n}, "
+                f"{'true' if self.pingpong else 'false'}>")
+
+
+# The kernels every GEMM module compiles, one unit each, chosen by `bench/gemm_configs.py --kernels
+# wide` (BENCHMARKS.md sections 9 and 24). The cooperative 256x128 and 128x256 tiles with a 2x1
+# cluster come nearest cuBLAS at K = 8192 (1.05x; the first at M = 1024, the second at M = 4096);
+# ping-pong, which overlaps one warp group's epilogue with the other's mainloop, beats cuBLAS at
+# K = 1024 (0.96x); 128x128 with a 1x2 cluster serves shapes with few large tiles (S16).
+KERNELS = (Kernel(128, 256, cluster_m=2), Kernel(256, 128, cluster_m=2), Kernel(128, 128, cluster_m=2, pingpong=True),
+           Kernel(128, 128, cluster_n=2))
 
 # element types the in-GEMM path takes for x and weight (float32 as TF32, while torch allows it)
 GEMM_DTYPES = {torch.bfloat16: "FX_BF16", torch.float16: "FX_F16", torch.float32: "FX_F32"}
@@ -173,37 +200,39 @@ def canonical(program: Program) -> Program:
 
 
 def generate(program: Program, dtype: torch.dtype, param_dtypes: tuple[torch.dtype, ...], namespace: str,
-             entry: str) -> dict[str, str]:
+             entry: str, kernels: tuple[Kernel, ...] = KERNELS) -> dict[str, str]:
     """The sources of one GEMM module: file name -> text (``gemm_program.cuh``, ``main.cu`` with
     the exported ``entry`` returning the module's FxGemmInfo, ``config_<i>.cu`` per kernel of the
-    configuration menu, and for a program with a second GEMM ``gated_<i>.cu`` per kernel running it
-    in the kernel beside those reading its cuBLAS output)."""
+    menu, and for a program with a second GEMM ``gated_<i>.cu`` per kernel running it in the
+    kernel beside those reading its cuBLAS output)."""
     reason = unsupported_reason(program, dtype)
     if reason is not None:
         raise UnsupportedProgram(reason)
     if len(param_dtypes) != len(program.params):
         raise UnsupportedProgram(f"{len(param_dtypes)} parameter dtypes for {len(program.params)} parameters")
     header = f"// fxfuse GEMM module (gemm codegen {GEMM_CODEGEN_VERSION}), {dtype}"
-    sources = {"gemm_program.cuh": _program_header(program, dtype, param_dtypes, namespace)}
+    sources = {"gemm_program.cuh": _program_header(program, dtype, param_dtypes, namespace, kernels)}
     gated = bool(program.second_gemms) and gated_unsupported_reason(program) is None
-    module = f"FX_DEFINE_DUAL_GEMM_MODULE(Prog, GatedProg, {entry})" if gated else f"FX_DEFINE_GEMM_MODULE(Prog, {entry})"
-    sources["main.cu"] = "\n".join([
-        header, '#include "gemm_program.cuh"', "", f"namespace {namespace} {{", module,
-        f"}}  // namespace {namespace}", "",
-    ])
-    units = [(f"config_{i}", f"FX_DEFINE_GEMM_CONFIG(Prog, {i})") for i in range(NUM_KERNELS)]
+    units = [(f"config_{i}", "Prog", str(i)) for i in range(len(kernels))]
     if gated:
-        units += [(f"gated_{i}", f"FX_DEFINE_GATED_GEMM_CONFIG(GatedProg, {i})") for i in range(NUM_KERNELS)]
-    for name, unit in units:
-        sources[f"{name}.cu"] = "\n".join([
-            header, '#include "gemm_program.cuh"', "", f"namespace {namespace} {{", unit,
-            f"}}  // namespace {namespace}", "",
-        ])
+        units += [(f"gated_{i}", "GatedProg", f"gated_{i}") for i in range(len(kernels))]
+
+    def unit_file(*lines: str) -> str:
+        return "\n".join([header, '#include "gemm_program.cuh"', "", f"namespace {namespace} {{", *lines,
+                          f"}}  // namespace {namespace}", ""])
+
+    sources["main.cu"] = unit_file(
+        *[f"FX_DECLARE_GEMM_UNIT({name})" for _, _, name in units],
+        f"const fxg::Unit kUnits[] = {{{', '.join(f'FX_GEMM_UNIT({name})' for _, _, name in units)}}};",
+        f"FX_DEFINE_GEMM_INFO(Prog, {entry}, {'GatedProg::kGatedBlock' if gated else 0})")
+    for file, prog, name in units:
+        index = name.removeprefix("gated_")
+        sources[f"{file}.cu"] = unit_file(f"FX_DEFINE_GEMM_UNIT({prog}, Menu::At<{index}>, {name})")
     return sources
 
 
 def _program_header(program: Program, dtype: torch.dtype, param_dtypes: tuple[torch.dtype, ...],
-                    namespace: str) -> str:
+                    namespace: str, kernels: tuple[Kernel, ...]) -> str:
     epilogue = Epilogue.of(program)
     printed = print_expr(epilogue.pre, x_name="x", prefix="t")
     used = sorted(printed.params)
@@ -283,6 +312,9 @@ def _program_header(program: Program, dtype: torch.dtype, param_dtypes: tuple[to
         '#include "gemm_epilogue.cuh"',
         "",
         f"namespace {namespace} {{",
+        "",
+        "// the module's kernels, one unit each",
+        f"using Menu = fxg::Menu<{', '.join(kernel.cpp for kernel in kernels)}>;",
         "",
         "// the program's pointwise stages on float32 fragments of the accumulator and its inputs",
         "template <class A>",

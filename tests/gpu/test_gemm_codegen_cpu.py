@@ -15,6 +15,7 @@ import torch
 
 from fxfuse import expr as E
 from fxfuse.cuda import build, gemm_codegen
+from fxfuse.cuda.gemm_codegen import Kernel
 from fxfuse.cuda.engine import GRAPH_TIMING, Selection, read_measurement, write_measurement
 from fxfuse.ir import Gemm, Pointwise, Program, Widen
 from fxfuse.report import Report, Row
@@ -95,9 +96,10 @@ def test_a_program_with_a_second_gemm_gets_two_trees_for_the_selection_to_measur
     assert "kParamKinds[2] = {FX_PARAM_GEMM, FX_PARAM_COL}" in text
     assert "const float x = gate + fxg::load_param<cutlass::bfloat16_t>(a.bias, n);" in text
     assert "const float p0 = up;" in text and "fxg::load_param<cutlass::bfloat16_t>(a.ptr[1], n)" in text
-    assert "FX_DEFINE_DUAL_GEMM_MODULE(Prog, GatedProg, fx_gemm_info_t)" in sources["main.cu"]
-    assert sorted(sources) == ["config_0.cu", "config_1.cu", "config_2.cu", "gated_0.cu", "gated_1.cu",
-                               "gated_2.cu", "gemm_program.cuh", "main.cu"]
+    assert "FX_DEFINE_GEMM_INFO(Prog, fx_gemm_info_t, GatedProg::kGatedBlock)" in sources["main.cu"]
+    assert "FX_DEFINE_GEMM_UNIT(GatedProg, Menu::At<2>, gated_2)" in sources["gated_2.cu"]
+    assert sorted(sources) == ["config_0.cu", "config_1.cu", "config_2.cu", "config_3.cu", "gated_0.cu", "gated_1.cu",
+                               "gated_2.cu", "gated_3.cu", "gemm_program.cuh", "main.cu"]
     plain = header(PROGRAMS["full_gate_silu"])
     assert "static constexpr int kGatedBlock = 0;" in plain and "GatedProg" not in plain
 
@@ -137,12 +139,25 @@ def test_a_widening_chain_stores_float32():
     assert gemm_codegen.canonical(program).widens
 
 
-def test_one_unit_per_kernel_and_an_entry_point():
+def test_one_unit_per_kernel_of_the_menu_and_an_entry_point():
     sources = gemm_codegen.generate(S01_BF16, torch.float16, (), "fxg_t", "fx_gemm_info_t")
-    assert sorted(sources) == ["config_0.cu", "config_1.cu", "config_2.cu", "gemm_program.cuh", "main.cu"]
-    assert "FX_DEFINE_GEMM_MODULE(Prog, fx_gemm_info_t)" in sources["main.cu"]
-    assert "FX_DEFINE_GEMM_CONFIG(Prog, 2)" in sources["config_2.cu"]
+    assert sorted(sources) == ["config_0.cu", "config_1.cu", "config_2.cu", "config_3.cu", "gemm_program.cuh",
+                               "main.cu"]
+    assert "FX_DEFINE_GEMM_INFO(Prog, fx_gemm_info_t, 0)" in sources["main.cu"]
+    assert ("const fxg::Unit kUnits[] = {FX_GEMM_UNIT(0), FX_GEMM_UNIT(1), FX_GEMM_UNIT(2), FX_GEMM_UNIT(3)};"
+            in sources["main.cu"])
+    assert "FX_DEFINE_GEMM_UNIT(Prog, Menu::At<2>, 2)" in sources["config_2.cu"]
     assert "using Element = cutlass::half_t;" in sources["gemm_program.cuh"]
+    assert ("using Menu = fxg::Menu<fxg::Config<128, 256, 64, 2, 1, false>, fxg::Config<256, 128, 64, 2, 1, false>, "
+            "fxg::Config<128, 128, 64, 2, 1, true>, fxg::Config<128, 128, 64, 1, 2, false>>;") in sources["gemm_program.cuh"]
+
+
+def test_a_module_built_with_another_menu_has_a_unit_per_kernel():
+    menu = (Kernel(256, 128, cluster_n=2), Kernel(64, 256, pingpong=True))
+    sources = gemm_codegen.generate(S01_BF16, torch.bfloat16, (), "fxg_t", "fx_gemm_info_t", menu)
+    assert sorted(sources) == ["config_0.cu", "config_1.cu", "gemm_program.cuh", "main.cu"]
+    assert ("using Menu = fxg::Menu<fxg::Config<256, 128, 64, 1, 2, false>, fxg::Config<64, 256, 64, 1, 1, true>>;"
+            in sources["gemm_program.cuh"])
 
 
 @pytest.mark.parametrize("name,dtype,reason", [
@@ -323,8 +338,9 @@ def test_a_generated_unit_compiles_for_sm90a(tmp_path):
 
 
 def test_gemm_modules_are_keyed_on_the_kernel_program_parameter_dtypes_and_cutlass(tmp_path, monkeypatch):
-    """What build_gemm hands the compiler: the CUTLASS include, four units, a key that two
-    spellings of one kernel share and parameter dtypes or another CUTLASS version change."""
+    """What build_gemm hands the compiler: the CUTLASS include, a unit per kernel, a key that two
+    spellings of one kernel share and parameter dtypes, another menu or another CUTLASS version
+    change."""
     include = tmp_path / "include"
     (include / "cutlass").mkdir(parents=True)
     (include / "cutlass" / "cutlass.h").write_text("")
@@ -343,10 +359,13 @@ def test_gemm_modules_are_keyed_on_the_kernel_program_parameter_dtypes_and_cutla
     keys = [build.build_gemm(p, torch.bfloat16, (), target).key for p in (S01_BF16, plain)]
     assert keys[0] == keys[1]
     assert built[0]["cutlass"] == include and built[0]["label"].startswith("in-GEMM ")
-    assert built[0]["sources"] == ["config_0.cu", "config_1.cu", "config_2.cu", "gemm_program.cuh", "main.cu"]
+    assert built[0]["sources"] == ["config_0.cu", "config_1.cu", "config_2.cu", "config_3.cu", "gemm_program.cuh",
+                                   "main.cu"]
     col = Program(Gemm(True), (Pointwise(E.add(X, E.param(0))),), ("col",))
     assert (build.build_gemm(col, torch.bfloat16, (torch.bfloat16,), target).key
             != build.build_gemm(col, torch.bfloat16, (torch.float32,), target).key)
+    other_menu = build.build_gemm(plain, torch.bfloat16, (), target, kernels=(Kernel(256, 128),))
+    assert other_menu.key != keys[0] and built[-1]["sources"] == ["config_0.cu", "gemm_program.cuh", "main.cu"]
     build.cutlass_version.cache_clear()
     version.write_text("#define CUTLASS_MAJOR 4\n#define CUTLASS_MINOR 3\n#define CUTLASS_PATCH 0\n")
     assert build.build_gemm(plain, torch.bfloat16, (), target).key != keys[0]

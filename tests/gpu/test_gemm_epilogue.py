@@ -18,7 +18,7 @@ import torch
 import fxfuse.cuda as fxcuda
 from fxfuse import expr as E
 from fxfuse import reference
-from fxfuse.cuda.gemm_codegen import unsupported_reason
+from fxfuse.cuda.gemm_codegen import KERNELS, unsupported_reason
 from fxfuse.ir import Gemm, Pointwise, Program
 from fxfuse.vocabulary import call
 from gemm_harness import (DEVICE, SCHEDULES, TOL, assert_every_kernel_computes, assert_under_rule, build_modules, draw,
@@ -87,7 +87,7 @@ def test_every_configuration_computes_the_program(modules, name, dtype, m, n, k)
 
 def test_every_schedule_of_every_kernel(modules):
     program, module = program_of("scalar_and_col"), modules[("scalar_and_col", torch.bfloat16)]
-    assert len(module.config_names) == 3 * SCHEDULES
+    assert len(module.config_names) == len(KERNELS) * SCHEDULES
     x, w, b, params = draw(program, torch.bfloat16, 700, 2056, 264, seed=8)
     eager = reference.op_forward(program, x, w, b, params, False)[0]
     exact = truth(program, x, w, b, params)
