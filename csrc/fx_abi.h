@@ -8,7 +8,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#define FX_ABI_VERSION 17
+#define FX_ABI_VERSION 18
 
 // Widest row the row kernel holds in registers (64 floats a thread, 512 threads a row).
 #define FX_MAX_N 32768
@@ -16,7 +16,9 @@
 enum FxDtype : int32_t { FX_F32 = 0, FX_BF16 = 1, FX_F16 = 2 };
 
 // What a program parameter is: one value, a per-column vector of N values, a tensor of the
-// output's shape (M x N row-major: a residual, a gate), read at each element's own position, or a
+// output's shape (M x N row-major: a residual, a gate), read at each element's own position (in
+// the row kernels also P x N, broadcast along the leading dims: FxParam.rows = P, P dividing M,
+// output row r reading row r mod P, as a (T, N) position embedding against (B, T, N)), or a
 // dropout stage's seed (two int64 values, drawn per call; FxParam.dtype is unused for it), or a
 // second GEMM's (N, K) weight: the runtime computes x @ weight.T and the kernels read that output
 // as they read a tensor of the output's shape (a gated MLP's up projection), or a rotary
@@ -47,9 +49,10 @@ enum FxOutKind : int32_t {
 };
 
 struct FxParam {
-  const void* ptr;  // 1 value, N values or M x N values (FxParamKind); contiguous, 16-byte aligned
+  const void* ptr;  // 1 value, N values, M x N or P x N values (FxParamKind); contiguous, 16-byte aligned
   int32_t dtype;    // FxDtype
-  int32_t rows;     // a head table's rows P (FX_PARAM_HEAD), else 0
+  int32_t rows;     // a head table's rows P (FX_PARAM_HEAD), a full operand's P rows (FX_PARAM_FULL,
+                    // broadcast along the leading dims), else 0
 };
 
 struct FxLaunch {

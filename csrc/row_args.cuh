@@ -21,7 +21,7 @@ struct Args {
   float* part_m2;
   const void* pptr[P];
   int32_t pdtype[P];
-  int32_t prows[P];      // a head table's rows (FX_PARAM_HEAD)
+  int32_t prows[P];      // a head table's rows (FX_PARAM_HEAD), a broadcast full operand's (FX_PARAM_FULL)
   int64_t m;
   int64_t chunks;
   int32_t n;

@@ -147,13 +147,14 @@ struct Row {
     chunk_of(a.pptr[K], a.pdtype[K], i, p);
   }
 
-  // Full parameter K (M x N, the output's shape: a residual, a gate) at chunk i of this row: read
-  // like the GEMM output (16 bytes at a time when the row is aligned; the runtime aligns the
-  // tensor's start, and ALIGNED rows of T are aligned rows of every parameter dtype), zeros past
-  // the row's end and for inactive rows.
+  // Full parameter K (M x N, the output's shape: a residual, a gate; or P x N broadcast along the
+  // leading dims, prows[K] = P: row r mod P) at chunk i of this row: read like the GEMM output (16
+  // bytes at a time when the row is aligned; the runtime aligns the tensor's start, and ALIGNED
+  // rows of T are aligned rows of every parameter dtype), zeros past the row's end and for inactive
+  // rows.
   template <int K>
   FX_DEVICE void full_chunk(int i, float (&p)[VEC]) const {
-    const int64_t base = row * a.n;
+    const int64_t base = (a.prows[K] > 0 ? row % a.prows[K] : row) * a.n;
     const int c0 = col(i, 0);
     if constexpr (ALIGNED) {
       if (active && c0 < a.n) {

@@ -100,23 +100,40 @@ bool on_kernel_device(const Tensor& t) {
 #endif
 }
 
+// Whether a full operand broadcast along the leading dims of the output `full` is, past its leading
+// 1s, the output's trailing shape ((T, N) or (1, T, N) of (B, T, N)): then output row r reads its
+// row r mod P (P = its rows), and the row kernels read it where it is.
+bool rows_repeat(at::IntArrayRef operand, const std::vector<int64_t>& full) {
+  size_t first = 0;
+  while (first < operand.size() && operand[first] == 1) ++first;
+  const size_t dims = operand.size() - first;
+  return dims >= 1 && dims <= full.size() &&
+         std::equal(operand.begin() + first, operand.end(), full.end() - static_cast<std::ptrdiff_t>(dims));
+}
+
 // A parameter as the kernels read it: 1 (scalar), N (column), M (row: one value a row, its last dim
 // 1; one a sample expands), M x N (full: the output's shape, N its last dim; one broadcast along
-// the rows expands) or P x D (head: a rotary table of P rows dividing M, D dividing N) contiguous
-// values of a float type, on x's device. nullopt where the reference would raise (wrong size or
-// device).
-std::optional<Tensor> kernel_param(const Tensor& p, int32_t kind, int64_t m, int64_t n, const Tensor& x) {
+// the rows expands, unless `repeat_rows` and its rows repeat (rows_repeat): then P x N) or P x D
+// (head: a rotary table of P rows dividing M, D dividing N) contiguous values of a float type, on
+// x's device. nullopt where the reference would raise (wrong size or device).
+std::optional<Tensor> kernel_param(const Tensor& p, int32_t kind, int64_t m, int64_t n, const Tensor& x,
+                                   bool repeat_rows) {
   if (kind == FX_PARAM_GEMM) kind = FX_PARAM_FULL;  // by now its GEMM's output (second_gemm_outputs)
   if (kind == FX_PARAM_SEED) {  // two int64 values on x's device, read as they are
     if (p.numel() != 2 || p.scalar_type() != at::kLong || p.device() != x.device()) return std::nullopt;
     return p.reshape({2}).contiguous();
   }
   Tensor q = p;
+  int64_t full_rows = m;
   if (kind == FX_PARAM_FULL && p.numel() != m * n) {  // broadcast along the rows ((T, N) of (B, T, N))
     std::vector<int64_t> full(x.sizes().begin(), x.sizes().end() - 1);
     full.push_back(n);
     if (!at::is_expandable_to(p.sizes(), full)) return std::nullopt;
-    q = p.expand(full);  // made contiguous below: the kernels read M x N values
+    if (repeat_rows && rows_repeat(p.sizes(), full)) {
+      full_rows = p.numel() / n;  // P rows, read at row r mod P
+    } else {
+      q = p.expand(full);  // made contiguous below: the kernels read M x N values
+    }
   }
   if (kind == FX_PARAM_ROW && p.numel() != m) {  // one value a sample: expand it to one a row
     std::vector<int64_t> rows(x.sizes().begin(), x.sizes().end() - 1);
@@ -130,7 +147,7 @@ std::optional<Tensor> kernel_param(const Tensor& p, int32_t kind, int64_t m, int
       return std::nullopt;
     }
   }
-  const int64_t numel = kind == FX_PARAM_HEAD ? q.numel() : kind == FX_PARAM_FULL ? m * n
+  const int64_t numel = kind == FX_PARAM_HEAD ? q.numel() : kind == FX_PARAM_FULL ? full_rows * n
                         : kind == FX_PARAM_COL ? n : kind == FX_PARAM_ROW ? m : 1;
   if (q.numel() != numel || (kind == FX_PARAM_FULL && (q.dim() < 1 || q.size(-1) != n)) ||
       (kind == FX_PARAM_ROW && (q.dim() < 1 || q.size(-1) != 1))) {
@@ -149,9 +166,12 @@ std::optional<Tensor> kernel_param(const Tensor& p, int32_t kind, int64_t m, int
 // The program's parameters as its kernels read them (kept alive in `kept`); false where one does
 // not fit (the caller then leaves the call to the reference or the row path). `dtypes`, where
 // given, are the FxDtype codes a module compiled its parameter loads for (a GEMM module's).
-// `unread`: a parameter the kernels do not read (a gated module's second weight), passed as null.
+// `repeat_rows`: the kernels read a full operand broadcast along the leading dims at row r mod P
+// (the row kernels; the in-GEMM epilogue loads M x N values by TMA, so for it such an operand
+// expands). `unread`: a parameter the kernels do not read (a gated module's second weight), passed
+// as null.
 bool kernel_params(at::TensorList params, const int32_t* kinds, const int32_t* dtypes, int64_t m, int64_t n,
-                   const Tensor& like, std::vector<Tensor>& kept, std::vector<FxParam>& fx_params,
+                   const Tensor& like, bool repeat_rows, std::vector<Tensor>& kept, std::vector<FxParam>& fx_params,
                    int64_t unread = -1) {
   kept.reserve(params.size());
   fx_params.reserve(params.size());
@@ -160,13 +180,16 @@ bool kernel_params(at::TensorList params, const int32_t* kinds, const int32_t* d
       fx_params.push_back(FxParam{nullptr, dtypes != nullptr ? dtypes[i] : FX_F32, 0});
       continue;
     }
-    std::optional<Tensor> q = kernel_param(params[i], kinds[i], m, n, like);
+    std::optional<Tensor> q = kernel_param(params[i], kinds[i], m, n, like, repeat_rows);
     if (!q) return false;
     const int32_t code = kinds[i] == FX_PARAM_SEED ? FX_F32 : *code_of(q->scalar_type());  // unused for a seed
     if (dtypes != nullptr && code != dtypes[i]) return false;
-    const int32_t rows = kinds[i] == FX_PARAM_HEAD ? static_cast<int32_t>(q->numel() / params[i].size(-1)) : 0;
+    int64_t rows = 0;
+    if (kinds[i] == FX_PARAM_HEAD) rows = q->numel() / params[i].size(-1);
+    if (kinds[i] == FX_PARAM_FULL && q->numel() != m * n) rows = q->numel() / n;  // repeated rows
     kept.push_back(*q);
-    fx_params.push_back(FxParam{q->data_ptr(), code, rows});
+    if (rows > INT32_MAX) return false;
+    fx_params.push_back(FxParam{q->data_ptr(), code, static_cast<int32_t>(rows)});
   }
   return true;
 }
@@ -336,13 +359,13 @@ Result run_gemm(const FxGemmInfo* gemm, int32_t config, const Tensor& x, const T
     const std::optional<Tensor> interleaved = gated_weight(weight, up, gemm->gated_block);
     if (!interleaved) return std::nullopt;
     gemm_weight = *interleaved;
-    if (!kernel_params(params, gemm->param_kinds, gemm->param_dtypes, m, n, x, kept, fx_params, second)) {
+    if (!kernel_params(params, gemm->param_kinds, gemm->param_dtypes, m, n, x, false, kept, fx_params, second)) {
       return std::nullopt;
     }
   } else {
     const std::optional<std::vector<Tensor>> values = second_gemm_outputs(params, gemm->param_kinds, x, n, nullptr);
     if (!values) return std::nullopt;
-    if (!kernel_params(*values, gemm->param_kinds, gemm->param_dtypes, m, n, x, kept, fx_params)) return std::nullopt;
+    if (!kernel_params(*values, gemm->param_kinds, gemm->param_dtypes, m, n, x, false, kept, fx_params)) return std::nullopt;
   }
   const int device = x.device().is_cpu() ? 0 : x.get_device();
   const DeviceFacts facts = device_facts(device);
@@ -428,7 +451,7 @@ Result run(int64_t info_address, const Tensor& x, const Tensor& weight, const st
   if (!values) return std::nullopt;
   std::vector<Tensor> kept;
   std::vector<FxParam> fx_params;
-  if (!kernel_params(*values, info->param_kinds, nullptr, m, n, x, kept, fx_params)) return std::nullopt;
+  if (!kernel_params(*values, info->param_kinds, nullptr, m, n, x, true, kept, fx_params)) return std::nullopt;
   if (!y.is_contiguous()) y = y.contiguous();
   if (y.scalar_type() != x.scalar_type()) return std::nullopt;
 
@@ -502,7 +525,7 @@ std::optional<GradOutputs> run_grad(int64_t info_address, const Tensor& grad, co
   const DeviceFacts facts = device_facts(y.device().is_cpu() ? 0 : y.get_device());
   std::vector<Tensor> kept;
   std::vector<FxParam> fx_params;
-  if (!kernel_params(params, info->param_kinds, nullptr, m, n, y, kept, fx_params)) return std::nullopt;
+  if (!kernel_params(params, info->param_kinds, nullptr, m, n, y, true, kept, fx_params)) return std::nullopt;
   const Tensor y_c = y.contiguous();
   const Tensor g_c = grad.contiguous();  // an expanded gradient (of a sum, say) is materialised
   Tensor dy = at::empty(y.sizes(), y.options().memory_format(at::MemoryFormat::Contiguous));

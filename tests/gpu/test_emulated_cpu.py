@@ -214,18 +214,23 @@ def test_nan_inf_propagate(engine, name):
     run_and_compare(engine, program, torch.float32, x, w, b, params)
 
 
-@pytest.mark.parametrize("layout", ["transposed", "misaligned", "float32", "3d", "broadcast_rows"])
+@pytest.mark.parametrize("layout", ["transposed", "misaligned", "float32", "3d", "broadcast_rows",
+                                    "broadcast_rows_kept_dim", "broadcast_rows_float32"])
 def test_an_operand_of_the_outputs_shape_in_any_layout_is_read_at_each_elements_position(engine, layout):
     """A residual that is a transposed view, starts off a 16-byte boundary, is float32 beside a
-    bfloat16 GEMM, is (B, T, N) against a 3-D x, or (T, N) broadcast along its batch: the runtime
-    hands the kernels a contiguous, aligned (M, N) copy where it must, and each element reads its
-    own value."""
+    bfloat16 GEMM, is (B, T, N) against a 3-D x, or (T, N) or (1, T, N) broadcast along its batch
+    (which the row kernels read where it is, output row r at its row r mod T): the runtime hands
+    the kernels a contiguous, aligned copy where it must, and each element reads its own value."""
     program = PROGRAMS["full_residual_layer"]
     dtype = torch.bfloat16
-    three_d = layout in ("3d", "broadcast_rows")
+    three_d = layout == "3d" or layout.startswith("broadcast_rows")
     x, w, b, (residual, *cols) = inputs(program, dtype, 5, 256, 16, 3, "3d" if three_d else "contiguous")
     if layout == "broadcast_rows":
-        residual = residual[0]  # (T, N) of x's (3, T, K)
+        residual = residual[0]  # (T, N) of x's (2, T, K)
+    elif layout == "broadcast_rows_kept_dim":
+        residual = residual[1:2]  # (1, T, N)
+    elif layout == "broadcast_rows_float32":
+        residual = residual[1].float()
     elif layout == "transposed":
         residual = residual.t().contiguous().t()
     elif layout == "misaligned":

@@ -57,8 +57,9 @@ def test_a_chain_with_a_residual_fuses_on_cuda(model, train, dtype):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
 @pytest.mark.parametrize("train", [False, True], ids=["eval", "train"])
 def test_an_operand_broadcast_along_the_batch_fuses_on_cuda(train, dtype):
-    """A (T, N) position embedding added to the (B, T, N) projection: the runtime expands it to the
-    output's shape for the kernels; its gradient sums over the batch."""
+    """A (T, N) position embedding added to the (B, T, N) projection: the row kernels read it where
+    it is (output row r at its row r mod T), the in-GEMM epilogue (which loads M x N values by TMA)
+    an expanded copy; its gradient sums over the batch."""
     report = check_against_eager(PositionEmbedding, x_alone, dtype=dtype, device="cuda", train=train, grads=train,
                                  draws=3)
     (row,) = report.rows
