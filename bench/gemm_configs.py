@@ -15,6 +15,15 @@ measured against both GEMMs' ``F.linear``.
 (gemm_codegen.KERNELS): how the menu is chosen. Each configuration's output is checked against the
 row path's (``!`` marks one off by more than 2e-2 of the output's scale), and the name of the
 kernel cuBLAS runs for ``F.linear`` is printed with it.
+
+``--profile`` times nothing: it runs ``F.linear``, the row path and each kernel of the menu once
+(at its first tile order) between cudaProfilerStart and Stop, after a warm-up, for ncu::
+
+    ncu --profile-from-start off --section SpeedOfLight --section WarpStateStats --section Occupancy \
+        --csv --page details python3 bench/gemm_configs.py --rows identity,S05 --profile > ncu.csv
+    python3 bench/ncu_summary.py ncu.csv --flops M,N,K
+
+(the launches in the order the script prints them; build the modules first, outside ncu).
 """
 
 from __future__ import annotations
@@ -36,8 +45,8 @@ SETS = 4
 
 
 def wide_menu() -> tuple:
-    """Candidate kernels beyond the production menu: both cooperative tiles of 32 K accumulators a
-    thread (128x256, 256x128) under each cluster, ping-pong over 64 and 128 rows."""
+    """Candidate kernels beyond the production menu: the cooperative tiles of 128 accumulators a
+    thread (128x256, 256x128) under several clusters, 128x128, and ping-pong over 64 and 128 rows."""
     from fxfuse.cuda.gemm_codegen import Kernel
 
     return (Kernel(128, 256, cluster_m=2), Kernel(128, 256, cluster_n=2), Kernel(128, 256),
@@ -57,6 +66,21 @@ def build_one(program: str, dtype: torch.dtype, params: tuple, kernel) -> str | 
     except build.BuildError as error:
         return str(error)
     return None
+
+
+def profile_once(name: str, paths: list) -> None:
+    """Each (label, fn) of ``paths`` once between cudaProfilerStart and Stop (ncu's
+    ``--profile-from-start off``), after two warm-up calls, in the order printed."""
+    for _, fn in paths:
+        for _ in range(2):
+            fn()
+    torch.cuda.synchronize()
+    for label, fn in paths:
+        print(f"{name:8s} profiled: {label}", flush=True)
+        torch.cuda.profiler.start()
+        fn()
+        torch.cuda.synchronize()
+        torch.cuda.profiler.stop()
 
 
 def cublas_kernel(fn) -> str:
@@ -91,6 +115,8 @@ def programs() -> dict:
         "S10": PROGRAMS["s10_div_gelu"],
         "S12": Program(Gemm(True), (Pointwise(call("mish", call("mish", X))),)),
         "S13": PROGRAMS["s13_sub_mul_relu"],
+        "S05": PROGRAMS["s05_logsumexp_chain"],
+        "S15": PROGRAMS["s15_div_sum_mul"],
         "S14": PROGRAMS["s14_silu_div_clamp_tanh"],
         "S02": groups("s02_group_leaky_double", 512),
         "S04": groups("s04_group_silu_vec_silu", 256),
@@ -138,6 +164,7 @@ def main(argv=None) -> int:
     p.add_argument("--dtype", default="bf16", choices=["bf16", "fp16"])
     p.add_argument("--shape", default="1024,8192,8192", help="M,N,K (several: separated by ';')")
     p.add_argument("--repeats", type=int, default=30)
+    p.add_argument("--profile", action="store_true", help="run each path once for ncu instead of timing")
     p.add_argument("--kernels", default="menu", choices=["menu", "wide"],
                    help="the production menu, or the wider menu the production one is chosen from")
     args = p.parse_args(argv)
@@ -195,6 +222,11 @@ def main(argv=None) -> int:
                     return fxcuda.engine.call(text, x, w, b if prog.gemm.bias else None, params, gemm=gemm,
                                               config=config)[0]
 
+                if args.profile:
+                    profile_once(name, [("F.linear", lambda: F.linear(*sets[0][:3])), ("row", lambda: run(0))] + [
+                        (module.config_names[c], lambda c=c, g=module: run(0, c, g)) for module in modules[name]
+                        for c in range(0, len(module.config_names), 6) if module.supports(m, n, k, c)])
+                    continue
                 times["row"] = graph_us(run, args.repeats)
                 expected = run(0).float()
                 scale = expected.abs().max().item() or 1.0

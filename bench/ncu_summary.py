@@ -1,9 +1,11 @@
 """Summarise an ncu CSV (``--csv --page details``) into one line a kernel launch.
 
-    python bench/ncu_summary.py ncu.csv
+    python bench/ncu_summary.py ncu.csv [--flops M,N,K]
 
 Used by bench/device_run.sh's profile stage: duration, DRAM and SM throughput, executed
-instructions, issue slots, registers and occupancy of each epilogue kernel.
+instructions, issue slots, registers and occupancy of each epilogue kernel; with ``--flops``, the
+TFLOP/s a kernel of that GEMM's 2 M N K flops achieved (the in-GEMM kernels against cuBLAS's:
+bench/gemm_configs.py --profile).
 """
 
 from __future__ import annotations
@@ -15,7 +17,16 @@ KEEP = ("Duration", "DRAM Throughput", "Compute (SM) Throughput", "Executed Inst
         "Registers Per Thread", "Achieved Occupancy", "Theoretical Occupancy", "Block Size", "Grid Size")
 
 
-def main(path: str) -> int:
+def tflops(duration: str, flops: float) -> str:
+    """``flops`` over an ncu duration ("171.52 usecond"), in TFLOP/s."""
+    value, unit = duration.split()
+    scale = {"nsecond": 1e-9, "usecond": 1e-6, "msecond": 1e-3, "second": 1.0}.get(unit)
+    if scale is None:
+        return f"? TFLOP/s (duration in {unit})"
+    return f"{flops / (float(value.replace(',', '')) * scale) / 1e12:.0f} TFLOP/s"
+
+
+def main(path: str, flops: float | None = None) -> int:
     rows: dict = {}
     lines = [line for line in open(path) if line.startswith('"')]
     for r in csv.DictReader(lines):
@@ -25,9 +36,17 @@ def main(path: str) -> int:
         if r["Metric Name"] in KEEP:
             rows.setdefault(key, {})[r["Metric Name"]] = r["Metric Value"] + " " + r["Metric Unit"]
     for (i, name), m in rows.items():
-        print(i, name, " | ".join(f"{k}={m.get(k, '?')}" for k in KEEP))
+        rate = f" | {tflops(m['Duration'], flops)}" if flops and "Duration" in m else ""
+        print(i, name, " | ".join(f"{k}={m.get(k, '?')}" for k in KEEP) + rate)
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1]))
+    import argparse
+
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("csv")
+    parser.add_argument("--flops", help="M,N,K of the GEMM: each kernel's TFLOP/s at 2 M N K flops")
+    args = parser.parse_args()
+    m_n_k = [int(v) for v in args.flops.split(",")] if args.flops else None
+    sys.exit(main(args.csv, 2.0 * m_n_k[0] * m_n_k[1] * m_n_k[2] if m_n_k else None))
