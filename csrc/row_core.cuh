@@ -46,7 +46,7 @@ struct Row {
 
   FX_DEVICE int col(int i, int e) const { return first + (i * a.rt + lt) * VEC + e; }
 
-  // Become `o` (a row of the same slot loaded ahead: for_each_row's prefetch)
+  // Become `o` (a row of the same slot loaded ahead: the statistics walk's prefetch)
   FX_DEVICE void take(const Row& o) {
     row = o.row;
     n = o.n;

@@ -17,9 +17,10 @@
 // order (deterministic). Group norms of up to 32 values follow eager's own Welford tree, bit for
 // bit; larger groups whose chunks sit in a power of two of threads sum by shuffles, others write
 // per-chunk partial sums of their row to shared memory and let one thread a group add them in
-// order. BatchNorm training runs three kernels: column
-// moments per chunk of rows (Welford, on the values the preceding stages produce), a fixed-order
-// Chan combine per column, then the row kernel.
+// order. BatchNorm training runs three kernels: column moments per strip of rows (Welford, on the
+// values the preceding stages produce; a row-local program's rows cut into warp-wide segments, so
+// that a short, wide output fills the device), a fixed-order Chan combine per column, then the row
+// kernel.
 //
 // Files: row_memory.cuh (element types, memory access), row_args.cuh (kernel arguments),
 // row_core.cuh (the row and its stages), row_kernels.cuh (kernel bodies), this file (launch
@@ -265,38 +266,62 @@ struct Launcher {
     return g < (int64_t{1} << 30) ? g : (int64_t{1} << 30);
   }
 
-  // Enough blocks to fill the device once; each block's rows form fixed chunks.
-  static int64_t stats_grid(int64_t m, const Plan& p, int32_t sm_count) {
+  // The statistics kernel's plan (stats_body): a row-local program's rows in segments of a warp,
+  // a chunk a thread, 256 / rt lanes a block (a 1024 x 8192 output: 32 segments x 33 strips of
+  // blocks on 132 SMs, each lane four rows); other programs' whole rows (row_plan, wide).
+  static bool stats_plan(int64_t m, int64_t n, Plan* p) {
+    if (n >= 1 && n <= FX_MAX_N && Prog::row_local(n, VEC)) {
+      const int64_t chunks = ceil_div(n, VEC);
+      const int64_t rt = chunks >= 32 ? 32 : threads_for(chunks);
+      const int64_t segs = ceil_div(chunks, rt);
+      if ((m + 1) * segs < (int64_t{1} << 32)) {  // Row's 32-bit FastDiv, inactive units included
+        *p = Plan{1, static_cast<int>(rt), static_cast<int>(256 / rt), 256, static_cast<int>(segs)};
+        return true;
+      }
+    }
+    return row_plan(n, p, true);
+  }
+
+  // The statistics kernel's strips of rows (Args::chunks): enough blocks (segs a strip) to fill the
+  // device once, and no more strips than rows for a block's lanes.
+  static int64_t stats_strips(int64_t m, const Plan& p, int32_t sm_count) {
     const int64_t per_sm = 2048 / p.block > 0 ? 2048 / p.block : 1;
-    const int64_t cap = static_cast<int64_t>(sm_count > 0 ? sm_count : 1) * per_sm;
-    const int64_t g = apply_grid(m, p);
-    return g < cap ? g : cap;
+    const int64_t blocks = static_cast<int64_t>(sm_count > 0 ? sm_count : 1) * per_sm;
+    const int64_t strips = blocks / p.segs > 1 ? blocks / p.segs : 1;
+    const int64_t most = ceil_div(m, p.rpc);
+    return strips < most ? strips : most;
   }
 
   static size_t smem_bytes(int64_t n, const Plan& p) {
     return static_cast<size_t>(p.rpc) * static_cast<size_t>(Prog::scratch_floats(n, VEC)) * sizeof(float);
   }
 
+  // The statistics kernel's: the walk's scratch, then its lanes' moments (stats_body)
+  static size_t stats_smem_bytes(int64_t n, const Plan& p) {
+    const size_t merge = p.rpc > 1 ? 2 * static_cast<size_t>(p.block) * p.items * VEC * sizeof(float) : 0;
+    return smem_bytes(n, p) > merge ? smem_bytes(n, p) : merge;
+  }
+
   static int32_t supports(int64_t m, int64_t n, int32_t smem_optin) {
-    Plan rows, apply;
-    if (m < 1 || !row_plan(n, &rows, true) || !apply_plan(m, n, &apply)) return 0;
+    Plan stats, apply;
+    if (m < 1 || !stats_plan(m, n, &stats) || !apply_plan(m, n, &apply)) return 0;
     if (Prog::kBatchTrain && m < 2) return 0;
     if (!Prog::groups_ok(n) || Prog::out_width(n) < 1) return 0;
-    const size_t smem = smem_bytes(n, apply) > smem_bytes(n, rows) ? smem_bytes(n, apply) : smem_bytes(n, rows);
+    const size_t stats_smem = Prog::kBatchTrain ? stats_smem_bytes(n, stats) : 0;
+    const size_t smem = smem_bytes(n, apply) > stats_smem ? smem_bytes(n, apply) : stats_smem;
     if (smem > static_cast<size_t>(smem_optin)) return 0;
     return 1;
   }
 
   static int64_t workspace_floats(int64_t m, int64_t n, int32_t sm_count) {
     Plan p;
-    if (!Prog::kBatchTrain || !row_plan(n, &p, true)) return 0;
-    const int64_t chunks = stats_grid(m, p, sm_count) * p.rpc;
-    return 2 * chunks * n + 2 * n;
+    if (!Prog::kBatchTrain || !stats_plan(m, n, &p)) return 0;
+    return 2 * stats_strips(m, p, sm_count) * n + 2 * n;
   }
 
   static const char* launch(const FxLaunch* L, void* stream) {
-    Plan rows, apply;
-    if (!row_plan(L->n, &rows, true) || !apply_plan(L->m, L->n, &apply)) {
+    Plan stats, apply;
+    if (!stats_plan(L->m, L->n, &stats) || !apply_plan(L->m, L->n, &apply)) {
       return "fxfuse: row width outside the kernel's range";
     }
     if (L->num_params != Prog::kNumParams) return "fxfuse: wrong number of parameters";
@@ -315,16 +340,15 @@ struct Launcher {
     const bool aligned = L->n % VEC == 0 && Prog::out_width(L->n) % VEC == 0 &&
                          reinterpret_cast<uintptr_t>(L->y) % 16 == 0 && out_vec;
     if constexpr (Prog::kBatchTrain) {
-      const int64_t grid = stats_grid(L->m, rows, L->sm_count);
-      with_plan(a, rows);
-      a.chunks = grid * rows.rpc;
+      with_plan(a, stats);
+      a.chunks = stats_strips(L->m, stats, L->sm_count);
       float* ws = L->workspace;
       a.part_mean = ws;
       a.part_m2 = ws + a.chunks * L->n;
       a.bn_mean = ws + 2 * a.chunks * L->n;
       a.bn_rstd = ws + 2 * a.chunks * L->n + L->n;
-      const Launch l{grid, rows.block, smem_bytes(L->n, rows), stream};
-      if (const char* err = with_items(rows.items, [&](auto items) {
+      const Launch l{a.chunks * stats.segs, stats.block, stats_smem_bytes(L->n, stats), stream};
+      if (const char* err = with_items(stats.items, [&](auto items) {
             return ItemsUnit<Prog, T, decltype(items)::value>::stats(a, aligned, l);
           }))
         return err;

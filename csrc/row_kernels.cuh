@@ -9,10 +9,8 @@ namespace fx {
 // ---------------------------------------------------------------------------------------------
 // Kernel bodies (shared by the CUDA kernels and the emulator)
 
-// Walks the rows (row segments) of this block; `f(row)` sees every slot, active or not. With
-// PREFETCH the next row's loads are issued before f works on the current one (a block that walks
-// many rows: the statistics kernel).
-template <class Prog, typename T, int ITEMS, bool ALIGNED, bool PREFETCH = false, class F>
+// Walks the rows (row segments) of this block; `f(row)` sees every slot, active or not.
+template <class Prog, typename T, int ITEMS, bool ALIGNED, class F>
 FX_DEVICE void for_each_row(const Args<Prog::kParamSlots>& a, const Thread& t, float* dyn, float* red, F f) {
   using R = Row<Prog, T, ITEMS, ALIGNED>;
   const int lt = t.tid() % a.rt;
@@ -20,23 +18,10 @@ FX_DEVICE void for_each_row(const Args<Prog::kParamSlots>& a, const Thread& t, f
   float* scratch = dyn + static_cast<int64_t>(lr) * a.scratch_stride;
   const int64_t units = a.m * a.segs;
   const int64_t stride = static_cast<int64_t>(t.gdim()) * a.rpc;
-  int64_t base = static_cast<int64_t>(t.bid()) * a.rpc;
-  if constexpr (!PREFETCH) {
-    for (; base < units; base += stride) {
-      R r(a, t, red, scratch, lt, lr, base + lr);
-      r.load();
-      f(r);
-    }
-  } else {
-    if (base >= units) return;
+  for (int64_t base = static_cast<int64_t>(t.bid()) * a.rpc; base < units; base += stride) {
     R r(a, t, red, scratch, lt, lr, base + lr);
     r.load();
-    for (; base < units; base += stride) {
-      R next(a, t, red, scratch, lt, lr, base + stride + lr);  // past the end: inactive, loads nothing
-      next.load();
-      f(r);
-      r.take(next);
-    }
+    f(r);
   }
 }
 
@@ -46,49 +31,6 @@ FX_DEVICE void apply_body(const Args<Prog::kParamSlots>& a, const Thread& t, flo
     Prog::prefix(r);
     Prog::rest(r);
   });
-}
-
-// Column moments (Welford) of the values entering the BatchNorm stage (rounded to T like the
-// normalisation's input; for float32 exactly the reference's), over the rows of one chunk:
-// chunk k = block * rpc + lr holds rows k, k + chunks, k + 2 chunks, ...
-template <class Prog, typename T, int ITEMS, bool ALIGNED>
-FX_DEVICE void stats_body(const Args<Prog::kParamSlots>& a, const Thread& t, float* dyn, float* red) {
-  constexpr int VEC = chunk_elements<Prog, T>();
-  float mean[ITEMS][VEC];
-  float m2[ITEMS][VEC];
-#pragma unroll
-  for (int i = 0; i < ITEMS; ++i)
-#pragma unroll
-    for (int e = 0; e < VEC; ++e) mean[i][e] = m2[i][e] = 0.0f;
-  int count = 0;
-  constexpr bool kPrefetch = ITEMS * VEC <= 16;  // a second row in registers: only for short ones
-  for_each_row<Prog, T, ITEMS, ALIGNED, kPrefetch>(a, t, dyn, red, [&](Row<Prog, T, ITEMS, ALIGNED>& r) {
-    Prog::prefix(r);  // ends with the BatchNorm's input, as batch_norm_train() sees it
-    if (!r.active) return;
-    ++count;
-    const float inv = 1.0f / static_cast<float>(count);
-#pragma unroll
-    for (int i = 0; i < ITEMS; ++i)
-#pragma unroll
-      for (int e = 0; e < VEC; ++e) {
-        const float x = r.v[i][e];
-        const float d = x - mean[i][e];
-        mean[i][e] += d * inv;
-        m2[i][e] += d * (x - mean[i][e]);
-      }
-  });
-  const int lt = t.tid() % a.rt;
-  const int64_t chunk = static_cast<int64_t>(t.bid()) * a.rpc + t.tid() / a.rt;
-#pragma unroll
-  for (int i = 0; i < ITEMS; ++i)
-#pragma unroll
-    for (int e = 0; e < VEC; ++e) {
-      const int c = (i * a.rt + lt) * VEC + e;
-      if (c < a.n) {
-        a.part_mean[chunk * a.n + c] = mean[i][e];
-        a.part_m2[chunk * a.n + c] = m2[i][e];
-      }
-    }
 }
 
 // Column moments of a set of rows: count, mean, sum of squared deviations.
@@ -111,6 +53,101 @@ FX_DEVICE void merge(Moments& acc, int64_t nb, float mb, float m2b) {
   acc.mean += d * wb;
   acc.m2 += m2b + d * d * (static_cast<float>(acc.n) * wb);
   acc.n = total;
+}
+
+// Column moments (Welford) of the values entering the BatchNorm stage (rounded to T like the
+// normalisation's input; for float32 exactly the reference's), per strip of rows. Strip q (of
+// a.chunks) holds rows q, q + chunks, q + 2 chunks, ...; the grid is segs x chunks blocks, block
+// (q, s) walking segment s of strip q's rows with its rpc lanes in turn (lane l: the strip's l-th,
+// (l + rpc)-th, ... row), then merging its lanes' moments in lane order. A row-local program's
+// segments are a warp wide (Launcher::stats_plan): a short, wide output (1024 x 8192) still
+// spreads over the whole device, and the partials stay a few rows of the output, not its size.
+// Shared memory: rpc * scratch_stride floats during the walk, 2 * rpc * rt * ITEMS * VEC after.
+template <class Prog, typename T, int ITEMS, bool ALIGNED>
+FX_DEVICE void stats_body(const Args<Prog::kParamSlots>& a, const Thread& t, float* dyn, float* red) {
+  using R = Row<Prog, T, ITEMS, ALIGNED>;
+  constexpr int VEC = chunk_elements<Prog, T>();
+  const int lt = t.tid() % a.rt;
+  const int lr = t.tid() / a.rt;
+  const int64_t seg = t.bid() % a.segs;
+  const int64_t strip = t.bid() / a.segs;
+  const int64_t rows = strip < a.m ? (a.m - 1 - strip) / a.chunks + 1 : 0;  // the strip's
+  const int64_t steps = (rows + a.rpc - 1) / a.rpc;  // block-uniform: every lane reaches every barrier
+  if (steps == 0) return;
+  // lane lr's k-th row as a unit of the walk (past the strip's rows: row m, inactive)
+  const auto unit = [&](int64_t k) {
+    const int64_t j = lr + k * a.rpc;
+    return (j < rows ? strip + j * a.chunks : a.m) * a.segs + seg;
+  };
+  float* scratch = dyn + static_cast<int64_t>(lr) * a.scratch_stride;
+  float mean[ITEMS][VEC];
+  float m2[ITEMS][VEC];
+#pragma unroll
+  for (int i = 0; i < ITEMS; ++i)
+#pragma unroll
+    for (int e = 0; e < VEC; ++e) mean[i][e] = m2[i][e] = 0.0f;
+  int64_t count = 0;
+  const auto add = [&](R& r) {
+    Prog::prefix(r);  // ends with the BatchNorm's input, as batch_norm_train() sees it
+    if (!r.active) return;
+    ++count;
+    const float inv = 1.0f / static_cast<float>(count);
+#pragma unroll
+    for (int i = 0; i < ITEMS; ++i)
+#pragma unroll
+      for (int e = 0; e < VEC; ++e) {
+        const float x = r.v[i][e];
+        const float d = x - mean[i][e];
+        mean[i][e] += d * inv;
+        m2[i][e] += d * (x - mean[i][e]);
+      }
+  };
+  if constexpr (ITEMS * VEC <= 16) {  // the next row in registers meanwhile: only for short ones
+    R r(a, t, red, scratch, lt, lr, unit(0));
+    r.load();
+    for (int64_t k = 0; k < steps; ++k) {
+      R next(a, t, red, scratch, lt, lr, unit(k + 1));
+      next.load();
+      add(r);
+      r.take(next);
+    }
+  } else {
+    for (int64_t k = 0; k < steps; ++k) {
+      R r(a, t, red, scratch, lt, lr, unit(k));
+      r.load();
+      add(r);
+    }
+  }
+  const int width = a.rt * ITEMS * VEC;  // a segment's columns
+  if (a.rpc > 1) {  // the lanes' moments through shared memory to lane 0, merged in lane order
+    t.sync();  // the walk's scratch is free
+#pragma unroll
+    for (int i = 0; i < ITEMS; ++i)
+#pragma unroll
+      for (int e = 0; e < VEC; ++e) {
+        const int j = (i * a.rt + lt) * VEC + e;
+        dyn[(2 * lr) * width + j] = mean[i][e];
+        dyn[(2 * lr + 1) * width + j] = m2[i][e];
+      }
+    t.sync();
+    if (lr != 0) return;
+  }
+  const int64_t first = seg * width;
+#pragma unroll
+  for (int i = 0; i < ITEMS; ++i)
+#pragma unroll
+    for (int e = 0; e < VEC; ++e) {
+      const int j = (i * a.rt + lt) * VEC + e;
+      Moments acc{count, mean[i][e], m2[i][e]};
+      for (int l = 1; l < a.rpc; ++l) {
+        merge(acc, rows > l ? (rows - 1 - l) / a.rpc + 1 : 0, dyn[(2 * l) * width + j], dyn[(2 * l + 1) * width + j]);
+      }
+      const int64_t c = first + j;
+      if (c < a.n) {
+        a.part_mean[strip * a.n + c] = acc.mean;
+        a.part_m2[strip * a.n + c] = acc.m2;
+      }
+    }
 }
 
 constexpr int kCombineColumns = 32;  // a block: 32 columns x (block / 32) ranges of chunks

@@ -294,6 +294,21 @@ def test_many_rows_batch_norm(engine):
     run_and_compare(engine, program, torch.float32, *inputs(program, torch.float32, 300, 16, 4, 4))
 
 
+@pytest.mark.parametrize("dtype,m,n", [(torch.float32, 37, 1000), (torch.bfloat16, 3, 2056), (torch.bfloat16, 130, 264)])
+def test_batch_norm_statistics_of_wide_rows_in_segments(engine, dtype, m, n):
+    """The statistics kernel cuts a row-local program's rows into warp-wide segments, strips of
+    rows over a block's lanes: a last segment of one chunk (2056 bf16 values: 257 chunks of 8),
+    fewer rows than lanes (3), strips of uneven length (130 rows); the column parameter read at
+    each segment's own columns; statistics equal torch.var_mean's."""
+    program = PROGRAMS["s07_vec_batch_train"]
+    x, w, b, params = inputs(program, dtype, m, n, 16, 6)
+    _, stats = run_and_compare(engine, program, dtype, x, w, b, params)
+    pre = (torch.nn.functional.linear(x, w, b) * params[0]).float()
+    if dtype == torch.float32:
+        var, mean = torch.var_mean(pre, dim=0, correction=1)
+        torch.testing.assert_close(stats, torch.stack([mean, var]), rtol=1e-5, atol=1e-5)
+
+
 def test_params_in_other_dtypes_and_shapes(engine):
     """Pointwise parameters in bfloat16 or float64, shaped (1, N) or (1,): read as p.float()."""
     program = PROGRAMS["s17_vec_hardtanh_mish_group"]
