@@ -29,7 +29,7 @@ struct Gated : RegisterNode<GatedArguments<Gate, Out>> {
   static_assert(EpiN % 16 == 0, "the subtile is a whole number of 8-column blocks a half");
   static constexpr int kBlocks = EpiN / 8;
   static constexpr int kHalf = kBlocks / 2;
-  using ElementAux = Out;  // the epilogue's element type where it has no D
+  using ElementAux = NoDElement;  // the kernel has no D
   using Base = RegisterNode<GatedArguments<Gate, Out>>;
   using typename Base::Arguments;
   using typename Base::Params;

@@ -103,7 +103,7 @@ struct RowReduce : RegisterNode<RowReduceArguments> {
   static constexpr int kTileN = decltype(size<1>(typename Frame::Tile{}))::value;
   static constexpr int kTileM = decltype(size<0>(typename Frame::Tile{}))::value;
   static constexpr int kSlots = kTileM / 64;  // subtiles a tile: of 64 rows (ping-pong) or all of them
-  using ElementAux = float;  // the epilogue's element type where it has no D
+  using ElementAux = NoDElement;  // the kernel has no D
   using Base = RegisterNode<RowReduceArguments>;
   using typename Base::Arguments;
   using typename Base::Params;
