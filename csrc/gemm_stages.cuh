@@ -88,8 +88,8 @@ template <class T> CUTLASS_DEVICE float load_param(const void* ptr, int64_t i) {
 
 // The element type a tree that stores no D (it writes its own output, or partials) declares as
 // ElementAux: CUTLASS's epilogue still stages D in shared memory, sized by this type, though
-// nothing is written there. One byte: as float, the cooperative kernels' 128 x 64 subtiles took
-// 64 KiB, a mainloop stage (three of 128 x 256 x 64 instead of four).
+// nothing is written there. One byte: as float (the row reductions'), the cooperative kernels'
+// 128 x 64 subtiles took 64 KiB, a mainloop stage (three of 128 x 256 x 64 instead of four).
 using NoDElement = uint8_t;
 
 // What a node that works in registers declares to the epilogue: its arguments are its parameters,
