@@ -147,11 +147,11 @@ struct GemmFor {
   using EpilogueFrame = Frame<Tile, EpilogueTileFor<Cfg, Prog::kEpilogueN>, Out,
                               typename Cfg::EpilogueSchedule>;
   using EpilogueTree = typename Prog::template Tree<EpilogueFrame>;
-  using Epilogue = typename cutlass::epilogue::collective::CollectiveBuilder<
-      cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, Tile, typename Cfg::Cluster,
-      EpilogueTileFor<Cfg, Prog::kEpilogueN>, float, float, void, cutlass::layout::RowMajor,
-      kAlign<Out>, OutD, cutlass::layout::RowMajor, kAlign<Out>, typename Cfg::EpilogueSchedule,
-      EpilogueTree>::CollectiveOp;
+  // CUTLASS's TMA epilogue as its builder assembles it, with the Frame's dispatch policy
+  using Epilogue = typename cutlass::epilogue::collective::detail::Sm90TmaBuilderImpl<
+      Tile, typename EpilogueFrame::Descriptor::EpilogueTile, float, float, void, cutlass::layout::RowMajor,
+      kAlign<Out>, OutD, cutlass::layout::RowMajor, kAlign<Out>, EpilogueTree,
+      typename EpilogueFrame::DispatchPolicy>::CollectiveOp;
   using Mainloop = typename cutlass::gemm::collective::CollectiveBuilder<
       cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, T, cutlass::layout::RowMajor, kAlign<T>, T,
       cutlass::layout::ColumnMajor, kAlign<T>, float, Tile, typename Cfg::Cluster,

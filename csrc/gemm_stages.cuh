@@ -47,12 +47,24 @@ template <class T> constexpr int kAlign = 128 / cutlass::sizeof_bits<T>::value;
 
 using Acc = fusion::Sm90AccFetch;
 
-// What the stages of a tree need of the GEMM around them: the CTA tile, and the epilogue's
-// descriptor (its subtile, and the stages of the load pipeline a Full operand shares with C).
-template <class Tile_, class EpilogueTile, class Out, class Schedule>
+// What the stages of a tree need of the GEMM around them, and what the GEMM builds its epilogue
+// with: the CTA tile, the epilogue's dispatch policy and its descriptor (the subtile, and the
+// stages of the load pipeline a Full operand's TMA loads use; C is void). CUTLASS's builder gives
+// that pipeline min(subtiles, 4) stages; two are kept: four subtiles of a Full operand beside D's
+// two took 48 KiB, which cost the cooperative 128 x 256 kernels a mainloop stage (three of four).
+template <class Tile_, class EpilogueTileType, class Out, class Schedule>
 struct Frame {
   using Tile = Tile_;
-  using Descriptor = cutlass::epilogue::collective::detail::EpilogueDescriptor<Tile, EpilogueTile, void, Out, Schedule>;
+  using Builder = cutlass::epilogue::collective::detail::EpilogueDescriptor<Tile, EpilogueTileType, void, Out, Schedule>;
+  using Built = typename Builder::DispatchPolicy;
+  using DispatchPolicy = cutlass::epilogue::Sm90TmaWarpSpecialized<cute::min(Built::StagesC, 2), Built::StagesD,
+                                                                    Built::FragmentSize, Built::ReuseSmemC,
+                                                                    Built::DelayTmaStore>;
+  struct Descriptor {  // as AuxLoadDescriptor reads it
+    using EpilogueTile = typename Builder::EpilogueTile;
+    static constexpr int StagesC = DispatchPolicy::StagesC;
+    static constexpr int StagesD = DispatchPolicy::StagesD;
+  };
 };
 
 using ColStride = Stride<_0, _1, int64_t>;
