@@ -446,7 +446,7 @@ def blocked_medians(calls: dict[str, Callable[[], object]], time_once: Callable[
     1.11x, and 1.10x with the card idle between samples (BENCHMARKS.md section 17). Reversing the
     order every pass gives each candidate the same mean position, so that a card whose clocks
     drift as it heats slows all of them alike; the candidate at each turn runs two blocks in a row,
-    its second deeper into its own state. A selection times up to some forty candidates, so
+    its second deeper into its own state. A selection times up to some fifty candidates, so
     each settles for 0.05 s by default; the whole-graph check, two, settles longer. A short run
     (microseconds: decode sizes, tests) settles for ten runs' time, so that the selections of a
     model's small chains stay quick."""
