@@ -49,7 +49,7 @@ from .vocabulary import ROUNDING, call, is_rounding
 from .patterns.norms import FAMILY as NORMS
 from .patterns.reductions import FAMILY as REDUCTIONS
 from .patterns.functions import PREDICATES
-from .patterns.gemm import transposed_for_gemms
+from .patterns.gemm import moves_features, transposed_for_gemms
 from .patterns.split_gemms import splits_features
 
 if TYPE_CHECKING:
@@ -393,6 +393,9 @@ class _Matcher:
         if op is None:
             if transposed_for_gemms(node):
                 raise Stop(None)  # a GEMM reads the value, transposed: the chain's natural end
+            if moves_features(node):
+                raise Stop(f"{describe(node)} moves the feature dim (the output transposed, as a token-mixing "
+                           "MLP's): the kernels write the GEMM's rows of features, so the chain ends before it")
             if splits_features(node):
                 raise Stop(f"{describe(node)} splits the features into separate values (as attention's q, k and v "
                            "are): the chain ends before it")

@@ -33,6 +33,26 @@ def transposed_weight(node) -> Node | None:
     return None
 
 
+LAYOUT_METHODS = {"transpose", "permute", "swapaxes", "swapdims", "movedim", "moveaxis", "t"}
+LAYOUT_FUNCTIONS = {torch.transpose, torch.permute, torch.swapaxes, torch.swapdims, torch.movedim, torch.moveaxis,
+                    torch.t}
+
+
+def moves_features(node: Node) -> bool:
+    """``node`` permutes the dims of a value so that its last dim (the features) is no longer last:
+    a transpose of the output (MLP-Mixer's token-mixing MLP), which the kernels cannot follow, as
+    they write the GEMM's rows of N features."""
+    if not isinstance(node, Node) or not node.args:
+        return False
+    layout = ((node.op == "call_method" and node.target in LAYOUT_METHODS)
+              or (node.op == "call_function" and node.target in LAYOUT_FUNCTIONS)
+              or (node.op == "call_function" and node.target is getattr and node.args[1:] in (("T",), ("mT",))))
+    value, result = example_value(node.args[0]), example_value(node)
+    if not layout or not isinstance(value, torch.Tensor) or not isinstance(result, torch.Tensor):
+        return False
+    return value.dim() >= 2 and value.stride(-1) == 1 and value.size(-1) > 1 and result.stride(-1) != 1
+
+
 def transposed_for_gemms(node: Node) -> bool:
     """``node`` transposes a 2-D value (``transposed_weight``'s spellings) that only GEMMs and the
     graph's output read, directly or through moves to the device it is on (CLIP's

@@ -266,4 +266,23 @@ def test_a_value_transposed_for_a_gemm_or_the_output_ends_a_chain_fused_in_full(
     assert [r.status for r in rows] == ["fused"] * 3, [(r.status, r.reason) for r in rows]
     assert "normalize(eps=1e-12)" in rows[0].program and rows[2].program.endswith("|| scalar")
     rows = fxfuse.report(Model(then_relu=True), *inputs, allow_cpu=True).rows
-    assert (rows[2].status, rows[2].reason) == ("partial", "t is not an epilogue op")
+    assert rows[2].status == "partial" and rows[2].reason.startswith("t moves the feature dim")
+
+
+def test_a_transpose_of_the_output_names_the_feature_dim_it_moves():
+    """MLP-Mixer's token-mixing MLP: ``fc2(h).transpose(1, 2) + x``. The kernels write the GEMM's
+    rows of features; the report says that the transpose moves them, not merely that it is no
+    epilogue op."""
+
+    class TokenMixing(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc1, self.fc2 = nn.Linear(16, 32), nn.Linear(32, 16)
+
+        def forward(self, x):
+            return x + self.fc2(F.gelu(self.fc1(x.transpose(1, 2)))).transpose(1, 2)
+
+    rows = fxfuse.report(TokenMixing(), torch.randn(2, 16, 8), allow_cpu=True).rows
+    assert [r.status for r in rows] == ["fused", "not_fused"]
+    assert rows[1].reason == ("transpose(1, 2) moves the feature dim (the output transposed, as a token-mixing "
+                              "MLP's): the kernels write the GEMM's rows of features, so the chain ends before it")
