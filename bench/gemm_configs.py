@@ -11,8 +11,9 @@ spells them; S08 is meant for its own shape, 32768,4096,1024; S26gate and S26dua
 8192,11008,4096 and S26down for 8192,4096,11008). A program with a second GEMM (S26dual) is
 measured against both GEMMs' ``F.linear``.
 
-``--kernels wide`` builds the modules with WIDE_MENU instead of the production menu
-(gemm_codegen.KERNELS): how the menu is chosen. Each configuration's output is checked against the
+``--kernels wide`` builds the modules with ``wide_menu()`` instead of the production menu
+(gemm_codegen.KERNELS): how the menu is chosen; ``--kernels 256x128/2x1,128x128/2x1/pingpong``
+builds the kernels listed. Each configuration's output is checked against the
 row path's (``!`` marks one off by more than 2e-2 of the output's scale), and the name of the
 kernel cuBLAS runs for ``F.linear`` is printed with it.
 
@@ -53,6 +54,19 @@ def wide_menu() -> tuple:
             Kernel(128, 256, cluster_m=4), Kernel(256, 128, cluster_m=2), Kernel(256, 128, cluster_n=2),
             Kernel(128, 128, cluster_m=2, pingpong=True), Kernel(128, 128, cluster_n=2),
             Kernel(64, 256, pingpong=True), Kernel(64, 256, cluster_m=2, pingpong=True))
+
+
+def parse_kernels(text: str) -> tuple:
+    """Kernels from "TMxTN[xTK]/CMxCN[/pingpong]" separated by commas (TK: for 16-bit elements)."""
+    from fxfuse.cuda.gemm_codegen import Kernel
+
+    kernels = []
+    for item in text.split(","):
+        tile, cluster, *schedule = item.strip().split("/")
+        tm, tn, *tk = (int(v) for v in tile.split("x"))
+        cm, cn = (int(v) for v in cluster.split("x"))
+        kernels.append(Kernel(tm, tn, *(tk or [64]), cluster_m=cm, cluster_n=cn, pingpong=schedule == ["pingpong"]))
+    return tuple(kernels)
 
 
 def build_one(program: str, dtype: torch.dtype, params: tuple, kernel) -> str | None:
@@ -165,8 +179,9 @@ def main(argv=None) -> int:
     p.add_argument("--shape", default="1024,8192,8192", help="M,N,K (several: separated by ';')")
     p.add_argument("--repeats", type=int, default=30)
     p.add_argument("--profile", action="store_true", help="run each path once for ncu instead of timing")
-    p.add_argument("--kernels", default="menu", choices=["menu", "wide"],
-                   help="the production menu, or the wider menu the production one is chosen from")
+    p.add_argument("--kernels", default="menu",
+                   help="menu (the production one), wide (wide_menu(): the candidates it is chosen from) or a list "
+                        "of kernels, e.g. 256x128/2x1,128x128/2x1/pingpong")
     args = p.parse_args(argv)
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}[args.dtype]
     chosen = programs()
@@ -176,6 +191,7 @@ def main(argv=None) -> int:
     from fxfuse.cuda import build
 
     production = args.kernels == "menu"
+    candidates = () if production else wide_menu() if args.kernels == "wide" else parse_kernels(args.kernels)
     failed = fxcuda.prepare_many([(prog, dtype) for prog in chosen.values()], gemm_items=[
         (prog, dtype, (dtype,) * len(prog.params)) for prog in chosen.values() if production])
     assert not failed, failed
@@ -190,14 +206,14 @@ def main(argv=None) -> int:
 
         # one module a kernel (one that fails to build costs itself), built in worker processes (a
         # process builds one module at a time), then loaded here from the cache
-        jobs = [(prog.to_string(), dtype, params, kernel) for kernel in wide_menu()]
+        jobs = [(prog.to_string(), dtype, params, kernel) for kernel in candidates]
         with multiprocessing.get_context("spawn").Pool(len(jobs)) as pool:
             errors = pool.starmap(build_one, jobs)
-        for kernel, error in zip(wide_menu(), errors):
+        for kernel, error in zip(candidates, errors):
             if error:
                 print(f"{name}: {kernel} does not build: {error[-400:]}", flush=True)
         modules[name] = [build.build_gemm(prog, dtype, params, build.cuda_target(device), kernels=(kernel,))
-                         for kernel, error in zip(wide_menu(), errors) if not error]
+                         for kernel, error in zip(candidates, errors) if not error]
     print(f"{torch.cuda.get_device_name()}  torch {torch.__version__}  {args.dtype}  us per call (CUDA graph)")
     with torch.no_grad():
         for m, n, k in shapes:

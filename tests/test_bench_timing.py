@@ -75,3 +75,14 @@ def test_the_ncu_summary_gives_a_kernels_rate_from_its_duration():
     assert tflops("171.80 usecond", flops) == "800 TFLOP/s"
     assert tflops("0.1718 msecond", flops) == "800 TFLOP/s"
     assert tflops("171.8 cycle", flops).startswith("? TFLOP/s")
+
+
+def test_a_kernel_list_for_the_gemm_sweep_reads_tile_cluster_and_schedule():
+    """bench/gemm_configs.py --kernels: "TMxTN[xTK]/CMxCN[/pingpong]", comma-separated; K is 64
+    unless given (the tile's K for 16-bit elements)."""
+    from bench.gemm_configs import parse_kernels
+    from fxfuse.cuda.gemm_codegen import Kernel
+
+    assert parse_kernels("256x128/2x1, 128x128/2x1/pingpong,128x256x32/1x2") == (
+        Kernel(256, 128, cluster_m=2), Kernel(128, 128, cluster_m=2, pingpong=True),
+        Kernel(128, 256, 32, cluster_n=2))
