@@ -90,8 +90,8 @@ class Selection:
 
     def describe(self) -> str:
         """The path taken and the measured times, fastest first: the row pass, Inductor, and each
-        GEMM kernel at its fastest tile order (a module has 18 or 36 configurations: six tile
-        orders of each kernel)."""
+        GEMM kernel at its fastest tile order (a module's configurations are six tile orders of each
+        kernel of its menu, twice for a gated module)."""
         fastest: dict[str, tuple[str, float]] = {}
         for name, t in self.times_us.items():
             kernel = name.rsplit(", ", 1)[0]  # "<kernel>, <tile order>"; "row" and "Inductor" are their own

@@ -24,8 +24,8 @@ combines each gate column with the matching up column (the expression, with the 
 "gemm" parameter) and stores the (M, N) output; the runtime keeps the interleaved weight per pair.
 
 A module is built per (program, dtype, parameter dtypes): the tree's leaves read each parameter in
-its own type. One unit per GEMM configuration (``fxg::Config<i>``) so that ninja compiles them in
-parallel; the kernels are a menu (``KERNELS``) the module is generated with.
+its own type. One unit per kernel of the menu the module is generated with (``KERNELS``, declared
+as ``fxg::Menu``), so that ninja compiles them in parallel.
 """
 
 from __future__ import annotations
@@ -213,20 +213,20 @@ def generate(program: Program, dtype: torch.dtype, param_dtypes: tuple[torch.dty
     header = f"// fxfuse GEMM module (gemm codegen {GEMM_CODEGEN_VERSION}), {dtype}"
     sources = {"gemm_program.cuh": _program_header(program, dtype, param_dtypes, namespace, kernels)}
     gated = bool(program.second_gemms) and gated_unsupported_reason(program) is None
-    units = [(f"config_{i}", "Prog", str(i)) for i in range(len(kernels))]
+    # (file, tree, unit name, kernel index)
+    units = [(f"config_{i}", "Prog", str(i), i) for i in range(len(kernels))]
     if gated:
-        units += [(f"gated_{i}", "GatedProg", f"gated_{i}") for i in range(len(kernels))]
+        units += [(f"gated_{i}", "GatedProg", f"gated_{i}", i) for i in range(len(kernels))]
 
     def unit_file(*lines: str) -> str:
         return "\n".join([header, '#include "gemm_program.cuh"', "", f"namespace {namespace} {{", *lines,
                           f"}}  // namespace {namespace}", ""])
 
     sources["main.cu"] = unit_file(
-        *[f"FX_DECLARE_GEMM_UNIT({name})" for _, _, name in units],
-        f"const fxg::Unit kUnits[] = {{{', '.join(f'FX_GEMM_UNIT({name})' for _, _, name in units)}}};",
+        *[f"FX_DECLARE_GEMM_UNIT({name})" for _, _, name, _ in units],
+        f"const fxg::Unit kUnits[] = {{{', '.join(f'FX_GEMM_UNIT({name})' for _, _, name, _ in units)}}};",
         f"FX_DEFINE_GEMM_INFO(Prog, {entry}, {'GatedProg::kGatedBlock' if gated else 0})")
-    for file, prog, name in units:
-        index = name.removeprefix("gated_")
+    for file, prog, name, index in units:
         sources[f"{file}.cu"] = unit_file(f"FX_DEFINE_GEMM_UNIT({prog}, Menu::At<{index}>, {name})")
     return sources
 
