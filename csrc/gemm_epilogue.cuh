@@ -161,7 +161,7 @@ struct GemmFor {
                                                       cutlass::gemm::PersistentScheduler>;
   using Gemm = cutlass::gemm::device::GemmUniversalAdapter<Kernel>;
 
-  // A row reduction's partials, after CUTLASS's workspace: [parts][N-tiles][M] float32
+  // A row reduction's partials, after CUTLASS's workspace: [parts][M][N-tiles] float32
   static int64_t partial_floats(int64_t m, int64_t n) {
     if constexpr (kReduces) {
       return kPartialParts<Prog::kReduceKind> * row_tiles<kTileN>(n) * m;
@@ -224,9 +224,10 @@ struct GemmFor {
     status = gemm.run(static_cast<cudaStream_t>(stream));
     if (status != cutlass::Status::kSuccess) return cutlassGetStatusString(status);
     if constexpr (kReduces) {
-      constexpr int kThreads = 256;
+      constexpr int kRowsABlock = kFinalizeThreads / 32;
       finalize_rows<typename Prog::Finalize, Prog::kReduceKind>
-          <<<static_cast<unsigned>((a.m + kThreads - 1) / kThreads), kThreads, 0, static_cast<cudaStream_t>(stream)>>>(
+          <<<static_cast<unsigned>((a.m + kRowsABlock - 1) / kRowsABlock), kFinalizeThreads, 0,
+             static_cast<cudaStream_t>(stream)>>>(
               partials, static_cast<Out*>(a.out), a.m, a.n, row_tiles<kTileN>(a.n), Prog::Finalize::args(a));
     }
     const cudaError_t error = cudaGetLastError();

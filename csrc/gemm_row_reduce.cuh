@@ -81,8 +81,12 @@ struct Partial {
 // The N-tiles of a row: its partials
 template <int TileN> CUTLASS_HOST_DEVICE int64_t row_tiles(int64_t n) { return (n + TileN - 1) / TileN; }
 
-// partials: [parts][N-tiles][M] float32 (parts: 2 for logsumexp's two values, else 1)
+// partials: [parts][M][N-tiles] float32 (parts: 2 for logsumexp's two values, else 1), a row's
+// partials side by side for the finalize's coalesced read
 template <int Kind> constexpr int kPartialParts = Kind == kLogSumExp ? 2 : 1;
+CUTLASS_HOST_DEVICE int64_t partial_index(int part, int64_t row, int64_t tile, int64_t m, int64_t tiles) {
+  return (part * m + row) * tiles + tile;
+}
 
 struct RowReduceArguments {
   float* partials = nullptr;
@@ -153,8 +157,8 @@ struct RowReduce : RegisterNode<RowReduceArguments> {
           }
           const int64_t row = this->first_row + static_cast<int64_t>(s) * this->epi_rows + 8 * r;
           if (!writes || s * this->epi_rows >= kTileM || row >= params.m) continue;
-          params.partials[tile * params.m + row] = p.value;
-          if constexpr (kPartialParts<Kind> == 2) params.partials[(tiles + tile) * params.m + row] = p.scaled;
+          params.partials[partial_index(0, row, tile, params.m, tiles)] = p.value;
+          if constexpr (kPartialParts<Kind> == 2) params.partials[partial_index(1, row, tile, params.m, tiles)] = p.scaled;
         }
       }
     }
@@ -166,22 +170,37 @@ struct RowReduce : RegisterNode<RowReduceArguments> {
   }
 };
 
-// One thread a row: its partials combined in tile order (deterministic), the reduction's result,
-// then Finalize::apply (the stages after the reduction), stored in Out.
+// One warp a row: lane l combines the row's partials of tiles l, l + 32, ... in order, then the
+// lanes combine by a fixed butterfly (deterministic: the grouping depends only on the tile count);
+// lane 0 takes the reduction's result through Finalize::apply (the stages after the reduction)
+// and stores it in Out. A warp a row rather than a thread: a short output (M = 1024 rows, 64
+// tiles) would otherwise run a few blocks, each thread walking its row's tiles one load at a time.
 // Finalize (generated): Arguments, Scalars scalars(Arguments const&), float apply(Arguments const&,
 // Scalars const&, int64_t n, float x).
+constexpr int kFinalizeThreads = 256;
+
 template <class Finalize, int Kind, class Out>
-__global__ void finalize_rows(const float* partials, Out* out, int64_t m, int64_t n, int64_t tiles,
-                              typename Finalize::Arguments args) {
-  const int64_t row = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (row >= m) return;
+__global__ void __launch_bounds__(kFinalizeThreads) finalize_rows(const float* partials, Out* out, int64_t m,
+                                                                    int64_t n, int64_t tiles,
+                                                                    typename Finalize::Arguments args) {
+  const int64_t row = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) / 32;
+  const int lane = threadIdx.x & 31;
+  if (row >= m) return;  // warp-uniform
   Partial<Kind> total;
-  for (int64_t t = 0; t < tiles; ++t) {
+  for (int64_t t = lane; t < tiles; t += 32) {
     Partial<Kind> p;
-    p.value = partials[t * m + row];
-    if constexpr (kPartialParts<Kind> == 2) p.scaled = partials[(tiles + t) * m + row];
+    p.value = partials[partial_index(0, row, t, m, tiles)];
+    if constexpr (kPartialParts<Kind> == 2) p.scaled = partials[partial_index(1, row, t, m, tiles)];
     total.combine(p);
   }
+  CUTLASS_PRAGMA_UNROLL
+  for (int lanes = 16; lanes > 0; lanes /= 2) {
+    Partial<Kind> other;
+    other.value = __shfl_xor_sync(0xffffffffu, total.value, lanes);
+    other.scaled = __shfl_xor_sync(0xffffffffu, total.scaled, lanes);
+    total.combine(other);
+  }
+  if (lane != 0) return;
   const auto scalars = Finalize::scalars(args);
   out[row] = static_cast<Out>(Finalize::apply(args, scalars, 0, total.result(n)));
 }
