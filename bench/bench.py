@@ -605,7 +605,8 @@ def run(
     """Benchmark suite ``rows`` (ids such as "S01"; "S23" means all decode rows; None: all).
 
     Returns ``{"env": {...}, "config": {...}, "rows": [...]}`` with every sample; prints the
-    tables when ``show``; writes JSON and a bar chart when paths are given.
+    tables when ``show`` (each row's to stderr as it finishes, all of them at the end); writes
+    JSON (rewritten after each row) and a bar chart when paths are given.
     """
     if not torch.cuda.is_available():
         raise RuntimeError("bench.run needs a CUDA GPU")
@@ -628,10 +629,13 @@ def run(
                 entry["error"] = _error(e)
                 _release()
             report["rows"].append(entry)
+            # each row as it finishes: a run cut short by a time limit keeps the rows it timed
+            if show:
+                print(format_report({**report, "rows": [entry]}), file=sys.stderr, flush=True)
+            if json_path:
+                Path(json_path).write_text(json.dumps(report, indent=1))
     if show:
         print(format_report(report))
-    if json_path:
-        Path(json_path).write_text(json.dumps(report, indent=1))
     if png_path:
         plot(report, png_path)
     return report
