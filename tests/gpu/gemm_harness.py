@@ -51,6 +51,34 @@ def build_modules(cases: dict[str, tuple[Program, torch.dtype]]) -> dict:
     return built
 
 
+class Modules(dict):
+    """A test file's GEMM modules by (name, dtype): those its selected tests name (their ``name``
+    and ``dtype`` parameters) are built at once, in parallel; any other on first use. So
+    ``pytest -k s05`` builds S05's module, not every module of the file."""
+
+    def __init__(self, request: pytest.FixtureRequest, cases: dict[tuple, tuple[Program, torch.dtype]]):
+        super().__init__(build_modules({key: cases[key] for key in selected_cases(request, cases)}))
+        self.cases = cases
+
+    def __missing__(self, key: tuple):
+        self.update(build_modules({key: self.cases[key]}))
+        return self[key]
+
+
+def selected_cases(request: pytest.FixtureRequest, cases: dict) -> list[tuple]:
+    """The keys of ``cases`` the run's selected tests of the requesting file name: (name, dtype),
+    the dtype bfloat16 where a test has no dtype parameter."""
+    keys = []
+    for item in request.session.items:
+        if getattr(item, "module", None) is not request.module:
+            continue
+        params = getattr(getattr(item, "callspec", None), "params", {})
+        key = (params.get("name"), params.get("dtype", torch.bfloat16))
+        if key in cases and key not in keys:
+            keys.append(key)
+    return keys
+
+
 def draw(program: Program, dtype: torch.dtype, m: int, n: int, k: int, seed: int, batch: tuple = ()):
     g = torch.Generator().manual_seed(seed)
     x = torch.randn(*batch, m, k, generator=g).to(DEVICE, dtype)

@@ -40,11 +40,22 @@ def all_builds():
     return pairs
 
 
+def selected_builds(request) -> list:
+    """The pairs of all_builds() whose programs the run's selected tests of this file name in their
+    ids (small_group_cases' with their test): built at once, in parallel; any other builds on first
+    use. minus_and_negation is left to build on its first call (a test of that)."""
+    ids = [item.nodeid for item in request.session.items if getattr(item, "module", None) is request.module]
+    names = {id(program): name for name, program in PROGRAMS.items()}
+    small_groups = any("small_groups" in i for i in ids)
+    return [(program, dtype) for program, dtype in all_builds() if program is not PROGRAMS["minus_and_negation"]
+            and (small_groups if id(program) not in names else any(names[id(program)] in i for i in ids))]
+
+
 @pytest.fixture(scope="module", autouse=True)
-def cuda_setup():
+def cuda_setup(request):
     if not fxcuda.available():
         pytest.skip("no CUDA toolchain (nvcc + ninja)")
-    failed = fxcuda.prepare_many([p for p in all_builds() if p[0] is not PROGRAMS["minus_and_negation"]])
+    failed = fxcuda.prepare_many(selected_builds(request))
     assert not failed, "\n".join(f"{k}: {v}" for k, v in failed.items())
     tf32 = torch.backends.cuda.matmul.allow_tf32
     torch.backends.cuda.matmul.allow_tf32 = False

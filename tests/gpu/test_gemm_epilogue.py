@@ -21,8 +21,8 @@ from fxfuse import reference
 from fxfuse.cuda.gemm_codegen import KERNELS, unsupported_reason
 from fxfuse.ir import Gemm, Pointwise, Program
 from fxfuse.vocabulary import call
-from gemm_harness import (DEVICE, SCHEDULES, TOL, assert_every_kernel_computes, assert_under_rule, build_modules, draw,
-                          kernels, run_config, truth)
+from gemm_harness import (DEVICE, SCHEDULES, TOL, Modules, assert_every_kernel_computes, assert_under_rule, build_modules,
+                          draw, kernels, run_config, truth)
 from programs import PROGRAMS, vocabulary_program
 
 X = E.X
@@ -74,8 +74,8 @@ def hopper():
 
 
 @pytest.fixture(scope="module")
-def modules():
-    return build_modules(BUILDS)
+def modules(request):
+    return Modules(request, BUILDS)
 
 
 @pytest.mark.parametrize("m,n,k", SHAPES)

@@ -18,7 +18,7 @@ import torch
 import fxfuse.cuda as fxcuda
 from fxfuse import reference
 from fxfuse.ir import Gemm, Norm, Pointwise, Program
-from gemm_harness import assert_every_kernel_computes, assert_under_rule, build_modules, draw, kernels, run_config, truth
+from gemm_harness import Modules, assert_every_kernel_computes, assert_under_rule, draw, kernels, run_config, truth
 from programs import PROGRAMS
 from fxfuse import expr as E
 from fxfuse.vocabulary import call
@@ -47,8 +47,8 @@ SHAPES = [(1, 72), (7, 264), (300, 520), (1024, 512)]  # (M, K)
 
 
 @pytest.fixture(scope="module")
-def modules():
-    return build_modules(CASES)
+def modules(request):
+    return Modules(request, CASES)
 
 
 @pytest.mark.parametrize("group", GROUP_SIZES)
