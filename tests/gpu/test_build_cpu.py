@@ -205,6 +205,17 @@ def test_build_prints_one_progress_line_and_is_cached(tmp_path, monkeypatch, cap
     assert again.path == first.path and again.info == first.info
 
 
+def test_a_cached_module_keeps_its_library_and_generated_sources_not_its_objects(tmp_path, monkeypatch,
+                                                                                emulate_target):
+    monkeypatch.setenv("FXFUSE_CACHE_DIR", str(tmp_path / "cache"))
+    module = build.build_program(PROGRAMS["s13_sub_mul_relu"], torch.float32, emulate_target)
+    entry = module.path.parent
+    assert module.path.is_file() and (entry / "ok").is_file()
+    assert (entry / "module.cpp").is_file() and (entry / "include" / "program.cuh").is_file()
+    assert not list(entry.rglob("*.o"))
+    assert not [p for p in (entry / "include").iterdir() if p.name != "program.cuh"]  # csrc/ is the key's
+
+
 def test_unsupported_program_raises_build_error(emulate_target):
     from fxfuse import expr as E
     from fxfuse.ir import Gemm, Pointwise, Program, Reduce
