@@ -40,33 +40,45 @@ struct Partial {
   }
 
   // The partial of a row's values of a subtile (value[block][column of the pair], as
-  // SubtileCallbacks::unpack gives them), columns from `col` on; those at N or past it left out
+  // SubtileCallbacks::unpack gives them), columns from `col` on; those at N or past it left out.
+  // Folded pairwise (a tree four deep for 16 values, not a chain of 16 dependent adds or
+  // maxima: the epilogue runs exposed between two tiles' mainloops).
   template <int Blocks>
   CUTLASS_DEVICE static Partial of(float const (&value)[Blocks][2], int64_t col, int64_t n) {
-    Partial p;
+    constexpr int kValues = 2 * Blocks;
+    constexpr float kIdentity = Kind == kMax || Kind == kLogSumExp ? -INFINITY : Kind == kMin ? INFINITY : 0.f;
+    float acc[kValues];
     CUTLASS_PRAGMA_UNROLL
-    for (int j = 0; j < Blocks; ++j) {
-      CUTLASS_PRAGMA_UNROLL
-      for (int e = 0; e < 2; ++e) {
-        if (col + 8 * j + e >= n) continue;
-        const float x = value[j][e];
-        if constexpr (Kind == kSum || Kind == kMean) p.value += x;
-        if constexpr (Kind == kVectorNorm) p.value += x * x;
-        if constexpr (Kind == kMax || Kind == kLogSumExp) p.value = fx::OpMax()(p.value, x);
-        if constexpr (Kind == kMin) p.value = fx::OpMin()(p.value, x);
-      }
+    for (int i = 0; i < kValues; ++i) {
+      const float x = value[i / 2][i % 2];
+      acc[i] = col + 8 * (i / 2) + i % 2 < n ? (Kind == kVectorNorm ? x * x : x) : kIdentity;
     }
+    Partial p;
+    p.value = fold(acc);
     if constexpr (Kind == kLogSumExp) {
       const float ref = shift(p.value);
       CUTLASS_PRAGMA_UNROLL
-      for (int j = 0; j < Blocks; ++j) {
-        CUTLASS_PRAGMA_UNROLL
-        for (int e = 0; e < 2; ++e) {
-          if (col + 8 * j + e < n) p.scaled += __expf(value[j][e] - ref);  // the fast exponential: the rule, not eager's bits
-        }
+      for (int i = 0; i < kValues; ++i) {  // the fast exponential: the rule, not eager's bits
+        acc[i] = col + 8 * (i / 2) + i % 2 < n ? __expf(value[i / 2][i % 2] - ref) : 0.f;
       }
+      p.scaled = fold<kSum>(acc);
     }
     return p;
+  }
+
+  // acc[0] op acc[1] op ... in a pairwise tree (Op: the partial's own fold, or a sum)
+  template <int Op = Kind, int Count>
+  CUTLASS_DEVICE static float fold(float (&acc)[Count]) {
+    CUTLASS_PRAGMA_UNROLL
+    for (int width = 1; width < Count; width *= 2) {
+      CUTLASS_PRAGMA_UNROLL
+      for (int i = 0; i + width < Count; i += 2 * width) {
+        if constexpr (Op == kMax || Op == kLogSumExp) acc[i] = fx::OpMax()(acc[i], acc[i + width]);
+        else if constexpr (Op == kMin) acc[i] = fx::OpMin()(acc[i], acc[i + width]);
+        else acc[i] += acc[i + width];
+      }
+    }
+    return acc[0];
   }
 
   // The reduction of the row of n values this partial covers
