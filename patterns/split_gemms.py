@@ -6,6 +6,8 @@ The one-GEMM spelling of a gated MLP computes gate and up values with one weight
 bias), so the GEMM becomes two: ``linear(x, W.narrow(0, 0, N), b.narrow(0, 0, N))`` and the same
 from row N on. The halves are views of the one weight (gradients reach it as they reach the split's
 halves), and the matcher then takes them as a gated pair: one fused op running both GEMMs.
+``F.glu(proj(x), dim=-1)`` (``nn.GLU``) is that split with the first half times the sigmoid of
+the second, and is rewritten so.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from torch.fx import Graph, Node
 from ..canonical import GemmOp, example_value
 
 CHUNKS = {("call_method", "chunk"), ("call_function", torch.chunk)}
+GLUS = {F.glu, torch._C._nn.glu}
 SPLITS = {("call_method", "split"), ("call_function", torch.split)}
 
 
@@ -27,6 +30,11 @@ def split_in_two(graph: Graph, gemms: dict[Node, GemmOp]) -> int:
     into two GEMMs, one a half; how many."""
     found = 0
     for node, op in gemms.items():
+        glu = _glu(node, op)
+        if glu is not None:
+            _split_glu(graph, node, op, glu)
+            found += 1
+            continue
         halves = _halves(node, op)
         if halves is None:
             continue
@@ -45,6 +53,40 @@ def split_in_two(graph: Graph, gemms: dict[Node, GemmOp]) -> int:
         graph.erase_node(node)
         found += 1
     return found
+
+
+def _glu(node: Node, op: GemmOp) -> Node | None:
+    """``node``'s only reader when it is a GLU along the features of an even width."""
+    value = example_value(node)
+    if op.weight_is_kn or len(node.users) != 1 or not isinstance(value, torch.Tensor) or value.dim() < 2:
+        return None
+    glu = next(iter(node.users))
+    args = {**dict(zip(("input", "dim"), glu.args)), **glu.kwargs}
+    dim = args.get("dim", -1)
+    if (glu.op != "call_function" or glu.target not in GLUS or args.get("input") is not node
+            or not isinstance(dim, int) or dim % value.dim() != value.dim() - 1
+            or not isinstance(value.shape[-1], int) or value.shape[-1] % 2):
+        return None
+    return glu
+
+
+def _split_glu(graph: Graph, node: Node, op: GemmOp, glu: Node) -> None:
+    """``glu(linear(x, W, b))`` as ``linear(x, W₁, b₁) * sigmoid(linear(x, W₂, b₂))``, W₁ and W₂
+    the halves of W's rows."""
+    n = example_value(node).shape[-1] // 2
+    with graph.inserting_before(glu):
+        halves = []
+        for index in range(2):
+            weight = _narrowed(graph, op.weight, index * n, n)
+            bias = None if op.bias is None else _narrowed(graph, op.bias, index * n, n)
+            halves.append(graph.call_function(F.linear, (op.input, weight, bias)))
+        gate = graph.call_function(torch.sigmoid, (halves[1],))
+        product = graph.call_function(torch.mul, (halves[0], gate))
+    for new in (*halves, gate, product):
+        new.meta = dict(glu.meta)  # each of the output's shape and dtype
+    glu.replace_all_uses_with(product)
+    graph.erase_node(glu)
+    graph.erase_node(node)
 
 
 def _halves(node: Node, op: GemmOp) -> tuple[Node, Node] | None:

@@ -460,6 +460,29 @@ def test_a_gated_mlp_of_one_gemm_split_in_halves_is_the_same_op(spelling, bias):
     assert gate.program.split(" || ")[1] == ("gemm col" if bias else "gemm")
 
 
+class GLUOfOneGemm(nn.Module):
+    """A GLU of one projection: its first half times the sigmoid of its second."""
+
+    def __init__(self, spelling: str, bias: bool):
+        super().__init__()
+        self.proj, self.spelling, self.glu = nn.Linear(K, 2 * N, bias=bias), spelling, nn.GLU()
+
+    def forward(self, x):
+        return self.glu(self.proj(x)) if self.spelling == "nn.GLU" else F.glu(self.proj(x), dim=-1)
+
+
+@pytest.mark.parametrize("bias", [False, True], ids=["no_bias", "bias"])
+@pytest.mark.parametrize("spelling", ["F.glu", "nn.GLU"])
+def test_a_glu_of_one_gemm_is_the_gated_pair_of_its_halves(spelling, bias):
+    """F.glu(proj(x)) is the split in halves with a sigmoid gate on the second: the one GEMM
+    becomes two on views of the weight, fused as a gated pair; the weight's gradient is eager's."""
+    report = check_against_eager(lambda: GLUOfOneGemm(spelling, bias), x_alone, grads=True)
+    up, gate = report.rows
+    assert up.status == gate.status == "fused"
+    assert up.program.startswith(f"linear(bias={bias}) | pointwise(x * sigmoid(p0")
+    assert up.program.split(" || ")[1] == ("gemm col" if bias else "gemm")
+
+
 def test_a_split_into_unequal_parts_stays_one_gemm():
     class Unequal(nn.Module):
         def __init__(self):
