@@ -68,6 +68,18 @@ def leaky_relu(input, negative_slope=0.01, inplace=False):
     return PointwiseOp("leaky_relu", (input,), (float(negative_slope),), bool(inplace))
 
 
+def rrelu(input, lower=1.0 / 8, upper=1.0 / 3, training=False, inplace=False):
+    """Outside training, a leaky ReLU of the mean slope (eager's rrelu then is one); in training
+    each element draws its own slope."""
+    if training:
+        return Rejected("rrelu in training (a random slope an element)")
+    return PointwiseOp("leaky_relu", (input,), ((float(lower) + float(upper)) / 2,), bool(inplace))
+
+
+def torch_rrelu(input, lower=1.0 / 8, upper=1.0 / 3, training=False, generator=None):
+    return rrelu(input, lower, upper, training)
+
+
 def gelu(input, approximate="none"):
     if approximate not in ("none", "tanh"):
         return Rejected(f"gelu approximate={approximate!r}")
@@ -245,7 +257,8 @@ FAMILY: tuple[Activation, ...] = (
                spellings=(spell(_plain("relu"), torch.relu, F.relu, "relu", inplace=(torch.relu_, "relu_")),)),
     Activation("leaky_relu", F.leaky_relu, "fx_leaky_relu", ("negative_slope",),
                spellings=(spell(leaky_relu, F.leaky_relu, torch._C._nn.leaky_relu,
-                                inplace=(torch._C._nn.leaky_relu_,)),)),
+                                inplace=(torch._C._nn.leaky_relu_,)),
+                          spell(rrelu, F.rrelu, inplace=(F.rrelu_,)), spell(torch_rrelu, torch.rrelu))),
     Activation("gelu", F.gelu, "fx_gelu", spellings=(spell(gelu, F.gelu),)),
     Activation("gelu_tanh", lambda x: F.gelu(x, approximate="tanh"), "fx_gelu_tanh"),
     Activation("silu", F.silu, "fx_silu", spellings=(spell(_plain("silu"), F.silu),)),

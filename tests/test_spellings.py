@@ -9,6 +9,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+import fxfuse
+
 from support import check_against_eager
 
 N, K, M = 32, 16, 8
@@ -81,6 +83,8 @@ POINTWISE = [
     ("leaky_relu", lambda m, y: F.leaky_relu(y, 0.2), "leaky_relu(x, 0.2)"),
     ("nn-LeakyReLU", lambda m, y: nn.LeakyReLU(0.1)(y), "leaky_relu(x, 0.1)"),
     ("leaky_relu-inplace", lambda m, y: F.leaky_relu(y, 0.3, inplace=True), "leaky_relu(x, 0.3)"),
+    ("rrelu-not-training", lambda m, y: F.rrelu(y, 0.1, 0.3), "leaky_relu(x, 0.2)"),  # the mean slope
+    ("torch-rrelu-defaults", lambda m, y: torch.rrelu(y), "leaky_relu(x, 0.2291"),
     ("gelu", lambda m, y: F.gelu(y), "gelu(x)"),
     ("gelu-tanh", lambda m, y: F.gelu(y, approximate="tanh"), "gelu_tanh(x)"),
     ("silu", lambda m, y: F.silu(y), "silu(x)"),
@@ -246,7 +250,7 @@ def test_pointwise_spelling_fuses_and_matches_eager(name, epilogue, fragment):
 
 
 WITH_GRADIENTS = ["expm1", "log", "log1p", "erf", "gelu-written-with-erf", "logsigmoid", "floor", "celu", "threshold",
-                  "hardshrink", "softshrink", "softsign", "tanhshrink"]
+                  "hardshrink", "softshrink", "softsign", "tanhshrink", "rrelu-not-training"]
 
 
 @pytest.mark.parametrize("name,epilogue,fragment", [c for c in POINTWISE if c[0] in WITH_GRADIENTS], ids=WITH_GRADIENTS)
@@ -260,6 +264,11 @@ def test_functions_have_eagers_gradients(name, epilogue, fragment):
 
     report = check_against_eager(make, lambda: [torch.randn(M, K, requires_grad=True)], grads=True)
     assert report.rows[0].status == "fused" and fragment in report.rows[0].program
+
+
+def test_rrelu_in_training_draws_a_slope_an_element_and_ends_the_chain():
+    rows = fxfuse.report(Chain(lambda m, y: F.rrelu(y, training=True)), *_inputs()(), allow_cpu=True).rows
+    assert rows[0].status == "not_fused" and rows[0].reason == "rrelu in training (a random slope an element)"
 
 
 class BiasFree(nn.Module):
