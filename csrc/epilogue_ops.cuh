@@ -161,6 +161,9 @@ FX_FN float fx_minimum(float a, float b) {
   return a < b ? a : b;
 }
 
+// torch.prelu: x where positive, else weight * x (NaN: weight * NaN)
+FX_FN float fx_prelu(float x, float w) { return x > 0.0f ? x : w * x; }
+
 // Rounding points (vocabulary rows bf16 / fp16): where eager rounds a bfloat16 / float16 chain's
 // intermediate result, x.to(dtype).float(); round to nearest even, NaN stays NaN.
 FX_FN float fx_round_bf16(float x) { return __bfloat162float(__float2bfloat16_rn(x)); }
@@ -350,6 +353,17 @@ FX_FN float fx_maximum_bwd_other(float g, float a, float b, float y) {
   (void)y;
   const float h = a == b ? g / 2.0f : g;
   return a > b ? 0.0f : h;
+}
+
+// torch.prelu's backward: g (x > 0) or weight * g to x; 0 or x * g to the weight
+FX_FN float fx_prelu_bwd(float g, float x, float w, float y) {
+  (void)y;
+  return x > 0.0f ? g : w * g;
+}
+
+FX_FN float fx_prelu_bwd_other(float g, float x, float w, float y) {
+  (void)y;
+  return x > 0.0f ? 0.0f : x * g;
 }
 
 FX_FN float fx_minimum_bwd(float g, float a, float b, float y) {

@@ -22,7 +22,7 @@ import torch.nn.functional as F
 
 from torch.fx import Node
 
-from ..canonical import PointwiseOp, Rejected
+from ..canonical import PointwiseOp, Rejected, example_value
 from . import Spelling, spell
 
 
@@ -120,6 +120,41 @@ def maximum(input, other):
 
 def minimum(input, other):
     return PointwiseOp("minimum", (input, other))
+
+
+def prelu(input, weight):
+    """A weight of one value, or of one per feature of a 2-D value: torch's channel dim is dim 1,
+    the features only where the value is 2-D."""
+    value, slope = example_value(input), example_value(weight)
+    if isinstance(value, torch.Tensor) and isinstance(slope, torch.Tensor) and slope.numel() != 1 and value.dim() != 2:
+        return Rejected(f"prelu with a weight per channel of dim 1 of a {value.dim()}-D value (not its features)")
+    return PointwiseOp("prelu", (input, weight))
+
+
+class _PReLU(torch.autograd.Function):
+    """torch.prelu elementwise (the weight broadcast as the chain's parameters are), with eager's
+    backward: autograd through ``where(x > 0, x, w * x)`` would multiply a non-finite weight by
+    the zero gradient of the branch not taken."""
+
+    @staticmethod
+    def forward(x, weight):
+        return torch.where(x > 0, x, weight * x)
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        ctx.save_for_backward(*inputs)
+
+    @staticmethod
+    def backward(ctx, grad):
+        x, weight = ctx.saved_tensors
+        positive = x > 0
+        dx = torch.where(positive, grad, weight * grad)
+        dweight = torch.where(positive, torch.zeros_like(grad), x * grad)
+        return dx.sum_to_size(x.shape), dweight.sum_to_size(weight.shape)
+
+
+def _prelu(x, weight):
+    return _PReLU.apply(x, weight)
 
 
 def _zeros_like(like):
@@ -313,6 +348,7 @@ FAMILY: tuple[Activation, ...] = (
                spellings=(spell(maximum, torch.maximum, "maximum"),)),
     Activation("minimum", torch.minimum, "fx_minimum", operands=2,
                spellings=(spell(minimum, torch.minimum, "minimum"),)),
+    Activation("prelu", _prelu, "fx_prelu", operands=2, spellings=(spell(prelu, torch.prelu, F.prelu),)),
     # comparisons (1.0 or 0.0: a mask multiplied in, or torch.where's condition) and pick, which
     # torch.where and masked_fill are written in (the matcher: where(c, a, b) = pick(c, a) +
     # pick(1 - c, b))

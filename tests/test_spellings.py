@@ -85,6 +85,8 @@ POINTWISE = [
     ("leaky_relu-inplace", lambda m, y: F.leaky_relu(y, 0.3, inplace=True), "leaky_relu(x, 0.3)"),
     ("rrelu-not-training", lambda m, y: F.rrelu(y, 0.1, 0.3), "leaky_relu(x, 0.2)"),  # the mean slope
     ("torch-rrelu-defaults", lambda m, y: torch.rrelu(y), "leaky_relu(x, 0.2291"),
+    ("prelu-one-weight", lambda m, y: F.prelu(y, m.one), "prelu(x, p0)"),
+    ("prelu-a-weight-a-feature", lambda m, y: torch.prelu(y * 2.0, m.vector), "prelu(x * 2.0, p0)"),
     ("gelu", lambda m, y: F.gelu(y), "gelu(x)"),
     ("gelu-tanh", lambda m, y: F.gelu(y, approximate="tanh"), "gelu_tanh(x)"),
     ("silu", lambda m, y: F.silu(y), "silu(x)"),
@@ -250,7 +252,8 @@ def test_pointwise_spelling_fuses_and_matches_eager(name, epilogue, fragment):
 
 
 WITH_GRADIENTS = ["expm1", "log", "log1p", "erf", "gelu-written-with-erf", "logsigmoid", "floor", "celu", "threshold",
-                  "hardshrink", "softshrink", "softsign", "tanhshrink", "rrelu-not-training"]
+                  "hardshrink", "softshrink", "softsign", "tanhshrink", "rrelu-not-training", "prelu-one-weight",
+                  "prelu-a-weight-a-feature"]
 
 
 @pytest.mark.parametrize("name,epilogue,fragment", [c for c in POINTWISE if c[0] in WITH_GRADIENTS], ids=WITH_GRADIENTS)
@@ -269,6 +272,14 @@ def test_functions_have_eagers_gradients(name, epilogue, fragment):
 def test_rrelu_in_training_draws_a_slope_an_element_and_ends_the_chain():
     rows = fxfuse.report(Chain(lambda m, y: F.rrelu(y, training=True)), *_inputs()(), allow_cpu=True).rows
     assert rows[0].status == "not_fused" and rows[0].reason == "rrelu in training (a random slope an element)"
+
+
+def test_prelu_of_a_value_with_channels_in_dim_1_ends_the_chain():
+    """torch's PReLU weighs dim 1, which is not the features of a 3-D value; one weight is fine."""
+    rows = fxfuse.report(Chain(lambda m, y: F.prelu(y, m.vector[:4])), torch.randn(2, 4, K), allow_cpu=True).rows
+    assert rows[0].status == "not_fused"
+    assert rows[0].reason == "prelu with a weight per channel of dim 1 of a 3-D value (not its features)"
+    _check(lambda m, y: F.prelu(y, m.one), "prelu(x, p0)", inputs=_inputs((2, 4, K)))
 
 
 class BiasFree(nn.Module):
