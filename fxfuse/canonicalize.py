@@ -1,7 +1,8 @@
 """Step 1: give every node of a Dynamo graph its canonical meaning, and functionalize in-place ops.
 
 Norms written out op by op (transformers' RMSNorms) become the norm op first
-(patterns/written_norms.py), and ops that read only a value's dtype and device
+(patterns/written_norms.py), norms of order 1 and ±∞ the reductions of |y| they are
+(patterns/reductions.py), and ops that read only a value's dtype and device
 (``new_empty``: timm's drop-path mask) factories that read nothing (patterns/shape_reads.py),
 and a GEMM read only split in two halves (a gated MLP's one-GEMM spelling) two GEMMs
 (patterns/split_gemms.py). A pooling along the features, written as a pooling of the rows viewed
@@ -22,7 +23,7 @@ from __future__ import annotations
 from torch.fx import Graph, Node
 
 from . import patterns
-from .patterns import feature_pooling, rotary, shape_reads, split_gemms, written_norms
+from .patterns import feature_pooling, reductions, rotary, shape_reads, split_gemms, written_norms
 from .canonical import (AliasOp, CanonicalOp, GemmOp, NormOp, PointwiseOp, PoolOp, ReduceOp, Rejected, ReshapeOp,
                         RotaryOp, RowSelection)
 
@@ -33,6 +34,7 @@ def canonicalize(graph: Graph) -> dict[Node, CanonicalOp]:
     """Canonical op of every node fxfuse has a spelling for (rewires in-place readers in place,
     and rewrites norms written out op by op into the norm op they compute)."""
     written_norms.recognise(graph)
+    reductions.lp_norms_as_reductions(graph)
     shape_reads.detach_from_values(graph)
     gemms = {node: op for node in graph.nodes if isinstance(op := _lookup(node), GemmOp)}
     split_gemms.split_in_two(graph, gemms)

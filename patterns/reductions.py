@@ -3,17 +3,20 @@ amax/amin, max/min(dim) (with ``.values`` / ``[0]``), logsumexp, the Euclidean n
 std, softmax, log_softmax, normalize.
 
 Their spellings, and one entry per kind (``FAMILY``) holding what the reference, the row kernels
-and the generated backward need of it; the IR's Reduce stage names its kind."""
+and the generated backward need of it; the IR's Reduce stage names its kind. Norms of order 1 and
+±inf are rewritten as the reductions of |y| they are (``lp_norms_as_reductions``)."""
 
 from __future__ import annotations
 
+import inspect
+import math
 import operator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable
 
 import torch
 import torch.nn.functional as F
-from torch.fx import Node
+from torch.fx import Graph, Node
 
 from ..canonical import AliasOp, PointwiseOp, ReduceOp, Rejected, RowSelection, example_value
 from . import spell
@@ -121,7 +124,7 @@ def logsumexp(input, dim, keepdim=False):
 def _two_norm(p, dim, dtype) -> Rejected | None:
     """Why a norm call is not the row's Euclidean norm (None: it is)."""
     if p not in (2, 2.0, "fro"):
-        return Rejected(f"a vector norm with p={p!r} (only p = 2 is a row reduction here)")
+        return Rejected(f"a vector norm with p={p!r} (only p = 1, 2 and ±inf are row reductions here)")
     if dim is None or (isinstance(dim, (list, tuple)) and len(dim) != 1):
         return Rejected("a norm over every dim" if dim is None else f"a norm over dims {tuple(dim)}")
     if dtype is not None:
@@ -138,6 +141,46 @@ def norm(input, p="fro", dim=None, keepdim=False, out=None, dtype=None):
 def vector_norm(x, ord=2, dim=None, keepdim=False, *, dtype=None, out=None):
     rejected = _two_norm(ord, dim, dtype) or (Rejected("a norm with out=") if out is not None else None)
     return rejected or ReduceOp("vector_norm", x, dim, bool(keepdim))
+
+
+# the reductions of |y| that norms of these orders are
+_LP_NORMS = {1: torch.sum, math.inf: torch.amax, -math.inf: torch.amin}
+
+
+def lp_norms_as_reductions(graph: Graph) -> int:
+    """Rewrite every norm of order 1, ∞ or -∞ over one dim (torch.norm, Tensor.norm,
+    torch.linalg.vector_norm) as the reduction of |y| it is: sum, amax, amin. Eager's values,
+    and its gradients: abs's sgn times sum's broadcast, or amax's even split among ties, as
+    vector_norm's backward gives them. How many."""
+    found = 0
+    for node in list(graph.nodes):
+        if node.op == "call_function" and node.target is torch.linalg.vector_norm:
+            signature, order = inspect.signature(vector_norm), "ord"
+        elif (node.op, node.target) in (("call_function", torch.norm), ("call_method", "norm")):
+            signature, order = inspect.signature(norm), "p"
+        else:
+            continue
+        try:
+            arguments = signature.bind(*node.args, **node.kwargs)
+        except TypeError:
+            continue
+        arguments.apply_defaults()
+        args = arguments.arguments
+        reduction = _LP_NORMS.get(args[order]) if isinstance(args[order], (int, float)) else None
+        dim = args["dim"]
+        dim = dim[0] if isinstance(dim, (list, tuple)) and len(dim) == 1 else dim
+        if reduction is None or not isinstance(dim, int) or args["dtype"] is not None or args["out"] is not None:
+            continue
+        value = next(iter(args.values()))
+        with graph.inserting_before(node):
+            magnitude = graph.call_function(torch.abs, (value,))
+            reduced = graph.call_function(reduction, (magnitude, dim, bool(args["keepdim"])))
+        magnitude.meta = dict(value.meta)  # |y|: y's shape and dtype
+        reduced.meta = dict(node.meta)
+        node.replace_all_uses_with(reduced)
+        graph.erase_node(node)
+        found += 1
+    return found
 
 
 def normalize(input, p=2.0, dim=1, eps=1e-12, out=None):

@@ -319,15 +319,41 @@ def test_row_statistics_have_eagers_gradients_on_zero_and_tiny_rows(name, epilog
 
 
 @pytest.mark.parametrize("name,epilogue,fragment", [
-    ("p=1", lambda y: y.norm(p=1, dim=-1), "p=1"),
+    ("p=3", lambda y: y.norm(p=3, dim=-1), "p=3"),
     ("normalize p=1", lambda y: F.normalize(y, p=1.0, dim=-1), "normalize with p=1.0"),
     ("var over every dim", lambda y: torch.var(y, False), "var over every dim"),
     ("every dim", lambda y: y.norm(), "every dim"),
     ("after a reduction", lambda y: y.sum(-1, keepdim=True).norm(dim=-1), "vector_norm after a row reduction"),
-], ids=["p=1", "normalize-p=1", "var-every-dim", "every-dim", "after-a-reduction"])
+], ids=["p=3", "normalize-p=1", "var-every-dim", "every-dim", "after-a-reduction"])
 def test_norms_that_are_not_the_rows_euclidean_norm_end_the_chain(name, epilogue, fragment):
     report = check_against_eager(lambda: Chain(lambda m, y: epilogue(y)), _inputs())
     assert fragment in report.rows[0].reason
+
+
+LP_NORMS = [
+    ("norm-p1", lambda m, y: y.norm(p=1, dim=-1), "linear(bias=True) | pointwise(abs(x)) | sum(keepdim=False)"),
+    ("vector_norm-ord1", lambda m, y: torch.linalg.vector_norm(y, 1, dim=-1, keepdim=True) * 0.5,
+     "pointwise(abs(x)) | sum(keepdim=True) | pointwise(x * 0.5)"),
+    ("vector_norm-inf", lambda m, y: torch.linalg.vector_norm(y, float("inf"), dim=1), "pointwise(abs(x)) | max(keepdim=False)"),
+    ("torch-norm-minus-inf", lambda m, y: torch.norm(y, p=-math.inf, dim=[-1], keepdim=True),
+     "pointwise(abs(x)) | min(keepdim=True)"),
+]
+
+
+@pytest.mark.parametrize("name,epilogue,fragment", LP_NORMS, ids=[c[0] for c in LP_NORMS])
+def test_norms_of_order_1_and_infinity_are_reductions_of_the_magnitudes(name, epilogue, fragment):
+    """sum, amax or amin of |y|, with eager's values and gradients: columns 2 and 5 tie for the
+    largest magnitude with opposite signs, and the infinity norm's gradient splits between them."""
+    def make():
+        model = Chain(epilogue)
+        with torch.no_grad():
+            model.linear.weight[2], model.linear.weight[5] = 4.0, -4.0
+            model.linear.bias[2], model.linear.bias[5] = 4.0, -4.0
+        return model
+
+    report = check_against_eager(make, lambda: [torch.rand(M, K)], grads=True)
+    (row,) = report.rows
+    assert row.status == "fused" and fragment in row.program, row
 
 
 @pytest.mark.parametrize("name,epilogue,fragment", NORMS, ids=[c[0] for c in NORMS])
