@@ -1,10 +1,10 @@
 """Step 1: give every node of a Dynamo graph its canonical meaning, and functionalize in-place ops.
 
 Norms written out op by op (transformers' RMSNorms) become the norm op first
-(patterns/written_norms.py), norms of order 1 and ±∞ the reductions of |y| they are
-(patterns/reductions.py), and ops that read only a value's dtype and device
-(``new_empty``: timm's drop-path mask) factories that read nothing (patterns/shape_reads.py),
-and a GEMM read only split in two halves (a gated MLP's one-GEMM spelling) two GEMMs
+(patterns/written_norms.py); norms of order 1 and ±∞ the reductions of |y| they are, and softmin
+the softmax of -y (patterns/reductions.py); ops that read only a value's dtype and device
+(``new_empty``: timm's drop-path mask) factories that read nothing (patterns/shape_reads.py);
+and a GEMM read only split in two halves (a gated MLP's one-GEMM spelling, a GLU) two GEMMs
 (patterns/split_gemms.py). A pooling along the features, written as a pooling of the rows viewed
 as one channel, becomes one node of the rows (patterns/feature_pooling.py); where its windows
 reach past a row, the ``unsqueeze(1)`` carries the reason to stop a chain. The rotary embedding of
@@ -34,7 +34,7 @@ def canonicalize(graph: Graph) -> dict[Node, CanonicalOp]:
     """Canonical op of every node fxfuse has a spelling for (rewires in-place readers in place,
     and rewrites norms written out op by op into the norm op they compute)."""
     written_norms.recognise(graph)
-    reductions.lp_norms_as_reductions(graph)
+    reductions.recognise(graph)
     shape_reads.detach_from_values(graph)
     gemms = {node: op for node in graph.nodes if isinstance(op := _lookup(node), GemmOp)}
     split_gemms.split_in_two(graph, gemms)

@@ -298,7 +298,7 @@ FAMILY: tuple[Activation, ...] = (
     Activation("gelu_tanh", lambda x: F.gelu(x, approximate="tanh"), "fx_gelu_tanh"),
     Activation("silu", F.silu, "fx_silu", spellings=(spell(_plain("silu"), F.silu),)),
     Activation("sigmoid", torch.sigmoid, "fx_sigmoid",
-               spellings=(spell(_plain("sigmoid"), torch.sigmoid, F.sigmoid, "sigmoid",
+               spellings=(spell(_plain("sigmoid"), torch.sigmoid, F.sigmoid, "sigmoid", torch.special.expit,
                                 inplace=(torch.sigmoid_, "sigmoid_")),)),
     Activation("tanh", torch.tanh, "fx_tanh",
                spellings=(spell(_plain("tanh"), torch.tanh, F.tanh, "tanh", inplace=(torch.tanh_, "tanh_")),)),
@@ -325,10 +325,10 @@ FAMILY: tuple[Activation, ...] = (
                                 inplace=(torch.abs_, "abs_")),)),
     Activation("exp", torch.exp, "fx_exp",
                spellings=(spell(_plain("exp"), torch.exp, "exp", inplace=(torch.exp_, "exp_")),)),
-    Activation("expm1", torch.expm1, "fx_expm1", spellings=(_method_and_function("expm1"),)),
+    Activation("expm1", torch.expm1, "fx_expm1", spellings=(_method_and_function("expm1"), spell(_plain("expm1"), torch.special.expm1))),
     Activation("log", torch.log, "fx_log", spellings=(_method_and_function("log"),)),
-    Activation("log1p", torch.log1p, "fx_log1p", spellings=(_method_and_function("log1p"),)),
-    Activation("erf", torch.erf, "fx_erf", spellings=(_method_and_function("erf"),)),  # written-out GELU
+    Activation("log1p", torch.log1p, "fx_log1p", spellings=(_method_and_function("log1p"), spell(_plain("log1p"), torch.special.log1p))),
+    Activation("erf", torch.erf, "fx_erf", spellings=(_method_and_function("erf"), spell(_plain("erf"), torch.special.erf))),  # written-out GELU
     Activation("log_sigmoid", F.logsigmoid, "fx_log_sigmoid", spellings=(spell(_plain("log_sigmoid"), F.logsigmoid),)),
     # piecewise constant: the gradient is zero everywhere, as eager's
     Activation("sign", torch.sign, "fx_sign", spellings=(_method_and_function("sign"),), continuous=False),

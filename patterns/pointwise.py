@@ -54,6 +54,10 @@ def square(input):
     return PointwiseOp("pow", (input, 2.0))
 
 
+def reciprocal(input):  # torch.reciprocal: a power of -1
+    return PointwiseOp("pow", (input, -1.0))
+
+
 def neg(input):
     return PointwiseOp("neg", (input,))
 
@@ -94,6 +98,12 @@ def detach(input):
     return AliasOp(input)
 
 
+def flatten(input, start_dim=0, end_dim=-1):
+    """``torch.flatten`` / ``x.flatten(1)``: a reshape (the matcher reads from the shapes whether it
+    keeps the features last)."""
+    return ReshapeOp(input)
+
+
 def reshape(input, *shape):
     """``x.view(B, T, N)``, ``x.view(-1, N)``, ``x.reshape(...)``, ``torch.reshape(x, shape)``;
     not ``x.view(dtype)``, which reinterprets the bits."""
@@ -119,6 +129,14 @@ def to(input, *args, dtype=None, non_blocking=False, copy=False, memory_format=N
     return Rejected(f"to({', '.join(map(str, args)) or f'dtype={dtype}'}): not a cast between float types")
 
 
+def type_as(input, other):
+    """``x.type_as(other)``: ``x.to(other.dtype)``."""
+    value = example_value(other)
+    if not isinstance(value, torch.Tensor):
+        return Rejected("type_as of a value without a dtype")
+    return to(input, value.dtype)
+
+
 SPELLINGS = (
     spell(add, operator.add, torch.add, "add", "__add__", "__radd__",
           inplace=(operator.iadd, "add_", "__iadd__")),
@@ -133,13 +151,16 @@ SPELLINGS = (
     spell(rsqrt, torch.rsqrt, "rsqrt", inplace=(torch.rsqrt_, "rsqrt_")),
     spell(sqrt, torch.sqrt, "sqrt", inplace=(torch.sqrt_, "sqrt_")),
     spell(square, torch.square, "square", inplace=("square_",)),
+    spell(reciprocal, torch.reciprocal, "reciprocal", inplace=(torch.reciprocal_, "reciprocal_")),
     spell(neg, operator.neg, torch.neg, torch.negative, "neg", "negative", "__neg__",
           inplace=("neg_",)),
     spell(dropout, F.dropout),
     spell(alpha_dropout, F.alpha_dropout, F.feature_alpha_dropout),
     spell(identity, "contiguous", "clone", torch.clone),
     spell(reshape, "view", "reshape", torch.reshape),
+    spell(flatten, "flatten", torch.flatten),
     spell(detach, "detach", torch.detach),
     spell(lambda input: to(input, torch.float32), "float"),  # x.float()
     spell(to, "to"),
+    spell(type_as, "type_as"),
 )

@@ -4,7 +4,7 @@ std, softmax, log_softmax, normalize.
 
 Their spellings, and one entry per kind (``FAMILY``) holding what the reference, the row kernels
 and the generated backward need of it; the IR's Reduce stage names its kind. Norms of order 1 and
-±inf are rewritten as the reductions of |y| they are (``lp_norms_as_reductions``)."""
+±inf are rewritten as the reductions of |y| they are, softmin as the softmax of -y (``recognise``)."""
 
 from __future__ import annotations
 
@@ -147,11 +147,37 @@ def vector_norm(x, ord=2, dim=None, keepdim=False, *, dtype=None, out=None):
 _LP_NORMS = {1: torch.sum, math.inf: torch.amax, -math.inf: torch.amin}
 
 
-def lp_norms_as_reductions(graph: Graph) -> int:
-    """Rewrite every norm of order 1, ∞ or -∞ over one dim (torch.norm, Tensor.norm,
+def recognise(graph: Graph) -> int:
+    """Rewrite the reductions written as others: norms of order 1 and ±∞, softmin. How many."""
+    return _lp_norms(graph) + _softmins(graph)
+
+
+def _softmins(graph: Graph) -> int:
+    """``F.softmin(y, dim)`` (``nn.Softmin``) as ``softmax(-y, dim)``, which is how F.softmin
+    computes it (so eager's values and gradients)."""
+    found = 0
+    for node in list(graph.nodes):
+        if node.op != "call_function" or node.target is not F.softmin:
+            continue
+        args = {**dict(zip(("input", "dim", "_stacklevel", "dtype"), node.args)), **node.kwargs}
+        if not isinstance(args.get("dim"), int) or args.get("dtype") is not None:
+            continue  # the implicit dim's choice, or a cast: left to the spelling's reason
+        with graph.inserting_before(node):
+            negated = graph.call_function(torch.neg, (args["input"],))
+            softmax = graph.call_function(torch.softmax, (negated, args["dim"]))
+        negated.meta = dict(node.meta)  # -y: the output's shape and dtype
+        softmax.meta = dict(node.meta)
+        node.replace_all_uses_with(softmax)
+        graph.erase_node(node)
+        found += 1
+    return found
+
+
+def _lp_norms(graph: Graph) -> int:
+    """Every norm of order 1, ∞ or -∞ over one dim (torch.norm, Tensor.norm,
     torch.linalg.vector_norm) as the reduction of |y| it is: sum, amax, amin. Eager's values,
     and its gradients: abs's sgn times sum's broadcast, or amax's even split among ties, as
-    vector_norm's backward gives them. How many."""
+    vector_norm's backward gives them."""
     found = 0
     for node in list(graph.nodes):
         if node.op == "call_function" and node.target is torch.linalg.vector_norm:

@@ -72,6 +72,9 @@ POINTWISE = [
     ("rsqrt", lambda m, y: torch.rsqrt(y * y + 1.0), "** -0.5"),
     ("sqrt-method", lambda m, y: (y * y + 0.5).sqrt(), "** 0.5"),
     ("square", lambda m, y: torch.square(y), "x ** 2.0"),
+    ("reciprocal", lambda m, y: (y * y + 1.0).reciprocal(), "** -1.0"),
+    ("type_as", lambda m, y: torch.relu(y).type_as(m.vector) * 2.0, "relu(x) * 2.0"),
+    ("flatten-of-rows", lambda m, y: torch.flatten(torch.relu(y), 1) * 2.0, "relu(x) * 2.0"),
     ("relu", lambda m, y: torch.relu(y), "relu(x)"),
     ("F-relu", lambda m, y: F.relu(y), "relu(x)"),
     ("relu-method", lambda m, y: y.relu(), "relu(x)"),
@@ -118,6 +121,9 @@ POINTWISE = [
     ("log-method-inplace", lambda m, y: (y * y + 0.5).log_(), "log("),
     ("log1p", lambda m, y: y.abs().log1p(), "log1p(abs(x))"),
     ("erf", lambda m, y: torch.erf(y), "erf(x)"),
+    ("special-erf", lambda m, y: torch.special.erf(y), "erf(x)"),
+    ("special-expit", lambda m, y: torch.special.expit(y) * y, "sigmoid(x) * x"),
+    ("special-expm1-log1p", lambda m, y: torch.special.log1p(torch.special.expm1(y.abs())), "log1p(expm1(abs(x)))"),
     ("gelu-written-with-erf", lambda m, y: y * 0.5 * (1.0 + torch.erf(y / math.sqrt(2.0))), "erf(x / 1.414"),
     ("logsigmoid", lambda m, y: F.logsigmoid(y), "log_sigmoid(x)"),
     ("nn-LogSigmoid", lambda m, y: nn.LogSigmoid()(y), "log_sigmoid(x)"),
@@ -185,6 +191,8 @@ REDUCTIONS = [
     ("softmax-method", lambda m, y: y.softmax(-1), "softmax()"),
     ("nn-Softmax", lambda m, y: nn.Softmax(dim=1)(y), "softmax()"),
     ("log_softmax", lambda m, y: F.log_softmax(y, dim=-1), "log_softmax()"),
+    ("softmin", lambda m, y: F.softmin(y, dim=1), "pointwise(-x) | softmax()"),
+    ("nn-Softmin", lambda m, y: nn.Softmin(dim=-1)(y * 2.0), "pointwise(-(x * 2.0)) | softmax()"),
     ("pointwise-after-reduction", lambda m, y: torch.logsumexp(y, 1, keepdim=True) * m.one - 1.0,
      "logsumexp(keepdim=True) | pointwise((x * p0) - 1.0)"),
     # reductions over the size-1 dim a keepdim reduction left reduce one value each: the value
@@ -253,7 +261,7 @@ def test_pointwise_spelling_fuses_and_matches_eager(name, epilogue, fragment):
 
 WITH_GRADIENTS = ["expm1", "log", "log1p", "erf", "gelu-written-with-erf", "logsigmoid", "floor", "celu", "threshold",
                   "hardshrink", "softshrink", "softsign", "tanhshrink", "rrelu-not-training", "prelu-one-weight",
-                  "prelu-a-weight-a-feature"]
+                  "prelu-a-weight-a-feature", "reciprocal", "special-expm1-log1p"]
 
 
 @pytest.mark.parametrize("name,epilogue,fragment", [c for c in POINTWISE if c[0] in WITH_GRADIENTS], ids=WITH_GRADIENTS)
