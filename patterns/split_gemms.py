@@ -21,8 +21,8 @@ from torch.fx import Graph, Node
 from ..canonical import GemmOp, example_value
 
 CHUNKS = {("call_method", "chunk"), ("call_function", torch.chunk)}
-GLUS = {F.glu, torch._C._nn.glu}
 SPLITS = {("call_method", "split"), ("call_function", torch.split)}
+GLUS = {F.glu, torch._C._nn.glu}
 
 
 def split_in_two(graph: Graph, gemms: dict[Node, GemmOp]) -> int:
