@@ -29,6 +29,14 @@ embeddings after their projection GEMMs::
 is ``F.normalize(e, 2.0, -1, eps)`` (eps = 0 without the clamp: the same quotient, NaN on a row of
 zeros as eager's).
 
+A softmax written out with its max shift (numerically stable code that does not call softmax)::
+
+    e = torch.exp(x - x.max(dim=-1, keepdim=True)[0])    # or .values, or x.amax(-1, keepdim=True)
+    out = e / e.sum(dim=-1, keepdim=True)
+
+is ``torch.softmax(x, -1)``, which shifts by the row's max itself (without the shift the written
+form overflows where softmax does not, and is left as it is).
+
 A row statistic read back against the row is no pointwise op and no single reduction, so the
 matcher would stop at it. Here the product node becomes one ``torch.rms_norm(v, (N,), None, eps)``
 node (the same float32 arithmetic: mean of squares, plus eps, reciprocal square root, times the
@@ -57,13 +65,19 @@ _POW = {operator.pow, torch.pow, "pow"}
 _MEAN = {torch.mean, "mean"}
 _VAR = {torch.var, "var"}
 _TO_FLOAT = {"to", "float"}
+_EXP = {torch.exp, "exp"}
+_SUM = {torch.sum, "sum"}
+_AMAX = {torch.amax, "amax"}
+_MAX = {torch.max, "max"}
 
 
 def recognise(graph: Graph) -> int:
     """Rewrite every written-out RMS norm of ``graph`` into a ``torch.rms_norm`` node, every
-    written-out layer norm and instance norm of rows in disguise into a ``layer_norm``, and every
-    row over its written-out Euclidean norm into ``F.normalize``; how many."""
-    found = _instance_norms_of_rows(graph) + _written_layer_norms(graph) + _written_normalizations(graph)
+    written-out layer norm and instance norm of rows in disguise into a ``layer_norm``, every
+    row over its written-out Euclidean norm into ``F.normalize``, and every softmax written out
+    with its max shift into ``torch.softmax``; how many."""
+    found = (_instance_norms_of_rows(graph) + _written_layer_norms(graph) + _written_normalizations(graph)
+             + _written_softmaxes(graph))
     for node in list(graph.nodes):
         match = _written_rms_norm(node)
         if match is None:
@@ -408,3 +422,47 @@ def _is_last_dim(dim, row) -> bool:
     dim = dim[0] if isinstance(dim, (list, tuple)) and len(dim) == 1 else dim
     value = example_value(row)
     return isinstance(value, torch.Tensor) and not isinstance(dim, bool) and dim in (-1, value.dim() - 1)
+
+
+def _written_softmaxes(graph: Graph) -> int:
+    """Rewrite every softmax written out with its max shift (module docstring) into ``torch.softmax``."""
+    return _rewrite_float32_under_autocast(graph, _written_softmax, lambda row, _: (torch.softmax, (row, -1)))
+
+
+def _written_softmax(node: Node) -> tuple[Node, float, list[Node]] | None:
+    """``(row, 0.0, inner nodes, last first)`` when ``node`` is ``e / e.sum(-1, keepdim=True)`` with
+    ``e = exp(row - max)`` and max the row's own over the last dim (keepdim), its inner values read
+    by nothing else, and the quotient of the row's shape and dtype."""
+    if not _is(node, _DIV) or len(node.args) != 2 or node.kwargs:
+        return None
+    e, total = node.args
+    if not _is(e, _EXP) or len(e.args) != 1 or e.kwargs or not _is(total, _SUM) or not _only_reader(total, node):
+        return None
+    args = _last_dim_keepdim_args(total, ("input", "dim", "keepdim"))
+    if args is None or args.get("input") is not e or args.get("dtype") is not None or set(e.users) != {node, total}:
+        return None
+    shifted = e.args[0]
+    if not _is(shifted, _SUB) or len(shifted.args) != 2 or shifted.kwargs or not _only_reader(shifted, e):
+        return None
+    row, peak = shifted.args
+    peak_nodes = _row_max_nodes(peak, row) if isinstance(peak, Node) else None
+    if peak_nodes is None or not _only_reader(peak, shifted) or not _of_the_rows_shape_and_dtype(node, row):
+        return None
+    return row, 0.0, _in_reverse_graph_order([total, e, shifted, *peak_nodes])
+
+
+def _row_max_nodes(peak: Node, row: Node) -> list[Node] | None:
+    """The nodes computing ``peak`` (``peak`` first) where it is ``row``'s max over the last dim with
+    keepdim: ``amax(row, -1, keepdim=True)``, or ``max(row, -1, keepdim=True)`` taken at ``[0]`` /
+    ``.values``."""
+    if _is(peak, _AMAX):
+        args = _last_dim_keepdim_args(peak, ("input", "dim", "keepdim"))
+        return [peak] if args is not None and args.get("input") is row else None
+    if peak.op != "call_function" or len(peak.args) != 2 or (peak.target, peak.args[1]) not in (
+            (operator.getitem, 0), (getattr, "values")):
+        return None
+    pair = peak.args[0]
+    if not _is(pair, _MAX) or not _only_reader(pair, peak):
+        return None
+    args = _last_dim_keepdim_args(pair, ("input", "dim", "keepdim"))
+    return [peak, pair] if args is not None and args.get("input") is row else None

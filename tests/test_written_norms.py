@@ -254,3 +254,56 @@ def test_a_norm_over_another_dim_or_an_upper_clamp_is_not_a_normalization():
 
     report = check_against_eager(Other, lambda: [torch.randn(4, K)], grads=True)
     assert all("normalize" not in (row.program or "") for row in report.rows)
+
+
+class WrittenSoftmax(nn.Module):
+    """A classifier head's softmax written out with its max shift, then a scale."""
+
+    SPELLINGS = {
+        "max-index0": lambda y: torch.exp(y - y.max(dim=-1, keepdim=True)[0]),
+        "max-values": lambda y: torch.exp(y - torch.max(y, -1, keepdim=True).values),
+        "amax-method-exp": lambda y: (y - y.amax(-1, keepdim=True)).exp(),
+    }
+
+    def __init__(self, spelling: str = "max-index0"):
+        super().__init__()
+        self.proj = nn.Linear(K, N)
+        self.spelling = spelling
+
+    def forward(self, x):
+        e = self.SPELLINGS[self.spelling](self.proj(x))
+        return e / e.sum(dim=-1, keepdim=True) * 3.0
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("spelling", list(WrittenSoftmax.SPELLINGS))
+def test_a_softmax_written_out_with_its_max_shift_fuses_as_softmax(spelling, dtype):
+    report = check_against_eager(lambda: WrittenSoftmax(spelling), lambda: [torch.randn(2, 5, K)], dtype=dtype,
+                                 grads=True)
+    (row,) = report.rows
+    assert row.status == "fused" and row.program.startswith("linear(bias=True) | softmax() | pointwise("), row
+
+
+def test_a_row_of_infinities_is_nan_where_the_written_softmax_is():
+    """inf - inf in the shift: NaN, as torch.softmax gives for a row holding +inf."""
+    def infinite_second_row():
+        x = torch.randn(3, K)
+        x[1] = float("inf")
+        return [x]
+
+    assert WrittenSoftmax()(*infinite_second_row())[1].isnan().all()
+    report = check_against_eager(WrittenSoftmax, infinite_second_row)
+    assert report.rows[0].program.startswith("linear(bias=True) | softmax()")
+
+
+def test_a_written_softmax_without_the_shift_or_with_its_max_read_elsewhere_stays_written():
+    class Other(WrittenSoftmax):
+        def forward(self, x):
+            y = self.proj(x)
+            unshifted = torch.exp(y) / torch.exp(y).sum(-1, keepdim=True)  # overflows where softmax does not
+            peak = y.amax(-1, keepdim=True)
+            e = torch.exp(y - peak)
+            return unshifted + e / e.sum(-1, keepdim=True) + peak
+
+    report = check_against_eager(Other, lambda: [torch.randn(4, K)])
+    assert all("softmax" not in (row.program or "") for row in report.rows)
