@@ -164,6 +164,11 @@ FX_FN float fx_minimum(float a, float b) {
 // torch.prelu: x where positive, else weight * x (NaN: weight * NaN)
 FX_FN float fx_prelu(float x, float w) { return x > 0.0f ? x : w * x; }
 
+// softmax / log_softmax over a dim of one value: exp(x - x) / exp(x - x) and (x - x) - log(1),
+// so 1 and 0, NaN where x is not finite (inf - inf), as torch's
+FX_FN float fx_softmax_of_one(float x) { return (x - x) + 1.0f; }
+FX_FN float fx_log_softmax_of_one(float x) { return x - x; }
+
 // Rounding points (vocabulary rows bf16 / fp16): where eager rounds a bfloat16 / float16 chain's
 // intermediate result, x.to(dtype).float(); round to nearest even, NaN stays NaN.
 FX_FN float fx_round_bf16(float x) { return __bfloat162float(__float2bfloat16_rn(x)); }
@@ -353,6 +358,18 @@ FX_FN float fx_maximum_bwd_other(float g, float a, float b, float y) {
   (void)y;
   const float h = a == b ? g / 2.0f : g;
   return a > b ? 0.0f : h;
+}
+
+// softmax's backward over one value, y (g - g y), and log_softmax's, g - exp(y) g: 0, NaN where
+// y is NaN
+FX_FN float fx_softmax_of_one_bwd(float g, float x, float y) {
+  (void)x;
+  return y * (g - g * y);
+}
+
+FX_FN float fx_log_softmax_of_one_bwd(float g, float x, float y) {
+  (void)x;
+  return g - expf(y) * g;
 }
 
 // torch.prelu's backward: g (x > 0) or weight * g to x; 0 or x * g to the weight

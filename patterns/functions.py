@@ -349,6 +349,11 @@ FAMILY: tuple[Activation, ...] = (
     Activation("minimum", torch.minimum, "fx_minimum", operands=2,
                spellings=(spell(minimum, torch.minimum, "minimum"),)),
     Activation("prelu", _prelu, "fx_prelu", operands=2, spellings=(spell(prelu, torch.prelu, F.prelu),)),
+    # softmax and log_softmax over one value (the size-1 dim a keepdim reduction left; reached
+    # through the reduction family): 1 and 0, NaN where the value is not finite, as torch's
+    Activation("softmax_of_one", lambda x: torch.softmax(x.unsqueeze(-1), -1).squeeze(-1), "fx_softmax_of_one"),
+    Activation("log_softmax_of_one", lambda x: torch.log_softmax(x.unsqueeze(-1), -1).squeeze(-1),
+               "fx_log_softmax_of_one"),
     # comparisons (1.0 or 0.0: a mask multiplied in, or torch.where's condition) and pick, which
     # torch.where and masked_fill are written in (the matcher: where(c, a, b) = pick(c, a) +
     # pick(1 - c, b))

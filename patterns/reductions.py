@@ -39,6 +39,9 @@ class ReductionFamily:
     row_stage: str
     backward_code: str
     of_one_value_is_it: bool = True  # a reduction of one value is that value (not the norm's |v|)
+    # a row map over one value (the size-1 dim a keepdim reduction left): the pointwise function
+    # it is there (patterns/functions.py)
+    of_one_value: str | None = None
     attribute: str | None = None  # the ir.Reduce field it reads ("eps": normalize's, "correction": var's)
     in_gemm: str | None = None  # its fxg::ReduceKind in the in-GEMM epilogue (csrc/gemm_row_reduce.cuh)
 
@@ -72,9 +75,10 @@ FAMILY: dict[str, ReductionFamily] = {entry.kind: entry for entry in (
                     "reduce_var", "fx::kVar", of_one_value_is_it=False, attribute="correction"),
     ReductionFamily("std", True, lambda v, s: torch.std(v, -1, correction=s.correction, keepdim=s.keepdim),
                     "reduce_std", "fx::kStd", of_one_value_is_it=False, attribute="correction"),
-    ReductionFamily("softmax", False, lambda v, s: F.softmax(v, -1), "softmax", "fx::kSoftmax"),
+    ReductionFamily("softmax", False, lambda v, s: F.softmax(v, -1), "softmax", "fx::kSoftmax",
+                    of_one_value="softmax_of_one"),
     ReductionFamily("log_softmax", False, lambda v, s: F.log_softmax(v, -1), "log_softmax",
-                    "fx::kLogSoftmax"),
+                    "fx::kLogSoftmax", of_one_value="log_softmax_of_one"),
     # F.normalize(p=2): the row over max(its norm, eps)
     ReductionFamily("normalize", False, lambda v, s: F.normalize(v, 2.0, -1, s.eps), "normalize", "fx::kNormalize",
                     attribute="eps"),

@@ -192,6 +192,10 @@ REDUCTIONS = [
     ("nn-Softmax", lambda m, y: nn.Softmax(dim=1)(y), "softmax()"),
     ("log_softmax", lambda m, y: F.log_softmax(y, dim=-1), "log_softmax()"),
     ("softmin", lambda m, y: F.softmin(y, dim=1), "pointwise(-x) | softmax()"),
+    ("softmax-of-a-keepdim-mean", lambda m, y: torch.softmax(F.dropout(y, 0.2, False).mean(1, keepdim=True), dim=1),
+     "mean(keepdim=True) | pointwise(softmax_of_one(x))"),  # KernelBench's Matmul_Dropout_Mean_Softmax
+    ("log_softmax-of-a-keepdim-max", lambda m, y: F.log_softmax(y.amax(-1, keepdim=True), -1) * 2.0,
+     "max(keepdim=True) | pointwise(log_softmax_of_one(x) * 2.0)"),
     ("nn-Softmin", lambda m, y: nn.Softmin(dim=-1)(y * 2.0), "pointwise(-(x * 2.0)) | softmax()"),
     ("pointwise-after-reduction", lambda m, y: torch.logsumexp(y, 1, keepdim=True) * m.one - 1.0,
      "logsumexp(keepdim=True) | pointwise((x * p0) - 1.0)"),
@@ -275,6 +279,23 @@ def test_functions_have_eagers_gradients(name, epilogue, fragment):
 
     report = check_against_eager(make, lambda: [torch.randn(M, K, requires_grad=True)], grads=True)
     assert report.rows[0].status == "fused" and fragment in report.rows[0].program
+
+
+def test_a_softmax_over_the_one_value_a_keepdim_reduction_left_is_1_or_nan_with_eagers_gradients():
+    def with_infinite_rows():
+        x = torch.rand(M, K)
+        x[1], x[4] = float("inf"), -float("inf")
+        return [x.requires_grad_()]
+
+    def make():
+        model = Chain(lambda m, y: torch.softmax(y.sum(1, keepdim=True), 1) * 2.0)
+        with torch.no_grad():
+            model.linear.weight.abs_()  # rows +inf and -inf where x is, so their sums too
+        return model
+
+    report = check_against_eager(make, with_infinite_rows, grads=True)
+    (row,) = report.rows
+    assert row.status == "fused" and "sum(keepdim=True) | pointwise(softmax_of_one(x) * 2.0)" in row.program, row
 
 
 def test_rrelu_in_training_draws_a_slope_an_element_and_ends_the_chain():
