@@ -793,17 +793,16 @@ class _Matcher:
         each row reduces its one value (KernelBench's ``x.mean(1, keepdim=True)`` then softmax)."""
         dims = op.dim if isinstance(op.dim, (list, tuple)) else (op.dim,)
         family = REDUCTIONS[op.kind]
-        over_one = (family.changes_shape and family.of_one_value_is_it) or family.of_one_value is not None
-        return (self.keeps_reduced_dim and over_one and len(dims) == 1 and isinstance(dims[0], int)
-                and dims[0] % self.ndim == self.ndim - 1)
+        return (self.keeps_reduced_dim and family.of_one_value is not None and len(dims) == 1
+                and isinstance(dims[0], int) and dims[0] % self.ndim == self.ndim - 1)
 
     def _one_value(self, op: ReduceOp) -> sympy.Expr:
         """The sum, mean, max, min or logsumexp of one value: the value; softmax and log_softmax
         of it: the pointwise function they are there. Without keepdim a reduction drops the
         size-1 dim, which the row reduction before it then drops instead."""
-        family = REDUCTIONS[op.kind]
-        if family.of_one_value is not None:
-            return self._rounded(call(family.of_one_value, self._segment_value(op.input)))
+        function = REDUCTIONS[op.kind].of_one_value
+        if function != "x":
+            return self._rounded(call(function, self._segment_value(op.input)))
         if not op.keepdim:
             index = max(i for i, stage in enumerate(self.stages) if isinstance(stage, Reduce))
             self.stages[index] = replace(self.stages[index], keepdim=False)

@@ -38,9 +38,9 @@ class ReductionFamily:
     reference: Callable[[torch.Tensor, "Reduce"], torch.Tensor]
     row_stage: str
     backward_code: str
-    of_one_value_is_it: bool = True  # a reduction of one value is that value (not the norm's |v|)
-    # a row map over one value (the size-1 dim a keepdim reduction left): the pointwise function
-    # it is there (patterns/functions.py)
+    # what it is over one value (the size-1 dim a keepdim reduction left): "x", the value itself
+    # (sum, max, ...); a pointwise function of the vocabulary (softmax's, patterns/functions.py);
+    # None where it is neither (the norm's |v|, var's 0 or NaN)
     of_one_value: str | None = None
     attribute: str | None = None  # the ir.Reduce field it reads ("eps": normalize's, "correction": var's)
     in_gemm: str | None = None  # its fxg::ReduceKind in the in-GEMM epilogue (csrc/gemm_row_reduce.cuh)
@@ -60,21 +60,21 @@ def _extremum(kind: str) -> Callable[[torch.Tensor, "Reduce"], torch.Tensor]:
 
 FAMILY: dict[str, ReductionFamily] = {entry.kind: entry for entry in (
     ReductionFamily("sum", True, lambda v, s: v.sum(-1, keepdim=s.keepdim), "reduce_sum", "fx::kSum",
-                    in_gemm="fxg::kSum"),
+                    of_one_value="x", in_gemm="fxg::kSum"),
     ReductionFamily("mean", True, lambda v, s: v.mean(-1, keepdim=s.keepdim), "reduce_mean", "fx::kMean",
-                    in_gemm="fxg::kMean"),
-    ReductionFamily("max", True, _extremum("max"), "reduce_max", "fx::kMax", in_gemm="fxg::kMax"),
-    ReductionFamily("min", True, _extremum("min"), "reduce_min", "fx::kMin", in_gemm="fxg::kMin"),
+                    of_one_value="x", in_gemm="fxg::kMean"),
+    ReductionFamily("max", True, _extremum("max"), "reduce_max", "fx::kMax", of_one_value="x", in_gemm="fxg::kMax"),
+    ReductionFamily("min", True, _extremum("min"), "reduce_min", "fx::kMin", of_one_value="x", in_gemm="fxg::kMin"),
     ReductionFamily("logsumexp", True, lambda v, s: torch.logsumexp(v, -1, keepdim=s.keepdim),
-                    "reduce_logsumexp", "fx::kLogSumExp", in_gemm="fxg::kLogSumExp"),
+                    "reduce_logsumexp", "fx::kLogSumExp", of_one_value="x", in_gemm="fxg::kLogSumExp"),
     # the Euclidean norm of the row (torch.norm / Tensor.norm / linalg.vector_norm, p = 2)
     ReductionFamily("vector_norm", True, lambda v, s: torch.linalg.vector_norm(v, 2, -1, keepdim=s.keepdim),
-                    "reduce_vector_norm", "fx::kVectorNorm", of_one_value_is_it=False, in_gemm="fxg::kVectorNorm"),
+                    "reduce_vector_norm", "fx::kVectorNorm", in_gemm="fxg::kVectorNorm"),
     # the row's variance and standard deviation with Bessel's ``correction`` (torch.var / torch.std)
     ReductionFamily("var", True, lambda v, s: torch.var(v, -1, correction=s.correction, keepdim=s.keepdim),
-                    "reduce_var", "fx::kVar", of_one_value_is_it=False, attribute="correction"),
+                    "reduce_var", "fx::kVar", attribute="correction"),
     ReductionFamily("std", True, lambda v, s: torch.std(v, -1, correction=s.correction, keepdim=s.keepdim),
-                    "reduce_std", "fx::kStd", of_one_value_is_it=False, attribute="correction"),
+                    "reduce_std", "fx::kStd", attribute="correction"),
     ReductionFamily("softmax", False, lambda v, s: F.softmax(v, -1), "softmax", "fx::kSoftmax",
                     of_one_value="softmax_of_one"),
     ReductionFamily("log_softmax", False, lambda v, s: F.log_softmax(v, -1), "log_softmax",
