@@ -20,6 +20,7 @@ from torch.fx import Graph, Node
 
 from ..canonical import AliasOp, PointwiseOp, ReduceOp, Rejected, RowSelection, example_value
 from . import spell
+from .written_norms import rewrite_keeps_dtypes
 
 if TYPE_CHECKING:
     from ..ir import Reduce
@@ -125,30 +126,34 @@ def logsumexp(input, dim, keepdim=False):
     return ReduceOp("logsumexp", input, dim, bool(keepdim))
 
 
+# the reductions of |y| that norms of these orders are
+_LP_NORMS = {1: torch.sum, math.inf: torch.amax, -math.inf: torch.amin}
+
+
 def _two_norm(p, dim, dtype) -> Rejected | None:
-    """Why a norm call is not the row's Euclidean norm (None: it is)."""
-    if p not in (2, 2.0, "fro"):
-        return Rejected(f"a vector norm with p={p!r} (only p = 1, 2 and ±inf are row reductions here)")
+    """Why a norm call is not the row's Euclidean norm (None: it is). Norms of order 1 and ±inf
+    over one dim reach here only where ``recognise`` left them: under autocast."""
     if dim is None or (isinstance(dim, (list, tuple)) and len(dim) != 1):
         return Rejected("a norm over every dim" if dim is None else f"a norm over dims {tuple(dim)}")
     if dtype is not None:
         return Rejected(f"a norm with dtype={dtype}")
+    if isinstance(p, (int, float)) and p in _LP_NORMS:
+        return Rejected(f"a vector norm with p={p!r} of a 16-bit value under autocast (which computes it in other "
+                        "dtypes than the reductions of |y| it is)")
+    if p not in (2, 2.0, "fro"):
+        return Rejected(f"a vector norm with p={p!r} (only p = 1, 2 and ±inf are row reductions here)")
     return None
 
 
 def norm(input, p="fro", dim=None, keepdim=False, out=None, dtype=None):
     """``torch.norm`` / ``Tensor.norm`` over one dim with p = 2 (or "fro", the same there)."""
-    rejected = _two_norm(p, dim, dtype) or (Rejected("a norm with out=") if out is not None else None)
+    rejected = (Rejected("a norm with out=") if out is not None else None) or _two_norm(p, dim, dtype)
     return rejected or ReduceOp("vector_norm", input, dim, bool(keepdim))
 
 
 def vector_norm(x, ord=2, dim=None, keepdim=False, *, dtype=None, out=None):
-    rejected = _two_norm(ord, dim, dtype) or (Rejected("a norm with out=") if out is not None else None)
+    rejected = (Rejected("a norm with out=") if out is not None else None) or _two_norm(ord, dim, dtype)
     return rejected or ReduceOp("vector_norm", x, dim, bool(keepdim))
-
-
-# the reductions of |y| that norms of these orders are
-_LP_NORMS = {1: torch.sum, math.inf: torch.amax, -math.inf: torch.amin}
 
 
 def recognise(graph: Graph) -> int:
@@ -169,7 +174,7 @@ def _softmins(graph: Graph) -> int:
         with graph.inserting_before(node):
             negated = graph.call_function(torch.neg, (args["input"],))
             softmax = graph.call_function(torch.softmax, (negated, args["dim"]))
-        negated.meta = dict(node.meta)  # -y: the output's shape and dtype
+        negated.meta = dict(args["input"].meta)  # -y: y's shape and dtype
         softmax.meta = dict(node.meta)
         node.replace_all_uses_with(softmax)
         graph.erase_node(node)
@@ -199,9 +204,10 @@ def _lp_norms(graph: Graph) -> int:
         reduction = _LP_NORMS.get(args[order]) if isinstance(args[order], (int, float)) else None
         dim = args["dim"]
         dim = dim[0] if isinstance(dim, (list, tuple)) and len(dim) == 1 else dim
-        if reduction is None or not isinstance(dim, int) or args["dtype"] is not None or args["out"] is not None:
-            continue
         value = next(iter(args.values()))
+        if (reduction is None or not isinstance(dim, int) or args["dtype"] is not None or args["out"] is not None
+                or not isinstance(value, Node) or not rewrite_keeps_dtypes(graph, value)):
+            continue  # under autocast the norm and the reductions of |y| may compute in other dtypes
         with graph.inserting_before(node):
             magnitude = graph.call_function(torch.abs, (value,))
             reduced = graph.call_function(reduction, (magnitude, dim, bool(args["keepdim"])))

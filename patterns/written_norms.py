@@ -236,14 +236,12 @@ def _rewrite_float32_under_autocast(graph: Graph, match, call) -> int:
     autocast only a float32 row: autocast runs these norms in float32, where the written form of a
     bfloat16 row computes in bfloat16 and the replacement's output dtype would not be eager's."""
     found = 0
-    autocast = any(getattr(n.target, "__name__", None) == "_enter_autocast" for n in graph.nodes)
     for node in list(graph.nodes):
         match_ = match(node)
         if match_ is None:
             continue
         row, eps, inner = match_
-        value = example_value(row)
-        if value.dtype != torch.float32 and (autocast or torch.is_autocast_enabled(value.device.type)):
+        if not rewrite_keeps_dtypes(graph, row):
             continue
         function, args = call(row, eps)
         with graph.inserting_before(node):
@@ -254,6 +252,15 @@ def _rewrite_float32_under_autocast(graph: Graph, match, call) -> int:
             graph.erase_node(dead)
         found += 1
     return found
+
+
+def rewrite_keeps_dtypes(graph: Graph, row: Node) -> bool:
+    """Whether ops rewritten into others compute ``row`` in the dtypes eager's ops do: outside
+    autocast, or on a float32 row (autocast runs some ops in float32, and which differs between a
+    written form and the op it is)."""
+    value = example_value(row)
+    autocast = any(getattr(n.target, "__name__", None) == "_enter_autocast" for n in graph.nodes)
+    return value.dtype == torch.float32 or not (autocast or torch.is_autocast_enabled(value.device.type))
 
 
 def _written_layer_norm(node: Node) -> tuple[Node, float, list[Node]] | None:

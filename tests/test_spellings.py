@@ -385,6 +385,15 @@ def test_norms_of_order_1_and_infinity_are_reductions_of_the_magnitudes(name, ep
     assert row.status == "fused" and fragment in row.program, row
 
 
+def test_under_autocast_a_norm_of_order_infinity_of_a_bfloat16_row_stays_the_norm():
+    """Autocast picks each op's dtype: the norm's and those of the reductions of |y| need not agree
+    (on CUDA the norm computes in float32), so the rewrite is not made and the report says why."""
+    report = check_against_eager(lambda: Chain(lambda m, y: torch.linalg.vector_norm(y, float("inf"), dim=-1)),
+                                 _inputs(), autocast=torch.bfloat16)
+    (row,) = report.rows
+    assert row.status == "not_fused" and "p=inf of a 16-bit value under autocast" in row.reason
+
+
 @pytest.mark.parametrize("name,epilogue,fragment", NORMS, ids=[c[0] for c in NORMS])
 def test_norm_spelling_fuses_and_matches_eager(name, epilogue, fragment):
     _check(epilogue, fragment)
