@@ -85,27 +85,30 @@ def main() -> int:
     args = parser.parse_args()
     dtype = DTYPES[args.dtype]
     table = []
-    for row in suite.select(args.rows.split(",")):
-        for program, x, w, b, params in traced_calls(row, dtype):
-            fxcuda.prepare(program, dtype)
-            text = program.to_string()
+    calls = [(row, call) for row in suite.select(args.rows.split(",")) for call in traced_calls(row, dtype)]
+    failed = fxcuda.prepare_many({(call[0], dtype) for _, call in calls})  # all builds at once, in parallel
+    for row, (program, x, w, b, params) in calls:
+        if (program.to_string(), dtype) in failed:
+            print(f"{row.id}: build failed: {failed[(program.to_string(), dtype)]}", flush=True)
+            continue
+        text = program.to_string()
 
-            def fused(text=text, x=x, w=w, b=b, params=params):
-                return torch.ops.fxfuse.linear_epilogue(text, x, w, b, params, False)
+        def fused(text=text, x=x, w=w, b=b, params=params):
+            return torch.ops.fxfuse.linear_epilogue(text, x, w, b, params, False)
 
-            m, n = x.numel() // x.shape[-1], w.shape[0]
-            gemm_us = None if args.once else event_us(lambda x=x, w=w, b=b: torch.nn.functional.linear(x, w, b))
-            if args.once:
-                print(f"call: {row.id} {text}", flush=True)
-                fused()
-                continue
-            fused_us = event_us(fused)
-            nbytes = epilogue_bytes(program, m, n, x.element_size())
-            floor_us = nbytes / (args.bandwidth_gbs * 1e3)
-            epi = fused_us - gemm_us
-            table.append([row.id, f"{m}x{w.shape[1]}->{n}", f"{gemm_us:.1f}", f"{fused_us:.1f}",
-                          f"{epi:.1f}", f"{floor_us:.1f}", f"{nbytes / max(epi, 1e-3) / 1e3:.0f}",
-                          f"{fused_us / gemm_us:.3f}"])
+        m, n = x.numel() // x.shape[-1], w.shape[0]
+        gemm_us = None if args.once else event_us(lambda x=x, w=w, b=b: torch.nn.functional.linear(x, w, b))
+        if args.once:
+            print(f"call: {row.id} {text}", flush=True)
+            fused()
+            continue
+        fused_us = event_us(fused)
+        nbytes = epilogue_bytes(program, m, n, x.element_size())
+        floor_us = nbytes / (args.bandwidth_gbs * 1e3)
+        epi = fused_us - gemm_us
+        table.append([row.id, f"{m}x{w.shape[1]}->{n}", f"{gemm_us:.1f}", f"{fused_us:.1f}",
+                      f"{epi:.1f}", f"{floor_us:.1f}", f"{nbytes / max(epi, 1e-3) / 1e3:.0f}",
+                      f"{fused_us / gemm_us:.3f}"])
     torch.cuda.synchronize()
     if table:
         print(f"{torch.cuda.get_device_name()}  torch {torch.__version__}  dtype {args.dtype}")

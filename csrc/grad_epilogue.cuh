@@ -178,7 +178,7 @@ struct RowGradLauncher {
   // thread, whatever its forward takes: the kernel's state (a column sum a parameter, the
   // gradient, the row) spills at more
   static bool plan(int64_t m, int64_t n, Plan* p) {
-    if (m < 1 || !Prog::groups_ok(n) || !Rows::apply_plan(m, n, p, 1)) return false;
+    if (m < 1 || !Prog::groups_ok(n) || !Rows::apply_plan(n, p, 1)) return false;
     if (p->items == 1 && p->block > 256) return false;  // the kernel's launch bounds
     if (Prog::kGradKind != kNormGrad || Prog::kNormKind != kGroupNorm) return true;
     const int64_t gs = n / Prog::kNormGroups;

@@ -28,8 +28,6 @@ struct Args {
   int32_t rt;            // threads a row (a row segment)
   int32_t rpc;           // rows (row segments) a block
   int32_t segs;          // segments a row: 1, or more where a row-local program splits wide rows
-  uint32_t segs_magic;   // unit / segs as a multiply-high and a shift (units < 2^32): FastDiv
-  int32_t segs_shift;
   int32_t scratch_stride;  // shared-memory floats a row (group norm)
   int32_t flags;           // FxFlags
   // the backward of a norm or reduction program (row_grad.cuh): the output's gradient (Out), the GEMM

@@ -28,35 +28,13 @@ struct Row {
   bool active;
   float v[ITEMS][VEC];
 
-  // Unit `unit` of the grid's walk: row unit / segs, segment unit % segs (a segment is rt threads
-  // of ITEMS chunks: whole groups of a row-local program, see Launcher::apply_plan).
-  FX_DEVICE Row(const A& a_, const Thread& t_, float* red_, float* scratch_, int lt_, int lr_, int64_t unit)
-      : a(a_), t(t_), red(red_), scratch(scratch_), lt(lt_), lr(lr_), n(a_.n) {
-    if (a.segs == 1) {
-      row = unit;
-      first = 0;
-    } else {  // segmented plans keep m * segs below 2^32
-      const uint32_t u = static_cast<uint32_t>(unit);
-      const uint32_t q = FastDiv::div(u, a.segs_magic, a.segs_shift);
-      row = q;
-      first = static_cast<int>(u - q * static_cast<uint32_t>(a.segs)) * a.rt * ITEMS * VEC;
-    }
-    active = row < a.m;
-  }
+  // Segment `seg` of row `row_` (a segment is rt threads of ITEMS chunks: whole groups of a
+  // row-local program, see Launcher::apply_plan); rows at M or past it are inactive.
+  FX_DEVICE Row(const A& a_, const Thread& t_, float* red_, float* scratch_, int lt_, int lr_, int64_t row_, int seg)
+      : a(a_), t(t_), red(red_), scratch(scratch_), lt(lt_), lr(lr_), row(row_), n(a_.n),
+        first(seg * a_.rt * ITEMS * VEC), active(row_ < a_.m) {}
 
   FX_DEVICE int col(int i, int e) const { return first + (i * a.rt + lt) * VEC + e; }
-
-  // Become `o` (a row of the same slot loaded ahead: the statistics walk's prefetch)
-  FX_DEVICE void take(const Row& o) {
-    row = o.row;
-    n = o.n;
-    first = o.first;
-    active = o.active;
-#pragma unroll
-    for (int i = 0; i < ITEMS; ++i)
-#pragma unroll
-      for (int e = 0; e < VEC; ++e) v[i][e] = o.v[i][e];
-  }
 
   // Every element of the row becomes s: a row reduction's value, broadcast back against
   // per-column values (its stores and later stages mask the columns past the row's end)

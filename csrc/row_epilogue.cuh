@@ -56,8 +56,10 @@ __global__ void __launch_bounds__(kMaxBlock, min_blocks<ITEMS, chunk_elements<Pr
   apply_body<Prog, T, ITEMS, ALIGNED>(a, t, fx_dynamic_smem, red);
 }
 
+// The statistics kernel's blocks of one chunk a thread are 256 threads (Launcher::stats_plan):
+// three a SM leave it 85 registers, its walk's rows and sums without spills.
 template <class Prog, typename T, int ITEMS, bool ALIGNED>
-__global__ void __launch_bounds__(kMaxBlock, min_blocks<ITEMS, chunk_elements<Prog, T>()>())
+__global__ void __launch_bounds__(ITEMS == 1 ? 256 : kMaxBlock, ITEMS == 1 ? 3 : min_blocks<ITEMS, chunk_elements<Prog, T>()>())
     stats_kernel(const __grid_constant__ Args<Prog::kParamSlots> a) {
   __shared__ float red[FX_RED_FLOATS];
   const Thread t;
@@ -209,12 +211,12 @@ struct Launcher {
   using A = Args<Prog::kParamSlots>;
 
   // Whole rows: the fewest chunks a thread that keep a row within 256 threads; failing that,
-  // within kMaxBlock threads (programs with row statistics: fewer warps a row, cheaper barriers).
-  // The statistics kernel has no row statistics and goes straight to kMaxBlock (`wide`).
-  static bool row_plan(int64_t n, Plan* p, bool wide = false) {
+  // within kMaxBlock threads (programs with row statistics: fewer warps a row, cheaper barriers;
+  // never one chunk a thread in more than 256: the statistics kernel's launch bounds).
+  static bool row_plan(int64_t n, Plan* p) {
     if (n < 1 || n > FX_MAX_N) return false;
     const int64_t chunks = ceil_div(n, VEC);
-    for (int pass = wide ? 1 : 0; pass < 2; ++pass) {
+    for (int pass = 0; pass < 2; ++pass) {
       for (int items = 1; items <= kMaxItems; items *= 2) {
         const int64_t need = ceil_div(chunks, items);
         const int64_t rt = threads_for(need);
@@ -232,8 +234,10 @@ struct Launcher {
   // elementwise pass in all but name: Prog::kLocalItems chunks a thread (or `items`, the
   // backward's choice) and rows cut into segments of up to 256 threads (a power of two, or a multiple of
   // 32: whole groups), so that many small blocks keep loads in flight and registers few; whole
-  // rows would hold 16-64 values a thread.
-  static bool apply_plan(int64_t m, int64_t n, Plan* p, int items_a_thread = 0) {
+  // rows would hold 16-64 values a thread. (Segments of a warp, eight rows a block sharing their
+  // columns, measured slower on an H100: S02's and S04's group norms by 5-15%, S07's BatchNorm
+  // apply by 15%.)
+  static bool apply_plan(int64_t n, Plan* p, int items_a_thread = 0) {
     if (!Prog::row_local(n, VEC)) return row_plan(n, p);
     if (n < 1 || n > FX_MAX_N) return false;
     const int64_t chunks = ceil_div(n, VEC);
@@ -245,7 +249,6 @@ struct Launcher {
     // the row spread evenly over its segments (N = 11008: 2 x 192 threads, not 256 + a last
     // segment two-thirds idle, which measured half the bandwidth on an H100)
     const int64_t rt = threads_for(ceil_div(chunks, segs * items));
-    if (segs > 1 && m * segs >= (int64_t{1} << 32)) return row_plan(n, p);  // Row's 32-bit FastDiv
     *p = Plan{items, static_cast<int>(rt), rt >= 256 ? 1 : static_cast<int>(256 / rt), 0, static_cast<int>(segs)};
     p->block = p->rt * p->rpc;
     return true;
@@ -262,30 +265,29 @@ struct Launcher {
   }
 
   static int64_t apply_grid(int64_t m, const Plan& p) {
-    const int64_t g = ceil_div(m * p.segs, p.rpc);
+    const int64_t g = ceil_div(m, p.rpc) * p.segs;
     return g < (int64_t{1} << 30) ? g : (int64_t{1} << 30);
   }
 
   // The statistics kernel's plan (stats_body): a row-local program's rows in segments of a warp,
-  // a chunk a thread, 256 / rt lanes a block (a 1024 x 8192 output: 32 segments x 33 strips of
-  // blocks on 132 SMs, each lane four rows); other programs' whole rows (row_plan, wide).
-  static bool stats_plan(int64_t m, int64_t n, Plan* p) {
+  // a chunk a thread, 256 / rt lanes a block (a 1024 x 8192 output: 32 segments x 12 strips of
+  // blocks on 132 SMs, each lane 11 rows); other programs' whole rows (row_plan: one chunk a
+  // thread only within 256 threads, the kernel's launch bounds).
+  static bool stats_plan(int64_t n, Plan* p) {
     if (n >= 1 && n <= FX_MAX_N && Prog::row_local(n, VEC)) {
       const int64_t chunks = ceil_div(n, VEC);
       const int64_t rt = chunks >= 32 ? 32 : threads_for(chunks);
-      const int64_t segs = ceil_div(chunks, rt);
-      if ((m + 1) * segs < (int64_t{1} << 32)) {  // Row's 32-bit FastDiv, inactive units included
-        *p = Plan{1, static_cast<int>(rt), static_cast<int>(256 / rt), 256, static_cast<int>(segs)};
-        return true;
-      }
+      *p = Plan{1, static_cast<int>(rt), static_cast<int>(256 / rt), 256, static_cast<int>(ceil_div(chunks, rt))};
+      return true;
     }
-    return row_plan(n, p, true);
+    return row_plan(n, p);
   }
 
   // The statistics kernel's strips of rows (Args::chunks): enough blocks (segs a strip) to fill the
-  // device once, and no more strips than rows for a block's lanes.
+  // device once at the occupancy its launch bounds allow (768 threads an SM), and no more strips
+  // than rows for a block's lanes.
   static int64_t stats_strips(int64_t m, const Plan& p, int32_t sm_count) {
-    const int64_t per_sm = 2048 / p.block > 0 ? 2048 / p.block : 1;
+    const int64_t per_sm = 768 / p.block > 0 ? 768 / p.block : 1;
     const int64_t blocks = static_cast<int64_t>(sm_count > 0 ? sm_count : 1) * per_sm;
     const int64_t strips = blocks / p.segs > 1 ? blocks / p.segs : 1;
     const int64_t most = ceil_div(m, p.rpc);
@@ -296,15 +298,15 @@ struct Launcher {
     return static_cast<size_t>(p.rpc) * static_cast<size_t>(Prog::scratch_floats(n, VEC)) * sizeof(float);
   }
 
-  // The statistics kernel's: the walk's scratch, then its lanes' moments (stats_body)
+  // The statistics kernel's: the walk's scratch, then its lanes' moments (stats_body's tree)
   static size_t stats_smem_bytes(int64_t n, const Plan& p) {
-    const size_t merge = p.rpc > 1 ? 2 * static_cast<size_t>(p.block) * p.items * VEC * sizeof(float) : 0;
+    const size_t merge = p.rpc > 1 ? static_cast<size_t>(p.block) * p.items * VEC * sizeof(float) : 0;
     return smem_bytes(n, p) > merge ? smem_bytes(n, p) : merge;
   }
 
   static int32_t supports(int64_t m, int64_t n, int32_t smem_optin) {
     Plan stats, apply;
-    if (m < 1 || !stats_plan(m, n, &stats) || !apply_plan(m, n, &apply)) return 0;
+    if (m < 1 || !stats_plan(n, &stats) || !apply_plan(n, &apply)) return 0;
     if (Prog::kBatchTrain && m < 2) return 0;
     if (!Prog::groups_ok(n) || Prog::out_width(n) < 1) return 0;
     const size_t stats_smem = Prog::kBatchTrain ? stats_smem_bytes(n, stats) : 0;
@@ -315,13 +317,13 @@ struct Launcher {
 
   static int64_t workspace_floats(int64_t m, int64_t n, int32_t sm_count) {
     Plan p;
-    if (!Prog::kBatchTrain || !stats_plan(m, n, &p)) return 0;
+    if (!Prog::kBatchTrain || !stats_plan(n, &p)) return 0;
     return 2 * stats_strips(m, p, sm_count) * n + 2 * n;
   }
 
   static const char* launch(const FxLaunch* L, void* stream) {
     Plan stats, apply;
-    if (!stats_plan(L->m, L->n, &stats) || !apply_plan(L->m, L->n, &apply)) {
+    if (!stats_plan(L->n, &stats) || !apply_plan(L->n, &apply)) {
       return "fxfuse: row width outside the kernel's range";
     }
     if (L->num_params != Prog::kNumParams) return "fxfuse: wrong number of parameters";
@@ -352,7 +354,8 @@ struct Launcher {
             return ItemsUnit<Prog, T, decltype(items)::value>::stats(a, aligned, l);
           }))
         return err;
-      if (const char* err = combine(a, Launch{ceil_div(L->n, kCombineColumns), kCombineBlock, 0, stream})) return err;
+      if (const char* err = combine(a, Launch{ceil_div(L->n, kCombineColumns), combine_block(a.chunks), 0, stream}))
+        return err;
     }
     with_plan(a, apply);
     const Launch l{apply_grid(L->m, apply), apply.block, smem_bytes(L->n, apply), stream};
@@ -365,9 +368,6 @@ struct Launcher {
     a.rt = p.rt;
     a.rpc = p.rpc;
     a.segs = p.segs;
-    const FastDiv d = FastDiv::of(static_cast<uint32_t>(p.segs));
-    a.segs_magic = d.magic;
-    a.segs_shift = d.shift;
   }
 
   // f(std::integral_constant<int, items>) for a chunk count this element type's units cover
@@ -389,7 +389,7 @@ struct Launcher {
 #if !defined(FX_EMULATE)
     return launch_kernel(&combine_kernel<Prog>, l.grid, l.block, l.smem, l.stream, a);
 #else
-    const size_t smem = kCombineBlock * sizeof(Moments);
+    const size_t smem = static_cast<size_t>(l.block) * sizeof(Moments);
     return emulate_kernel(l.grid, l.block, smem, [&a](const Thread& t, float* dyn, float*) {
       combine_body<Prog>(a, t, reinterpret_cast<Moments*>(dyn));
     });

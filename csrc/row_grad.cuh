@@ -368,7 +368,7 @@ FX_DEVICE void row_grad_body(const Args<Prog::kParamSlots>& a, const Thread& t, 
       for (int e = 0; e < VEC; ++e) sums[s][i][e] = 0.0f;
 
   for (int64_t r0 = strip * a.rpc; r0 < a.m; r0 += strips * a.rpc) {  // block-uniform
-    R r(a, t, red, scratch, lt, lr, (r0 + lr) * a.segs + seg);
+    R r(a, t, red, scratch, lt, lr, r0 + lr, seg);
     r.load();
     const int64_t base = r.row * a.n;
 
@@ -470,7 +470,7 @@ FX_DEVICE void row_grad_body(const Args<Prog::kParamSlots>& a, const Thread& t, 
 
   // this slot's column sums: chunk (strip, row slot) of partial, 16 bytes a store where the row
   // is (a store a float puts a warp's 32 values 32 bytes apart: eight times the L2 traffic)
-  const R r(a, t, red, scratch, lt, lr, seg);  // row 0 of the segment: its columns
+  const R r(a, t, red, scratch, lt, lr, 0, seg);  // row 0 of the segment: its columns
   const int64_t chunk = strip * a.rpc + lr;
 #pragma unroll
   for (int s = 0; s < S; ++s)

@@ -9,17 +9,19 @@ namespace fx {
 // ---------------------------------------------------------------------------------------------
 // Kernel bodies (shared by the CUDA kernels and the emulator)
 
-// Walks the rows (row segments) of this block; `f(row)` sees every slot, active or not.
+// Walks this block's units: a unit is one segment of rpc consecutive rows, lane lr its row lr (a
+// block's lanes share their columns, so the column parameters of a row-local program come from
+// L2 once a block, not once a row); `f(row)` sees every slot, active or not.
 template <class Prog, typename T, int ITEMS, bool ALIGNED, class F>
 FX_DEVICE void for_each_row(const Args<Prog::kParamSlots>& a, const Thread& t, float* dyn, float* red, F f) {
   using R = Row<Prog, T, ITEMS, ALIGNED>;
   const int lt = t.tid() % a.rt;
   const int lr = t.tid() / a.rt;
   float* scratch = dyn + static_cast<int64_t>(lr) * a.scratch_stride;
-  const int64_t units = a.m * a.segs;
-  const int64_t stride = static_cast<int64_t>(t.gdim()) * a.rpc;
-  for (int64_t base = static_cast<int64_t>(t.bid()) * a.rpc; base < units; base += stride) {
-    R r(a, t, red, scratch, lt, lr, base + lr);
+  const int64_t units = (a.m + a.rpc - 1) / a.rpc * a.segs;
+  for (int64_t unit = t.bid(); unit < units; unit += t.gdim()) {
+    const int64_t group = unit / a.segs;
+    R r(a, t, red, scratch, lt, lr, group * a.rpc + lr, static_cast<int>(unit - group * a.segs));
     r.load();
     f(r);
   }
@@ -55,120 +57,173 @@ FX_DEVICE void merge(Moments& acc, int64_t nb, float mb, float m2b) {
   acc.n = total;
 }
 
+// Rows of strip q of the statistics kernel: strips are `a.chunks` runs of stats_strip_rows
+// consecutive rows (the last ones shorter, or empty)
+FX_HOST_DEVICE int64_t stats_strip_rows(int64_t m, int64_t strips) { return (m + strips - 1) / strips; }
+FX_HOST_DEVICE int64_t rows_of_strip(int64_t m, int64_t strip_rows, int64_t q) {
+  const int64_t first = q * strip_rows;
+  return first >= m ? 0 : (m - first < strip_rows ? m - first : strip_rows);
+}
+
 // Column moments (Welford) of the values entering the BatchNorm stage (rounded to T like the
-// normalisation's input; for float32 exactly the reference's), per strip of rows. Strip q (of
-// a.chunks) holds rows q, q + chunks, q + 2 chunks, ...; the grid is segs x chunks blocks, block
-// (q, s) walking segment s of strip q's rows with its rpc lanes in turn (lane l: the strip's l-th,
-// (l + rpc)-th, ... row), then merging its lanes' moments in lane order. A row-local program's
+// normalisation's input; for float32 exactly the reference's), per strip of rows. The grid is
+// segs x chunks blocks, block (q, s) walking segment s of strip q's rows, its lane l taking the
+// strip's rows l, l + rpc, l + 2 rpc, ...; the lanes' moments then merge by a fixed tree (lane
+// pairs, then pairs of pairs: every lane busy, the result deterministic). A row-local program's
 // segments are a warp wide (Launcher::stats_plan): a short, wide output (1024 x 8192) still
 // spreads over the whole device, and the partials stay a few rows of the output, not its size.
-// Shared memory: rpc * scratch_stride floats during the walk, 2 * rpc * rt * ITEMS * VEC after.
+// Shared memory: rpc * scratch_stride floats during the walk, rpc * rt * ITEMS * VEC after.
 template <class Prog, typename T, int ITEMS, bool ALIGNED>
 FX_DEVICE void stats_body(const Args<Prog::kParamSlots>& a, const Thread& t, float* dyn, float* red) {
   using R = Row<Prog, T, ITEMS, ALIGNED>;
   constexpr int VEC = chunk_elements<Prog, T>();
   const int lt = t.tid() % a.rt;
   const int lr = t.tid() / a.rt;
-  const int64_t seg = t.bid() % a.segs;
+  const int seg = static_cast<int>(t.bid() % a.segs);
   const int64_t strip = t.bid() / a.segs;
-  const int64_t rows = strip < a.m ? (a.m - 1 - strip) / a.chunks + 1 : 0;  // the strip's
+  const int64_t strip_rows = stats_strip_rows(a.m, a.chunks);
+  const int64_t first = strip * strip_rows;
+  const int64_t rows = rows_of_strip(a.m, strip_rows, strip);
   const int64_t steps = (rows + a.rpc - 1) / a.rpc;  // block-uniform: every lane reaches every barrier
   if (steps == 0) return;
-  // lane lr's k-th row as a unit of the walk (past the strip's rows: row m, inactive)
-  const auto unit = [&](int64_t k) {
+  // lane lr's k-th row (past the strip's rows: row m, inactive)
+  const auto row_at = [&](int64_t k) {
     const int64_t j = lr + k * a.rpc;
-    return (j < rows ? strip + j * a.chunks : a.m) * a.segs + seg;
+    return j < rows ? first + j : a.m;
+  };
+  // rows of lanes [lo, hi) of the strip
+  const auto lane_rows = [&](int lo, int hi) {
+    int64_t c = 0;
+    for (int l = lo; l < hi && l < rows; ++l) c += (rows - 1 - l) / a.rpc + 1;
+    return c;
   };
   float* scratch = dyn + static_cast<int64_t>(lr) * a.scratch_stride;
-  float mean[ITEMS][VEC];
-  float m2[ITEMS][VEC];
+  // sums of x - shift and of its square, shift a column's first value in the lane's rows (0 where
+  // that is not finite): three instructions a value where Welford's update takes a division a row
+  // and twice the arithmetic, and as exact where the shift is near the mean (a value of the
+  // column is); turned into Welford's (mean, m2) for the merges
+  float shift[ITEMS][VEC], s1[ITEMS][VEC], s2[ITEMS][VEC];
 #pragma unroll
   for (int i = 0; i < ITEMS; ++i)
 #pragma unroll
-    for (int e = 0; e < VEC; ++e) mean[i][e] = m2[i][e] = 0.0f;
+    for (int e = 0; e < VEC; ++e) shift[i][e] = s1[i][e] = s2[i][e] = 0.0f;
   int64_t count = 0;
   const auto add = [&](R& r) {
     Prog::prefix(r);  // ends with the BatchNorm's input, as batch_norm_train() sees it
     if (!r.active) return;
-    ++count;
-    const float inv = 1.0f / static_cast<float>(count);
+    if (count++ == 0) {
+#pragma unroll
+      for (int i = 0; i < ITEMS; ++i)
+#pragma unroll
+        for (int e = 0; e < VEC; ++e) shift[i][e] = isfinite(r.v[i][e]) ? r.v[i][e] : 0.0f;
+    }
 #pragma unroll
     for (int i = 0; i < ITEMS; ++i)
 #pragma unroll
       for (int e = 0; e < VEC; ++e) {
-        const float x = r.v[i][e];
-        const float d = x - mean[i][e];
-        mean[i][e] += d * inv;
-        m2[i][e] += d * (x - mean[i][e]);
+        const float d = r.v[i][e] - shift[i][e];
+        s1[i][e] += d;
+        s2[i][e] = fx_fma(d, d, s2[i][e]);
       }
   };
-  if constexpr (ITEMS * VEC <= 16) {  // the next row in registers meanwhile: only for short ones
-    R r(a, t, red, scratch, lt, lr, unit(0));
-    r.load();
-    for (int64_t k = 0; k < steps; ++k) {
-      R next(a, t, red, scratch, lt, lr, unit(k + 1));
-      next.load();
-      add(r);
-      r.take(next);
+  if constexpr (ITEMS * VEC <= 8) {  // two rows in flight a lane (16 bytes each; four spill at 64 registers)
+    for (int64_t k = 0; k < steps; k += 2) {
+      R r0(a, t, red, scratch, lt, lr, row_at(k), seg), r1(a, t, red, scratch, lt, lr, row_at(k + 1), seg);
+      r0.load();
+      r1.load();
+      add(r0);
+      add(r1);
     }
   } else {
     for (int64_t k = 0; k < steps; ++k) {
-      R r(a, t, red, scratch, lt, lr, unit(k));
+      R r(a, t, red, scratch, lt, lr, row_at(k), seg);
       r.load();
       add(r);
     }
   }
-  const int width = a.rt * ITEMS * VEC;  // a segment's columns
-  if (a.rpc > 1) {  // the lanes' moments through shared memory to lane 0, merged in lane order
-    t.sync();  // the walk's scratch is free
-#pragma unroll
-    for (int i = 0; i < ITEMS; ++i)
-#pragma unroll
-      for (int e = 0; e < VEC; ++e) {
-        const int j = (i * a.rt + lt) * VEC + e;
-        dyn[(2 * lr) * width + j] = mean[i][e];
-        dyn[(2 * lr + 1) * width + j] = m2[i][e];
-      }
-    t.sync();
-    if (lr != 0) return;
-  }
-  const int64_t first = seg * width;
+  float mean[ITEMS][VEC], m2[ITEMS][VEC];
+  const float inv = count > 0 ? 1.0f / static_cast<float>(count) : 0.0f;
 #pragma unroll
   for (int i = 0; i < ITEMS; ++i)
 #pragma unroll
     for (int e = 0; e < VEC; ++e) {
-      const int j = (i * a.rt + lt) * VEC + e;
-      Moments acc{count, mean[i][e], m2[i][e]};
-      for (int l = 1; l < a.rpc; ++l) {
-        merge(acc, rows > l ? (rows - 1 - l) / a.rpc + 1 : 0, dyn[(2 * l) * width + j], dyn[(2 * l + 1) * width + j]);
-      }
-      const int64_t c = first + j;
+      const float m = s1[i][e] * inv;
+      const float q = s2[i][e] - s1[i][e] * m;  // NaN stays NaN: no fmaxf
+      mean[i][e] = shift[i][e] + m;
+      m2[i][e] = q < 0.0f ? 0.0f : q;
+    }
+  const int width = a.rt * ITEMS * VEC;  // a segment's columns
+  for (int span = 1; span < a.rpc; span *= 2) {  // lane lr += lane lr + span, for lr a multiple of 2 span
+    t.sync();  // the walk's scratch, or the last step's slots, are free
+    const int slot = lr / (2 * span);
+    if (lr % (2 * span) == span) {
+#pragma unroll
+      for (int i = 0; i < ITEMS; ++i)
+#pragma unroll
+        for (int e = 0; e < VEC; ++e) {
+          const int j = (i * a.rt + lt) * VEC + e;
+          dyn[(2 * slot) * width + j] = mean[i][e];
+          dyn[(2 * slot + 1) * width + j] = m2[i][e];
+        }
+    }
+    t.sync();
+    if (lr % (2 * span) == 0) {
+      const int64_t other = lane_rows(lr + span, lr + 2 * span);
+#pragma unroll
+      for (int i = 0; i < ITEMS; ++i)
+#pragma unroll
+        for (int e = 0; e < VEC; ++e) {
+          const int j = (i * a.rt + lt) * VEC + e;
+          Moments acc{count, mean[i][e], m2[i][e]};
+          merge(acc, other, dyn[(2 * slot) * width + j], dyn[(2 * slot + 1) * width + j]);
+          mean[i][e] = acc.mean;
+          m2[i][e] = acc.m2;
+        }
+      count += other;
+    }
+  }
+  if (lr != 0) return;
+  const int64_t col0 = static_cast<int64_t>(seg) * width;
+#pragma unroll
+  for (int i = 0; i < ITEMS; ++i)
+#pragma unroll
+    for (int e = 0; e < VEC; ++e) {
+      const int64_t c = col0 + (i * a.rt + lt) * VEC + e;
       if (c < a.n) {
-        a.part_mean[strip * a.n + c] = acc.mean;
-        a.part_m2[strip * a.n + c] = acc.m2;
+        a.part_mean[strip * a.n + c] = mean[i][e];
+        a.part_m2[strip * a.n + c] = m2[i][e];
       }
     }
 }
 
-constexpr int kCombineColumns = 32;  // a block: 32 columns x (block / 32) ranges of chunks
+constexpr int kCombineColumns = 32;  // a block: 32 columns x (block / 32) ranges of strips
 constexpr int kCombineBlock = 512;
+constexpr int kCombineStrips = 8;  // strips a thread merges at most (then ranges: more threads a column)
 
-// Per column: merge the chunks' moments in order, in kCombineBlock / 32 fixed consecutive ranges
-// then the ranges in order; write the (2, n) stats output [mean, unbiased var] and the mean and
-// 1 / sqrt(var + eps) the row kernel normalises with. Shared memory: kCombineBlock Moments.
+// The combine kernel's threads a block: a range of up to kCombineStrips strips a thread, so that
+// a few strips (a short output) are one thread's loads in flight and one merge chain, and many
+// (a tall, narrow one) still split over up to 16 threads a column
+FX_HOST_DEVICE int combine_block(int64_t strips) {
+  const int64_t parts = (strips + kCombineStrips - 1) / kCombineStrips;
+  return kCombineColumns * static_cast<int>(parts < kCombineBlock / kCombineColumns ? parts : kCombineBlock / kCombineColumns);
+}
+
+// Per column: merge the strips' moments in order, in block / 32 fixed consecutive ranges then the
+// ranges in order; write the (2, n) stats output [mean, unbiased var] and the mean and
+// 1 / sqrt(var + eps) the row kernel normalises with. Shared memory: block Moments.
 template <class Prog>
 FX_DEVICE void combine_body(const Args<Prog::kParamSlots>& a, const Thread& t, Moments* parts) {
   const int lane = t.tid() % kCombineColumns;
   const int part = t.tid() / kCombineColumns;
   const int nparts = t.bdim() / kCombineColumns;
   const int64_t c = static_cast<int64_t>(t.bid()) * kCombineColumns + lane;
-  const int64_t used = a.chunks < a.m ? a.chunks : a.m;  // chunks that hold rows
-  const int64_t per = (used + nparts - 1) / nparts;
+  const int64_t per = (a.chunks + nparts - 1) / nparts;
   const int64_t k0 = part * per;
-  const int64_t k1 = k0 + per < used ? k0 + per : used;
+  const int64_t k1 = k0 + per < a.chunks ? k0 + per : a.chunks;
+  const int64_t strip_rows = stats_strip_rows(a.m, a.chunks);  // (one division, not one a merge)
   Moments acc{0, 0.0f, 0.0f};
   if (c < a.n) {
-    constexpr int kDepth = 4;  // loads in flight a thread: the merges wait on memory otherwise
+    constexpr int kDepth = kCombineStrips;  // loads in flight a thread: the merges wait on memory otherwise
     for (int64_t k = k0; k < k1; k += kDepth) {
       float mb[kDepth], m2b[kDepth];
 #pragma unroll
@@ -178,7 +233,7 @@ FX_DEVICE void combine_body(const Args<Prog::kParamSlots>& a, const Thread& t, M
       }
 #pragma unroll
       for (int j = 0; j < kDepth; ++j)
-        if (k + j < k1) merge(acc, (a.m - 1 - (k + j)) / a.chunks + 1, mb[j], m2b[j]);
+        if (k + j < k1) merge(acc, rows_of_strip(a.m, strip_rows, k + j), mb[j], m2b[j]);
     }
   }
   parts[t.tid()] = acc;
