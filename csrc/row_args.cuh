@@ -15,8 +15,9 @@ struct Args {
   void* out;
   void* kept;            // the keep() stage's value (Prog::Kept), when the program has one
   float* stats;
-  float* bn_mean;        // BatchNorm training: per-column mean and 1/sqrt(var + eps)
-  float* bn_rstd;
+  float* bn_mean;        // BatchNorm training, per column: the mean, weight / sqrt(var + eps), the bias
+  float* bn_scale;
+  float* bn_bias;
   float* part_mean;      // BatchNorm training: per-chunk column moments, [chunks][n]
   float* part_m2;
   const void* pptr[P];

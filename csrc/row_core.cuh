@@ -738,19 +738,23 @@ struct Row {
     for (int e = 0; e < VEC; ++e) scale[e] = 1.0f / sqrtf(rv[e] + eps);
   }
 
-  // BatchNorm with the batch statistics of the combine kernel
+  // BatchNorm with the batch statistics of the combine kernel: (x - mean) * scale + bias, the
+  // weight folded into the scale there (eager: (x - mean) * rstd * w + b, contracted)
   template <typename U, int W, int B>
   FX_DEVICE void batch_norm_train() {
-    normalise<U, W, B>([this](int i, float* shift, float* scale) {
-      float m[VEC], r[VEC];
+    static_assert(W == Prog::kBatchWeight && B == Prog::kBatchBias, "the combine folds this stage's weight and bias");
+#pragma unroll
+    for (int i = 0; i < ITEMS; ++i) {
+      float m[VEC], s[VEC], b[VEC];
       chunk_of(a.bn_mean, FX_F32, i, m);
-      chunk_of(a.bn_rstd, FX_F32, i, r);
+      chunk_of(a.bn_scale, FX_F32, i, s);
+      if constexpr (B >= 0) chunk_of(a.bn_bias, FX_F32, i, b);
 #pragma unroll
       for (int e = 0; e < VEC; ++e) {
-        shift[e] = m[e];
-        scale[e] = r[e];
+        const float y = B >= 0 ? fx_fma(v[i][e] - m[e], s[e], b[e]) : (v[i][e] - m[e]) * s[e];
+        v[i][e] = round_to<U>(y);
       }
-    });
+    }
   }
 };
 

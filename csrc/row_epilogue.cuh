@@ -318,7 +318,7 @@ struct Launcher {
   static int64_t workspace_floats(int64_t m, int64_t n, int32_t sm_count) {
     Plan p;
     if (!Prog::kBatchTrain || !stats_plan(n, &p)) return 0;
-    return 2 * stats_strips(m, p, sm_count) * n + 2 * n;
+    return 2 * stats_strips(m, p, sm_count) * n + 3 * n;
   }
 
   static const char* launch(const FxLaunch* L, void* stream) {
@@ -348,7 +348,8 @@ struct Launcher {
       a.part_mean = ws;
       a.part_m2 = ws + a.chunks * L->n;
       a.bn_mean = ws + 2 * a.chunks * L->n;
-      a.bn_rstd = ws + 2 * a.chunks * L->n + L->n;
+      a.bn_scale = a.bn_mean + L->n;
+      a.bn_bias = a.bn_scale + L->n;
       const Launch l{a.chunks * stats.segs, stats.block, stats_smem_bytes(L->n, stats), stream};
       if (const char* err = with_items(stats.items, [&](auto items) {
             return ItemsUnit<Prog, T, decltype(items)::value>::stats(a, aligned, l);

@@ -209,8 +209,9 @@ FX_HOST_DEVICE int combine_block(int64_t strips) {
 }
 
 // Per column: merge the strips' moments in order, in block / 32 fixed consecutive ranges then the
-// ranges in order; write the (2, n) stats output [mean, unbiased var] and the mean and
-// 1 / sqrt(var + eps) the row kernel normalises with. Shared memory: block Moments.
+// ranges in order; write the (2, n) stats output [mean, unbiased var] and what the row kernel
+// normalises with: the mean, the weight over sqrt(var + eps) and the bias as float32 (two loads
+// of a runtime dtype a chunk fewer in the apply pass). Shared memory: block Moments.
 template <class Prog>
 FX_DEVICE void combine_body(const Args<Prog::kParamSlots>& a, const Thread& t, Moments* parts) {
   const int lane = t.tid() % kCombineColumns;
@@ -248,7 +249,13 @@ FX_DEVICE void combine_body(const Args<Prog::kParamSlots>& a, const Thread& t, M
   a.stats[c] = total.mean;
   a.stats[a.n + c] = total.m2 / (m - 1.0f);
   a.bn_mean[c] = total.mean;
-  a.bn_rstd[c] = 1.0f / sqrtf(total.m2 / m + Prog::kBatchEps);
+  const float rstd = 1.0f / sqrtf(total.m2 / m + Prog::kBatchEps);
+  if constexpr (Prog::kBatchWeight >= 0) {
+    a.bn_scale[c] = rstd * load_param(a.pptr[Prog::kBatchWeight], a.pdtype[Prog::kBatchWeight], c);
+  } else {
+    a.bn_scale[c] = rstd;
+  }
+  if constexpr (Prog::kBatchBias >= 0) a.bn_bias[c] = load_param(a.pptr[Prog::kBatchBias], a.pdtype[Prog::kBatchBias], c);
 }
 
 }  // namespace fx
