@@ -115,13 +115,19 @@ bool rows_repeat(at::IntArrayRef operand, const std::vector<int64_t>& full) {
 // 1; one a sample expands), M x N (full: the output's shape, N its last dim; one broadcast along
 // the rows expands, unless `repeat_rows` and its rows repeat (rows_repeat): then P x N) or P x D
 // (head: a rotary table of P rows dividing M, D dividing N) contiguous values of a float type, on
-// x's device. nullopt where the reference would raise (wrong size or device).
-std::optional<Tensor> kernel_param(const Tensor& p, int32_t kind, int64_t m, int64_t n, const Tensor& x,
-                                   bool repeat_rows) {
+// x's device, and P (0 where the kernels read it otherwise: FxParam::rows). nullopt where the
+// reference would raise (wrong size or device).
+struct KernelParam {
+  Tensor values;
+  int64_t rows;
+};
+
+std::optional<KernelParam> kernel_param(const Tensor& p, int32_t kind, int64_t m, int64_t n, const Tensor& x,
+                                        bool repeat_rows) {
   if (kind == FX_PARAM_GEMM) kind = FX_PARAM_FULL;  // by now its GEMM's output (second_gemm_outputs)
   if (kind == FX_PARAM_SEED) {  // two int64 values on x's device, read as they are
     if (p.numel() != 2 || p.scalar_type() != at::kLong || p.device() != x.device()) return std::nullopt;
-    return p.reshape({2}).contiguous();
+    return KernelParam{p.reshape({2}).contiguous(), 0};
   }
   Tensor q = p;
   int64_t full_rows = m;
@@ -160,7 +166,8 @@ std::optional<Tensor> kernel_param(const Tensor& p, int32_t kind, int64_t m, int
   if (!code_of(q.scalar_type())) q = q.to(at::kFloat);
   q = q.reshape({q.numel()}).contiguous();
   if (reinterpret_cast<uintptr_t>(q.data_ptr()) % 16 != 0) q = q.clone();  // the kernels load 16 bytes
-  return q;
+  const int64_t rows = kind == FX_PARAM_HEAD ? numel / p.size(-1) : full_rows != m ? full_rows : 0;
+  return KernelParam{q, rows};
 }
 
 // The program's parameters as its kernels read them (kept alive in `kept`); false where one does
@@ -180,16 +187,13 @@ bool kernel_params(at::TensorList params, const int32_t* kinds, const int32_t* d
       fx_params.push_back(FxParam{nullptr, dtypes != nullptr ? dtypes[i] : FX_F32, 0});
       continue;
     }
-    std::optional<Tensor> q = kernel_param(params[i], kinds[i], m, n, like, repeat_rows);
+    std::optional<KernelParam> q = kernel_param(params[i], kinds[i], m, n, like, repeat_rows);
     if (!q) return false;
-    const int32_t code = kinds[i] == FX_PARAM_SEED ? FX_F32 : *code_of(q->scalar_type());  // unused for a seed
+    const int32_t code = kinds[i] == FX_PARAM_SEED ? FX_F32 : *code_of(q->values.scalar_type());  // unused for a seed
     if (dtypes != nullptr && code != dtypes[i]) return false;
-    int64_t rows = 0;
-    if (kinds[i] == FX_PARAM_HEAD) rows = q->numel() / params[i].size(-1);
-    if (kinds[i] == FX_PARAM_FULL && q->numel() != m * n) rows = q->numel() / n;  // repeated rows
-    kept.push_back(*q);
-    if (rows > INT32_MAX) return false;
-    fx_params.push_back(FxParam{q->data_ptr(), code, static_cast<int32_t>(rows)});
+    if (q->rows > INT32_MAX) return false;
+    kept.push_back(q->values);
+    fx_params.push_back(FxParam{q->values.data_ptr(), code, static_cast<int32_t>(q->rows)});
   }
   return true;
 }
