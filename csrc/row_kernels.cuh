@@ -9,9 +9,9 @@ namespace fx {
 // ---------------------------------------------------------------------------------------------
 // Kernel bodies (shared by the CUDA kernels and the emulator)
 
-// Walks this block's units: a unit is one segment of rpc consecutive rows, lane lr its row lr (a
-// block's lanes share their columns, so the column parameters of a row-local program come from
-// L2 once a block, not once a row); `f(row)` sees every slot, active or not.
+// Walks this block's units (one segment of rpc consecutive rows, lane lr taking row lr: plans
+// with segments have one row a block, others one segment a row); `f(row)` sees every slot,
+// active or not.
 template <class Prog, typename T, int ITEMS, bool ALIGNED, class F>
 FX_DEVICE void for_each_row(const Args<Prog::kParamSlots>& a, const Thread& t, float* dyn, float* red, F f) {
   using R = Row<Prog, T, ITEMS, ALIGNED>;
@@ -65,8 +65,8 @@ FX_HOST_DEVICE int64_t rows_of_strip(int64_t m, int64_t strip_rows, int64_t q) {
   return first >= m ? 0 : (m - first < strip_rows ? m - first : strip_rows);
 }
 
-// Column moments (Welford) of the values entering the BatchNorm stage (rounded to T like the
-// normalisation's input; for float32 exactly the reference's), per strip of rows. The grid is
+// Column moments (count, mean, M2) of the values entering the BatchNorm stage (rounded to T like
+// the normalisation's input), per strip of rows. The grid is
 // segs x chunks blocks, block (q, s) walking segment s of strip q's rows, its lane l taking the
 // strip's rows l, l + rpc, l + 2 rpc, ...; the lanes' moments then merge by a fixed tree (lane
 // pairs, then pairs of pairs: every lane busy, the result deterministic). A row-local program's
@@ -126,7 +126,7 @@ FX_DEVICE void stats_body(const Args<Prog::kParamSlots>& a, const Thread& t, flo
         s2[i][e] = fx_fma(d, d, s2[i][e]);
       }
   };
-  if constexpr (ITEMS * VEC <= 8) {  // two rows in flight a lane (16 bytes each; four spill at 64 registers)
+  if constexpr (ITEMS * VEC <= 8) {  // two rows in flight a lane (16 bytes each), not one
     for (int64_t k = 0; k < steps; k += 2) {
       R r0(a, t, red, scratch, lt, lr, row_at(k), seg), r1(a, t, red, scratch, lt, lr, row_at(k + 1), seg);
       r0.load();
