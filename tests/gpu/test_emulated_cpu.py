@@ -309,6 +309,34 @@ def test_batch_norm_statistics_of_wide_rows_in_segments(engine, dtype, m, n):
         torch.testing.assert_close(stats, torch.stack([mean, var]), rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("dtype,n", [(torch.float32, 128), (torch.bfloat16, 256)])
+def test_batch_norm_statistics_with_an_empty_strip_and_idle_lanes(engine, dtype, n):
+    """97 rows of one warp-wide segment on the emulator's four SMs: twelve strips of nine
+    consecutive rows, the eleventh seven (its eighth lane has no row) and the twelfth none; the
+    combine merges what the strips hold and nothing of the empty one."""
+    program = PROGRAMS["s07_vec_batch_train"]
+    x, w, b, params = inputs(program, dtype, 97, n, 16, 7)
+    _, stats = run_and_compare(engine, program, dtype, x, w, b, params)
+    if dtype == torch.float32:
+        pre = torch.nn.functional.linear(x, w, b) * params[0]
+        var, mean = torch.var_mean(pre, dim=0, correction=1)
+        torch.testing.assert_close(stats, torch.stack([mean, var]), rtol=1e-5, atol=1e-5)
+
+
+def test_batch_norm_statistics_of_values_far_from_zero_keep_their_variance(engine):
+    """Columns of mean 1000 and variance about 1 (float32): the statistics sum deviations from a
+    value of the column, so the variance keeps float32's precision of the deviations, where
+    E[x^2] - E[x]^2 would lose it to cancellation (an error near 1000^2 * 2^-24, 0.06)."""
+    program = PROGRAMS["s07_vec_batch_train"]
+    x, w, b, params = inputs(program, torch.float32, 300, 64, 16, 8)
+    params[0] = torch.ones_like(params[0])
+    b = b + 1000.0
+    stats = engine.forward_kernels(program.to_string(), x, w, b, params)[1]
+    var, mean = torch.var_mean(torch.nn.functional.linear(x.double(), w.double(), b.double()), dim=0, correction=1)
+    torch.testing.assert_close(stats[1].double(), var, rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(stats[0].double(), mean, rtol=1e-6, atol=0)
+
+
 def test_params_in_other_dtypes_and_shapes(engine):
     """Pointwise parameters in bfloat16 or float64, shaped (1, N) or (1,): read as p.float()."""
     program = PROGRAMS["s17_vec_hardtanh_mish_group"]
