@@ -38,12 +38,8 @@ def split_in_two(graph: Graph, gemms: dict[Node, GemmOp]) -> int:
         halves = _halves(node, op)
         if halves is None:
             continue
-        n = example_value(node).shape[-1] // 2
         with graph.inserting_before(node):
-            for index, reader in enumerate(halves):
-                weight = _narrowed(graph, op.weight, index * n, n)
-                bias = None if op.bias is None else _narrowed(graph, op.bias, index * n, n)
-                half = graph.call_function(F.linear, (op.input, weight, bias))
+            for reader, half in zip(halves, _half_gemms(graph, node, op)):
                 half.meta = dict(reader.meta)
                 reader.replace_all_uses_with(half)
         split = next(iter(node.users))
@@ -73,13 +69,8 @@ def _glu(node: Node, op: GemmOp) -> Node | None:
 def _split_glu(graph: Graph, node: Node, op: GemmOp, glu: Node) -> None:
     """``glu(linear(x, W, b))`` as ``linear(x, W₁, b₁) * sigmoid(linear(x, W₂, b₂))``, W₁ and W₂
     the halves of W's rows."""
-    n = example_value(node).shape[-1] // 2
     with graph.inserting_before(glu):
-        halves = []
-        for index in range(2):
-            weight = _narrowed(graph, op.weight, index * n, n)
-            bias = None if op.bias is None else _narrowed(graph, op.bias, index * n, n)
-            halves.append(graph.call_function(F.linear, (op.input, weight, bias)))
+        halves = _half_gemms(graph, node, op)
         gate = graph.call_function(torch.sigmoid, (halves[1],))
         product = graph.call_function(torch.mul, (halves[0], gate))
     for new in (*halves, gate, product):
@@ -134,6 +125,18 @@ def _sections(split: Node):
     """A chunk's count, or a split's size or sizes."""
     args = _split_args(split)
     return args.get("sections", args.get("chunks", args.get("split_size", args.get("split_size_or_sections"))))
+
+
+def _half_gemms(graph: Graph, node: Node, op: GemmOp) -> list[Node]:
+    """``linear(x, W.narrow(0, 0, N), b.narrow(0, 0, N))`` and the same from row N on, for
+    ``node``'s GEMM of 2 N features (inserted where the graph is inserting)."""
+    n = example_value(node).shape[-1] // 2
+    halves = []
+    for index in range(2):
+        weight = _narrowed(graph, op.weight, index * n, n)
+        bias = None if op.bias is None else _narrowed(graph, op.bias, index * n, n)
+        halves.append(graph.call_function(F.linear, (op.input, weight, bias)))
+    return halves
 
 
 def _narrowed(graph: Graph, tensor: Node, start: int, length: int) -> Node:
