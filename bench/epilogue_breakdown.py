@@ -1,7 +1,7 @@
 """Where a fused op's time goes: the GEMM alone vs the fused op, per suite program, and the
 epilogue's achieved bandwidth against its byte floor.
 
-    python bench/epilogue_breakdown.py [--rows S01,S02] [--dtype bf16] [--once]
+    python bench/epilogue_breakdown.py [--rows S01,S02] [--dtype bf16] [--once] [--selected]
 
 Each suite row is traced on the GPU; every fused program is then called directly
 (``torch.ops.fxfuse.linear_epilogue``) on fresh tensors of the traced shapes, so the numbers hold
@@ -9,7 +9,9 @@ the kernels alone (no Dynamo, no Inductor). ``--once`` calls each op once and pr
 the mode to run under a profiler (``ncu --kernel-name regex:apply_kernel|stats_kernel|combine_kernel``;
 it prints the order of the calls). The sweep of apply plans behind Prog::kLocalItems (16-byte
 chunks a thread of row-local programs) was run with a tuning flag since removed from the ABI; its
-table is bench/results/plan_sweep_bf16.txt.
+table is bench/results/plan_sweep_bf16.txt. ``--selected`` routes each program as the selection
+does (the row path and the in-GEMM configurations timed, the fastest run; Inductor not timed) and
+lists the GPU time of each kernel of the fused op per call (torch's profiler).
 """
 
 from __future__ import annotations
@@ -71,6 +73,23 @@ def gemm_and_fused_us(gemm, fused) -> tuple[float, float]:
     return times["gemm"], times["fused"]
 
 
+def kernels_us(call, calls: int = 20) -> dict[str, float]:
+    """GPU µs per call of each kernel ``call`` launches (settled first), by torch's profiler."""
+    for _ in range(3):
+        call()
+    torch.cuda.synchronize()
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        for _ in range(calls):
+            call()
+        torch.cuda.synchronize()
+    totals: dict[str, float] = {}
+    for event in prof.events():
+        if event.device_type == torch.autograd.DeviceType.CUDA and event.device_time > 0:
+            name = event.name if len(event.name) < 60 else event.name[:28] + "..." + event.name[-28:]
+            totals[name] = totals.get(name, 0.0) + event.device_time / calls
+    return totals
+
+
 def epilogue_bytes(program, m: int, n: int, element: int) -> int:
     """Read the GEMM output once and write the result once; a training BatchNorm reads it twice."""
     out = m * n if program.reduction is None else m
@@ -83,6 +102,7 @@ def main() -> int:
     parser.add_argument("--rows", default="S01,S02,S03,S04,S06,S08,S11,S16,S17,S20,S21")
     parser.add_argument("--dtype", default="bf16", choices=DTYPES)
     parser.add_argument("--once", action="store_true")
+    parser.add_argument("--selected", action="store_true", help="route as the selection does; list kernels")
     parser.add_argument("--bandwidth-gbs", type=float, default=4300.0, help="copy bandwidth for the floor")
     args = parser.parse_args()
     dtype = DTYPES[args.dtype]
@@ -99,6 +119,12 @@ def main() -> int:
             return torch.ops.fxfuse.linear_epilogue(text, x, w, b, params, False)
 
         m, n = x.numel() // x.shape[-1], w.shape[0]
+        if args.selected:
+            selection = fxcuda.select(program, dtype, tuple(p.dtype for p in params), (m, n, w.shape[1]), b is not None,
+                                      tuple(tuple(p.shape) for p in params))
+            print(f"{row.id}: {'cuBLAS + row pass' if selection is None else selection.describe()}", flush=True)
+            for name, us in kernels_us(fused).items():
+                print(f"  {us:8.1f} us  {name}", flush=True)
         if args.once:
             print(f"call: {row.id} {text}", flush=True)
             fused()

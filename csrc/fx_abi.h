@@ -8,7 +8,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#define FX_ABI_VERSION 18
+#define FX_ABI_VERSION 19
 
 // Widest row the row kernel holds in registers (64 floats a thread, 512 threads a row).
 #define FX_MAX_N 32768
@@ -127,6 +127,7 @@ struct FxGemmLaunch {
   void* out;              // (m, n) row-major output, 16-byte aligned; (m,) for FX_OUT_REDUCED(_KEEP)
   const FxParam* params;  // num_params entries, in program order, of the module's param_dtypes
   void* workspace;        // workspace(m, n, k, sm_count, config) bytes, else null
+  float* stats;           // (2, n) float32 [mean, unbiased var] of a training BatchNorm, else null
   int64_t m;
   int64_t n;
   int64_t k;
@@ -141,6 +142,8 @@ struct FxGemmInfo {
   int32_t dtype;                // FxDtype of x and weight (and the bias)
   int32_t out_dtype;            // FxDtype of the output
   int32_t out_kind;             // FxOutKind: (m, n) rows, or one value a row (a row reduction)
+  int32_t batch_train;          // 1 when the program returns (2, N) batch statistics
+  int32_t channels_dim1;        // 1 with a batch or group norm: the module covers 2-D x only
   int32_t num_params;
   const int32_t* param_kinds;   // num_params FxParamKind codes (scalar, column, full or second GEMM)
   const int32_t* param_dtypes;  // num_params FxDtype codes the module reads its parameters as

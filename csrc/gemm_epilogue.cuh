@@ -12,6 +12,8 @@
 //                        kernel (a gated MLP), combined with the GEMM's columns and stored by it
 //   gemm_row_reduce.cuh  fxg::RowReduce<Frame, Kind, EpiN>: per (row, N-tile) partials of a row
 //                        reduction; fxg::finalize_rows then writes one value a row (no M x N store)
+//   gemm_batch_norm.cuh  fxg::ColumnMoments<EpiN>: a training BatchNorm's column statistics beside
+//                        the store of its input; then a finalize and one normalizing pass
 // This header assembles the GEMM around a program's tree from a Config (tile, cluster, mainloop
 // and epilogue schedules) by fxg::GemmFor; a program module compiles one unit per Config (and
 // tree) so that ninja builds them in parallel; each runs under several tile orders chosen at
@@ -36,6 +38,7 @@
 #include <cutlass/kernel_hardware_info.h>
 
 #include "fx_abi.h"
+#include "gemm_batch_norm.cuh"
 #include "gemm_gated.cuh"
 #include "gemm_group_norm.cuh"
 #include "gemm_row_reduce.cuh"
@@ -128,23 +131,27 @@ using EpilogueTileFor = cute::conditional_t<EpiN == 0, cutlass::epilogue::collec
 // Prog (generated): Element (x, weight), Out (the output), kEpilogueN (0: CUTLASS's subtile),
 // kGatedBlock (0, or a Gated tree's EpiN / 2: the GEMM runs over an interleaved weight and the
 // tree stores the output itself), kReduceKind (-1, or the fxg::ReduceKind of a RowReduce tree:
-// the kernel writes partials and fxg::finalize_rows the output, with Prog::Finalize), template
-// <class Frame> Tree (the EVT), and args(const FxGemmLaunch&, float* partials) ->
-// Tree<Frame>::Arguments.
+// the kernel writes partials and fxg::finalize_rows the output, with Prog::Finalize), kBatchTrain
+// (a ColumnMoments tree: the kernel stores the norm's input and its column partials, then
+// fxg::launch_batch_norm normalises with Prog::NormAffine, NormPost and kBatchEps), template <class
+// Frame> Tree (the EVT), and args(const FxGemmLaunch&, float* partials) -> Tree<Frame>::Arguments.
 template <class Prog, class Cfg>
 struct GemmFor {
   using T = typename Prog::Element;
   using Out = typename Prog::Out;
   static constexpr bool kGated = Prog::kGatedBlock > 0;
   static constexpr bool kReduces = Prog::kReduceKind >= 0;
+  static constexpr bool kBatchTrain = Prog::kBatchTrain;
   using Tile = typename Cfg::template TileFor<T>;
   static constexpr int kTileN = decltype(size<1>(Tile{}))::value;
-  using OutD = cute::conditional_t<kGated || kReduces, void, Out>;  // the collective's D: none where the tree stores
+  // the collective's D: none where the tree stores; a training BatchNorm's standardized deviations
+  using Stored = cute::conditional_t<kBatchTrain, DeviationOf<Out>, Out>;
+  using OutD = cute::conditional_t<kGated || kReduces, void, Stored>;
   // The GEMM's columns: N, or the rows of a gated module's interleaved weight
   static int64_t gemm_columns(int64_t n) {
     return kGated ? 2 * ((n + Prog::kGatedBlock - 1) / Prog::kGatedBlock * Prog::kGatedBlock) : n;
   }
-  using EpilogueFrame = Frame<Tile, EpilogueTileFor<Cfg, Prog::kEpilogueN>, Out,
+  using EpilogueFrame = Frame<Tile, EpilogueTileFor<Cfg, Prog::kEpilogueN>, Stored,
                               typename Cfg::EpilogueSchedule>;
   using EpilogueTree = typename Prog::template Tree<EpilogueFrame>;
   // CUTLASS's TMA epilogue as its builder assembles it, with the Frame's dispatch policy
@@ -161,10 +168,13 @@ struct GemmFor {
                                                       cutlass::gemm::PersistentScheduler>;
   using Gemm = cutlass::gemm::device::GemmUniversalAdapter<Kernel>;
 
-  // A row reduction's partials, after CUTLASS's workspace: [parts][M][N-tiles] float32
+  // A row reduction's partials, after CUTLASS's workspace: [parts][M][N-tiles] float32; a
+  // training BatchNorm's column statistics (batch_norm_floats)
   static int64_t partial_floats(int64_t m, int64_t n) {
     if constexpr (kReduces) {
       return kPartialParts<Prog::kReduceKind> * row_tiles<kTileN>(n) * m;
+    } else if constexpr (kBatchTrain) {
+      return batch_norm_floats(m, n);
     } else {
       return 0;
     }
@@ -197,6 +207,7 @@ struct GemmFor {
   }
 
   static bool supports(int64_t m, int64_t n, int64_t k) {
+    if (kBatchTrain && m < 2) return false;  // no unbiased variance of one row (eager raises)
     if (m > INT32_MAX || gemm_columns(n) > INT32_MAX || k > INT32_MAX) return false;
     FxGemmLaunch a{};
     a.m = m;
@@ -212,11 +223,11 @@ struct GemmFor {
     a.n = n;
     a.k = k;
     a.sm_count = sm_count;
-    return kReduces ? partials_offset(a) + 4 * partial_floats(m, n) : partials_offset(a);
+    return partials_offset(a) + 4 * partial_floats(m, n);
   }
 
   static const char* launch(const FxGemmLaunch& a, void* stream) {
-    float* partials = kReduces ? reinterpret_cast<float*>(static_cast<char*>(a.workspace) + partials_offset(a)) : nullptr;
+    float* partials = kReduces || kBatchTrain ? reinterpret_cast<float*>(static_cast<char*>(a.workspace) + partials_offset(a)) : nullptr;
     typename Gemm::Arguments args = arguments(a, partials);
     Gemm gemm;
     cutlass::Status status = gemm.initialize(args, a.workspace, static_cast<cudaStream_t>(stream));
@@ -229,6 +240,11 @@ struct GemmFor {
           <<<static_cast<unsigned>((a.m + kRowsABlock - 1) / kRowsABlock), kFinalizeThreads, 0,
              static_cast<cudaStream_t>(stream)>>>(
               partials, static_cast<Out*>(a.out), a.m, a.n, row_tiles<kTileN>(a.n), Prog::Finalize::args(a));
+    }
+    if constexpr (kBatchTrain) {
+      launch_batch_norm<typename Prog::NormAffine, typename Prog::NormPost>(partials, static_cast<Out*>(a.out), a.stats, a.m, a.n,
+                                                 Prog::kBatchEps, Prog::NormPost::args(a),
+                                                 static_cast<cudaStream_t>(stream));
     }
     const cudaError_t error = cudaGetLastError();
     return error == cudaSuccess ? nullptr : cudaGetErrorString(error);
@@ -282,6 +298,8 @@ struct GemmFor {
                             PROG::kDtype,                                                            \
                             PROG::kOutDtype,                                                         \
                             PROG::kOutKind,                                                          \
+                            PROG::kBatchTrain ? 1 : 0,                                               \
+                            PROG::kChannelsDim1 ? 1 : 0,                                             \
                             PROG::kNumParams,                                                        \
                             PROG::kParamKinds,                                                       \
                             PROG::kParamDtypes,                                                      \

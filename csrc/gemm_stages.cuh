@@ -193,6 +193,24 @@ struct SubtileCallbacks : fusion::EmptyConsumerStoreCallbacks {
       }
     }
   }
+
+  // The inverse of unpack: value[row slot][block][column of the pair] back into the visited values
+  // (which the epilogue then stores, where the tree has a D)
+  template <class VTensor>
+  CUTLASS_DEVICE void pack(float const (&value)[2][kBlocks][2], VTensor& visit_results) const {
+    using Fragment = typename cute::remove_cvref_t<VTensor>::value_type;
+    constexpr int F = Fragment::kElements;
+    constexpr int V = decltype(size(visit_results))::value;
+    auto relative = coords(_, _, _, _0{}, _0{});
+    CUTLASS_PRAGMA_UNROLL
+    for (int v = 0; v < V; ++v) {
+      CUTLASS_PRAGMA_UNROLL
+      for (int f = 0; f < F; ++f) {
+        auto c = relative(v * F + f);
+        visit_results(v)[f] = value[get<0>(c) / 8][get<1>(c) / 8][get<1>(c) % 8];
+      }
+    }
+  }
 };
 
 // Arguments of the leaves, from the launch's pointers

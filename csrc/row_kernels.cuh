@@ -2,6 +2,7 @@
 // the apply pass, the statistics pass and the BatchNorm column moments and their combine.
 #pragma once
 
+#include "column_moments.cuh"
 #include "row_core.cuh"
 
 namespace fx {
@@ -35,35 +36,6 @@ FX_DEVICE void apply_body(const Args<Prog::kParamSlots>& a, const Thread& t, flo
   });
 }
 
-// Column moments of a set of rows: count, mean, sum of squared deviations.
-struct Moments {
-  int64_t n;
-  float mean;
-  float m2;
-};
-
-// acc += (nb, mb, m2b) (Chan et al.); order-dependent, so callers merge in a fixed order
-FX_DEVICE void merge(Moments& acc, int64_t nb, float mb, float m2b) {
-  if (nb == 0) return;
-  if (acc.n == 0) {
-    acc = Moments{nb, mb, m2b};
-    return;
-  }
-  const int64_t total = acc.n + nb;
-  const float wb = static_cast<float>(nb) / static_cast<float>(total);
-  const float d = mb - acc.mean;
-  acc.mean += d * wb;
-  acc.m2 += m2b + d * d * (static_cast<float>(acc.n) * wb);
-  acc.n = total;
-}
-
-// Rows of strip q of the statistics kernel: strips are `a.chunks` runs of stats_strip_rows
-// consecutive rows (the last ones shorter, or empty)
-FX_HOST_DEVICE int64_t stats_strip_rows(int64_t m, int64_t strips) { return (m + strips - 1) / strips; }
-FX_HOST_DEVICE int64_t rows_of_strip(int64_t m, int64_t strip_rows, int64_t q) {
-  const int64_t first = q * strip_rows;
-  return first >= m ? 0 : (m - first < strip_rows ? m - first : strip_rows);
-}
 
 // Column moments (count, mean, M2) of the values entering the BatchNorm stage (rounded to T like
 // the normalisation's input), per strip of rows. The grid is
@@ -196,55 +168,16 @@ FX_DEVICE void stats_body(const Args<Prog::kParamSlots>& a, const Thread& t, flo
     }
 }
 
-constexpr int kCombineColumns = 32;  // a block: 32 columns x (block / 32) ranges of strips
-constexpr int kCombineBlock = 512;
-constexpr int kCombineStrips = 8;  // strips a thread merges at most (then ranges: more threads a column)
-
-// The combine kernel's threads a block: a range of up to kCombineStrips strips a thread, so that
-// a few strips (a short output) are one thread's loads in flight and one merge chain, and many
-// (a tall, narrow one) still split over up to 16 threads a column
-FX_HOST_DEVICE int combine_block(int64_t strips) {
-  const int64_t parts = (strips + kCombineStrips - 1) / kCombineStrips;
-  return kCombineColumns * static_cast<int>(parts < kCombineBlock / kCombineColumns ? parts : kCombineBlock / kCombineColumns);
-}
-
-// Per column: merge the strips' moments in order, in block / 32 fixed consecutive ranges then the
-// ranges in order; write the (2, n) stats output [mean, unbiased var] and what the row kernel
-// normalises with: the mean, the weight over sqrt(var + eps) and the bias as float32 (two loads
-// of a runtime dtype a chunk fewer in the apply pass). Shared memory: block Moments.
+// Per column: the strips' moments merged (combine_strips); write the (2, n) stats output [mean,
+// unbiased var] and what the row kernel normalises with: the mean, the weight over sqrt(var + eps)
+// and the bias as float32 (two loads of a runtime dtype a chunk fewer in the apply pass). Shared
+// memory: block Moments.
 template <class Prog>
 FX_DEVICE void combine_body(const Args<Prog::kParamSlots>& a, const Thread& t, Moments* parts) {
-  const int lane = t.tid() % kCombineColumns;
-  const int part = t.tid() / kCombineColumns;
-  const int nparts = t.bdim() / kCombineColumns;
-  const int64_t c = static_cast<int64_t>(t.bid()) * kCombineColumns + lane;
-  const int64_t per = (a.chunks + nparts - 1) / nparts;
-  const int64_t k0 = part * per;
-  const int64_t k1 = k0 + per < a.chunks ? k0 + per : a.chunks;
-  const int64_t strip_rows = stats_strip_rows(a.m, a.chunks);  // (one division, not one a merge)
-  Moments acc{0, 0.0f, 0.0f};
-  if (c < a.n) {
-    constexpr int kDepth = kCombineStrips;  // loads in flight a thread: the merges wait on memory otherwise
-    for (int64_t k = k0; k < k1; k += kDepth) {
-      float mb[kDepth], m2b[kDepth];
-#pragma unroll
-      for (int j = 0; j < kDepth; ++j) {
-        mb[j] = k + j < k1 ? a.part_mean[(k + j) * a.n + c] : 0.0f;
-        m2b[j] = k + j < k1 ? a.part_m2[(k + j) * a.n + c] : 0.0f;
-      }
-#pragma unroll
-      for (int j = 0; j < kDepth; ++j)
-        if (k + j < k1) merge(acc, rows_of_strip(a.m, strip_rows, k + j), mb[j], m2b[j]);
-    }
-  }
-  parts[t.tid()] = acc;
-  t.sync();
-  if (part != 0 || c >= a.n) return;
-  Moments total{0, 0.0f, 0.0f};
-  for (int p = 0; p < nparts; ++p) {
-    const Moments& q = parts[p * kCombineColumns + lane];
-    merge(total, q.n, q.mean, q.m2);
-  }
+  Moments total;
+  const int64_t c = combine_strips(a.part_mean, a.part_m2, a.m, a.n, a.chunks, stats_strip_rows(a.m, a.chunks), t,
+                                   parts, total);
+  if (c < 0) return;
   const float m = static_cast<float>(a.m);
   a.stats[c] = total.mean;
   a.stats[a.n + c] = total.m2 / (m - 1.0f);

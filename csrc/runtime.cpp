@@ -328,6 +328,7 @@ Result run_gemm(const FxGemmInfo* gemm, int32_t config, const Tensor& x, const T
               " != runtime ABI ", FX_ABI_VERSION);
   if (config < 0 || config >= gemm->num_configs) return std::nullopt;
   if (x.dim() < 1 || weight.dim() != 2 || !on_kernel_device(x) || weight.device() != x.device()) return std::nullopt;
+  if (gemm->channels_dim1 && x.dim() != 2) return std::nullopt;  // the row path and the reference decide
   if (scalar_type_of(gemm->dtype) != x.scalar_type() || weight.scalar_type() != x.scalar_type()) return std::nullopt;
   // a float32 module computes in TF32: only while torch allows TF32 for cuBLAS's matmuls
   if (gemm->dtype == FX_F32 && !at::globalContext().allowTF32CuBLAS()) return std::nullopt;
@@ -374,6 +375,8 @@ Result run_gemm(const FxGemmInfo* gemm, int32_t config, const Tensor& x, const T
   const int device = x.device().is_cpu() ? 0 : x.get_device();
   const DeviceFacts facts = device_facts(device);
   Tensor out = at::empty(output_shape(x, gemm->out_kind, n), x.options().dtype(*scalar_type_of(gemm->out_dtype)));
+  const auto floats = x.options().dtype(at::kFloat);
+  Tensor stats = gemm->batch_train ? at::empty({2, n}, floats) : at::empty({0}, floats);
   const int64_t ws_bytes = gemm->workspace(m, n, k, facts.sm_count, config);
   Tensor workspace;
   if (ws_bytes > 0) workspace = at::empty({ws_bytes}, x.options().dtype(at::kByte));
@@ -385,6 +388,7 @@ Result run_gemm(const FxGemmInfo* gemm, int32_t config, const Tensor& x, const T
   launch.out = out.data_ptr();
   launch.params = fx_params.data();
   launch.workspace = ws_bytes > 0 ? workspace.data_ptr() : nullptr;
+  launch.stats = gemm->batch_train ? stats.data_ptr<float>() : nullptr;
   launch.m = m;
   launch.n = n;
   launch.k = k;
@@ -394,8 +398,7 @@ Result run_gemm(const FxGemmInfo* gemm, int32_t config, const Tensor& x, const T
   launch.config = config;
   const char* error = gemm->launch(&launch, current_stream(x));
   TORCH_CHECK(error == nullptr, "fxfuse: GEMM kernel launch failed: ", error);
-  const auto floats = x.options().dtype(at::kFloat);
-  return std::make_tuple(out, at::empty({0}, floats), at::empty({0}, x.options()), at::empty({0}, x.options()));
+  return std::make_tuple(out, stats, at::empty({0}, x.options()), at::empty({0}, x.options()));
 }
 
 // Buckets of M (ceil(log2 m)) the selection measures and the table routes by, with N and K

@@ -34,6 +34,7 @@ import torch
 from . import expr as E
 from .patterns.feature_pooling import FAMILY as POOLS
 from .patterns.functions import PREDICATES
+from .patterns.norms import FAMILY as NORMS
 from .patterns.reductions import FAMILY as REDUCTIONS
 from .vocabulary import EpilogueFunction
 
@@ -217,6 +218,12 @@ class Program:
         """Whether the stage's expression reads a per-column parameter."""
         indices = {E.param_index(s) for s in stage.expr.free_symbols}
         return any(i is not None and i < len(self.params) and read_as(self.params[i]) == "col" for i in indices)
+
+    @property
+    def channels_dim1(self) -> bool:
+        """Whether a norm of the program is one torch applies to dim 1 as channels (batch, group):
+        the features only where the value is 2-D, so the kernels cover 2-D inputs only."""
+        return any(isinstance(s, Norm) and NORMS[s.kind].over_channels for s in self.stages)
 
     @property
     def batch_norm_training(self) -> Norm | None:

@@ -2,7 +2,9 @@
 
 An entry holds the norm's torch spelling, what the matcher requires of the value it normalises,
 eager's arithmetic (the reference, and so the test oracle), and what the back ends need: the
-statistics' shape, the row kernels' stage call, whether the in-GEMM epilogue has a stage for it.
+statistics' shape, the row kernels' stage call, whether the in-GEMM epilogue takes it (its stage
+there follows from the statistics' shape: csrc/gemm_group_norm.cuh per row group,
+csrc/gemm_batch_norm.cuh per column).
 The matcher, the reference, the code generators and the policy read these entries rather than
 switching on the norm's name. Adding a norm is an entry here plus its device stage in csrc.
 """
@@ -34,7 +36,8 @@ class NormFamily:
     maps a parameter index to its vector) and, for a training batch norm, its batch statistics.
     ``row_stage(norm, element, p)``: the row kernels' call (csrc/row_epilogue.cuh; ``p`` maps a
     parameter index to its template argument, -1 for none); ``backward_code``: the norm's code in
-    the generated backward (csrc/row_grad.cuh's NormCode; a batch norm's in eval mode)."""
+    the generated backward (csrc/row_grad.cuh's NormCode; a batch norm's in eval mode).
+    ``not_in_gemm(norm)``: why the in-GEMM epilogue does not take the norm, or None."""
 
     kind: str
     spelling: Spelling
@@ -46,7 +49,7 @@ class NormFamily:
     backward_code: str
     check: Callable[[NormOp, int], str | None] = lambda op, n: None  # why the matcher stops, or None
     running_statistics: bool = False  # eval mode reads running statistics, training updates them
-    in_gemm: bool = False  # the in-GEMM epilogue has a stage for it (csrc/gemm_group_norm.cuh)
+    not_in_gemm: Callable[["Norm"], str | None] = lambda norm: f"{norm.kind} norms are not in the in-GEMM epilogue yet"
 
 
 # -- spellings (nn modules call these functions) -------------------------------------------------
@@ -107,7 +110,7 @@ FAMILY: dict[str, NormFamily] = {entry.kind: entry for entry in (
                                             f"{p(norm.bias)}>({_eps(norm)});"),
         check=lambda op, n: (None if op.groups > 0 and n % op.groups == 0
                              else f"num_groups={op.groups} does not divide {n} features"),
-        backward_code="fx::kGroupNorm", in_gemm=True),
+        backward_code="fx::kGroupNorm", not_in_gemm=lambda norm: None),
     NormFamily(
         "layer", spell(layer_norm, F.layer_norm), "row", over_channels=False, takes_bias=True,
         reference=lambda norm, x, p: (F.layer_norm(x, x.shape[-1:], p(norm.weight), p(norm.bias), norm.eps), None),
@@ -122,7 +125,8 @@ FAMILY: dict[str, NormFamily] = {entry.kind: entry for entry in (
     NormFamily(
         "batch", spell(batch_norm, F.batch_norm), "column", over_channels=True, takes_bias=True,
         reference=_batch_norm_reference, row_stage=_batch_norm_stage, backward_code="fx::kBatchEvalNorm",
-        running_statistics=True),
+        running_statistics=True,
+        not_in_gemm=lambda norm: None if norm.training else "batch norms in eval mode are not in the in-GEMM epilogue yet"),
 )}
 
 SPELLINGS = tuple(entry.spelling for entry in FAMILY.values())

@@ -528,7 +528,8 @@ class GemmInfoView(ctypes.Structure):
 
     _fields_ = [
         ("abi_version", ctypes.c_int32), ("dtype", ctypes.c_int32), ("out_dtype", ctypes.c_int32),
-        ("out_kind", ctypes.c_int32), ("num_params", ctypes.c_int32), ("param_kinds", ctypes.POINTER(ctypes.c_int32)),
+        ("out_kind", ctypes.c_int32), ("batch_train", ctypes.c_int32), ("channels_dim1", ctypes.c_int32),
+        ("num_params", ctypes.c_int32), ("param_kinds", ctypes.POINTER(ctypes.c_int32)),
         ("param_dtypes", ctypes.POINTER(ctypes.c_int32)), ("gated_block", ctypes.c_int32),
         ("first_gated_config", ctypes.c_int32), ("num_configs", ctypes.c_int32),
         ("config_names", ctypes.POINTER(ctypes.c_char_p)),

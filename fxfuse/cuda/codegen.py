@@ -126,8 +126,6 @@ def _program_header(program: Program, dtype: torch.dtype, namespace: str) -> str
     pools = [s for s in program.stages if isinstance(s, Pool)]
     rotary = [s.head_dim for s in program.stages if isinstance(s, Rotary)]
     bn = program.batch_norm_training
-    # torch's batch and group norms take dim 1 as channels: the kernels cover them for 2-D x only
-    channels_dim1 = any(isinstance(s, Norm) and NORMS[s.kind].over_channels for s in program.stages)
     comment = program.to_string().replace("*/", "* /")
     return "\n".join(
         [
@@ -144,7 +142,7 @@ def _program_header(program: Program, dtype: torch.dtype, namespace: str) -> str
             f"  static constexpr int32_t kParamKinds[kParamSlots] = {{{', '.join(kinds)}}};",
             f"  static constexpr int32_t kOutKind = {OUT_KINDS[None if reduction is None else reduction.keepdim]};",
             f"  static constexpr bool kBatchTrain = {'true' if bn else 'false'};",
-            f"  static constexpr bool kChannelsDim1 = {'true' if channels_dim1 else 'false'};",
+            f"  static constexpr bool kChannelsDim1 = {'true' if program.channels_dim1 else 'false'};",
             f"  static constexpr float kBatchEps = {float_literal(bn.eps) if bn else '0.0f'};",
             "  // the training BatchNorm's weight and bias parameters (-1: none), which its combine folds",
             f"  static constexpr int kBatchWeight = {-1 if bn is None or bn.weight is None else bn.weight};",

@@ -16,6 +16,12 @@ ends its tree in an ``fxg::RowReduce`` node: the kernel stores no D but per (row
 partials, and ``fxg::finalize_rows`` combines them and runs the stages after the reduction
 (``RowFinalize``, printed as a group norm's ``Post`` is) into the (M,) or (M, 1) output.
 
+A training batch norm's tree ends in an ``fxg::ColumnMoments`` node: the kernel stores the norm's
+input (D, as its deviation from each 16-row strip's mean) and per (strip, column) moments of it,
+``fxg::finalize_columns`` merges them into the batch statistics and a scale and shift (with the
+norm's weight and bias: ``Affine``) and ``fxg::normalize_columns`` normalises D in place and runs
+the stages after the norm (``After``).
+
 A program with a second GEMM (a gated MLP: ``silu(x @ Wg.T) * (x @ Wu.T)``) gets two trees in its
 module, measured against each other by the selection: ``Prog`` reads the second GEMM's output
 (computed by cuBLAS in the runtime) as an operand of the output's shape; ``GatedProg`` is one GEMM
@@ -41,9 +47,9 @@ from ..vocabulary import ROUNDING
 from ..patterns.norms import FAMILY as NORMS
 from ..patterns.reductions import FAMILY as REDUCTIONS
 from .codegen import OUT_KINDS, PARAM_KINDS, UnsupportedProgram
-from .printer import UnsupportedExpression, print_expr
+from .printer import UnsupportedExpression, float_literal, print_expr
 
-GEMM_CODEGEN_VERSION = "7"
+GEMM_CODEGEN_VERSION = "8"
 
 
 @dataclass(frozen=True)
@@ -84,6 +90,8 @@ GROUP_NORM_SUBTILE = 64
 GATED_SUBTILE = 64
 # fxg::RowReduce's: the layout it folds a thread's values by is checked for 64 columns
 ROW_REDUCE_SUBTILE = 64
+# fxg::ColumnMoments': a warp's lanes end with one 8-column block each, and write 64 adjacent columns
+COLUMN_MOMENTS_SUBTILE = 64
 
 
 @dataclass(frozen=True)
@@ -145,10 +153,12 @@ def unsupported_reason(program: Program, dtype: torch.dtype) -> str | None:
     for stage in program.stages:
         if not isinstance(stage, (Pointwise, Widen, Norm, Reduce)):
             return f"{type(stage).__name__.lower()} stages are not in the in-GEMM epilogue yet"
-    outside = sorted({norm.kind for norm in norms if not NORMS[norm.kind].in_gemm})
-    outside += sorted({r.kind for r in reductions if not REDUCTIONS[r.kind].in_gemm})
+    for norm in norms:
+        if (reason := NORMS[norm.kind].not_in_gemm(norm)) is not None:
+            return reason
+    outside = sorted({r.kind for r in reductions if not REDUCTIONS[r.kind].in_gemm})
     if outside:
-        return f"{', '.join(outside)} {'norms' if norms else 'reductions'} are not in the in-GEMM epilogue yet"
+        return f"{', '.join(outside)} reductions are not in the in-GEMM epilogue yet"
     if len(norms) + len(reductions) > 1:
         return "more than one norm or reduction in a chain is not in the in-GEMM epilogue yet"
     if reductions and program.second_gemms:
@@ -161,7 +171,7 @@ def unsupported_reason(program: Program, dtype: torch.dtype) -> str | None:
         if epilogue.norm is not None:
             after = print_expr(epilogue.affine_post())
             if any(program.operand_kinds[i] == "full" for i in after.params):
-                return "an operand of the output's shape after an in-tile group norm is not in the in-GEMM epilogue yet"
+                return f"an operand of the output's shape after the {epilogue.norm.kind} norm is not in the in-GEMM epilogue yet"
         if epilogue.reduce is not None:
             after = print_expr(epilogue.post)
             if any(program.params[i] != "scalar" for i in after.params):
@@ -275,6 +285,13 @@ def _program_header(program: Program, dtype: torch.dtype, param_dtypes: tuple[to
         subtile = ROW_REDUCE_SUBTILE
     elif epilogue.norm is None:
         post, tree, tree_args, subtile = [], chain, chain_args, 0
+    elif NORMS[epilogue.norm.kind].statistics == "column":  # a training batch norm
+        post = _column_struct("After", "after the batch norm: the stages after it",
+                              print_expr(epilogue.post, x_name="x", prefix="u"), codes, program.params, ["x"], [])
+        post += _affine_struct(epilogue.norm, codes)
+        tree = f"fxg::Tree<fxg::ColumnMoments<{COLUMN_MOMENTS_SUBTILE}>, {chain}>"
+        tree_args = f"{{{chain_args}, {{partials, a.m, a.n}}}}"
+        subtile = COLUMN_MOMENTS_SUBTILE
     else:
         post = _post_struct(epilogue, codes, program.params)
         tree = f"fxg::Tree<fxg::GroupNorm<Post, {GROUP_NORM_SUBTILE}>, {chain}>"
@@ -282,7 +299,8 @@ def _program_header(program: Program, dtype: torch.dtype, param_dtypes: tuple[to
                      f"Post::args(a)}}}}")
         subtile = GROUP_NORM_SUBTILE
     supports = "n % 8 == 0 && k % 8 == 0"
-    if epilogue.norm is not None:
+    batch = epilogue.norm is not None and NORMS[epilogue.norm.kind].statistics == "column"
+    if epilogue.norm is not None and not batch:
         supports += (f" && n % kGroups == 0 && (n / kGroups) % 8 == 0 && {GROUP_NORM_SUBTILE} % (n / kGroups) == 0")
     facts = [
         f"  using Element = {element};",
@@ -293,10 +311,15 @@ def _program_header(program: Program, dtype: torch.dtype, param_dtypes: tuple[to
         f"  static constexpr int32_t kNumParams = {len(program.params)};",
         f"  static constexpr int32_t kParamKinds[{max(1, len(codes))}] = {{{', '.join(kinds) or 'FX_PARAM_SCALAR'}}};",
         f"  static constexpr int32_t kParamDtypes[{max(1, len(codes))}] = {{{', '.join(codes) or 'FX_F32'}}};",
-        *([f"  static constexpr int64_t kGroups = {epilogue.norm.groups};"] if epilogue.norm is not None else []),
+        f"  static constexpr bool kChannelsDim1 = {'true' if program.channels_dim1 else 'false'};",
+        f"  static constexpr bool kBatchTrain = {'true' if batch else 'false'};",
+        *([f"  static constexpr float kBatchEps = {float_literal(epilogue.norm.eps)};", "  using NormAffine = Affine;",
+            "  using NormPost = After;"] if batch else []),
+        *([f"  static constexpr int64_t kGroups = {epilogue.norm.groups};"]
+          if epilogue.norm is not None and not batch else []),
         "",
         "  // 16-byte rows for TMA (x, weight, out) and for the column inputs' vector loads"
-        + ("; groups inside the norm's subtile" if epilogue.norm is not None else ""),
+        + ("; groups inside the norm's subtile" if epilogue.norm is not None and not batch else ""),
         f"  static bool supports(int64_t n, int64_t k) {{ return {supports}; }}",
     ]
     progs = _prog_struct("Prog", facts, tree, tree_args, subtile, 0, reduce_kind)
@@ -379,8 +402,26 @@ def _post_struct(epilogue: Epilogue, codes: list[str], kinds: tuple[str, ...]) -
     """fxg::GroupNorm's Post: the normalized value through the norm's weight and bias and the
     stages after it."""
     printed = print_expr(epilogue.affine_post(), x_name="x", prefix="u")
-    return _column_struct("Post", "after the group norm: its weight and bias, then the stages after it",
+    return _column_struct("Post", "after the norm: its weight and bias, then the stages after it",
                           printed, codes, kinds, ["x"], [])
+
+
+def _affine_struct(norm: Norm, codes: list[str]) -> list[str]:
+    """fxg::finalize_columns' Affine: the batch norm's weight and bias at column n (1 and 0 where it
+    has none), read as After reads its parameters."""
+
+    def value(index: int | None, default: str) -> str:
+        return default if index is None else f"fxg::load_param<{_ELEMENTS[codes[index]]}>(a.ptr[{index}], n)"
+
+    return [
+        "// the batch norm's weight and bias at column n",
+        "struct Affine {",
+        "  using Arguments = After::Arguments;",
+        f"  CUTLASS_DEVICE static float weight(const Arguments& a, int64_t n) {{ (void)a; (void)n; return {value(norm.weight, '1.f')}; }}",
+        f"  CUTLASS_DEVICE static float bias(const Arguments& a, int64_t n) {{ (void)a; (void)n; return {value(norm.bias, '0.f')}; }}",
+        "};",
+        "",
+    ]
 
 
 def _column_struct(name: str, comment: str, printed, codes: list[str], kinds: tuple[str, ...], inputs: list[str],

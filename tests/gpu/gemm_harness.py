@@ -119,11 +119,16 @@ def kernels(module) -> range:
 
 def run_config(module, program, x, w, b, params, config: int) -> torch.Tensor:
     """Configuration ``config`` of the module's output (it must cover the call)."""
+    return run_config_outputs(module, program, x, w, b, params, config)[0]
+
+
+def run_config_outputs(module, program, x, w, b, params, config: int) -> tuple:
+    """Configuration ``config`` of the module's op outputs ``(out, batch_stats, gemm, kept)``."""
     n = w.shape[0]
     m = x.numel() // x.shape[-1]
     assert module.supports(m, n, x.shape[-1], config)
     result = fxcuda.engine.forward_kernels(program.to_string(), x, w, b, params, gemm=module, config=config)
     assert result is not None, "the call did not take the in-GEMM path"
-    return result[0]
+    return result
 
 

@@ -31,13 +31,15 @@ def main() -> int:
         return 2
     import sanitize
     import test_cuda_kernels
+    import test_gemm_batch_norm
     import test_gemm_epilogue
     import test_gemm_group_norm
     from gemm_harness import param_dtypes
 
     # the in-GEMM tests' modules: a row module and a GEMM module per (program, dtype), as
     # gemm_harness.build_modules builds them
-    in_gemm = [*test_gemm_epilogue.BUILDS.values(), *test_gemm_group_norm.CASES.values()]
+    in_gemm = [*test_gemm_epilogue.BUILDS.values(), *test_gemm_group_norm.CASES.values(),
+               *test_gemm_batch_norm.CASES.values()]
     torch.backends.cuda.matmul.allow_tf32 = True  # the float32 in-GEMM cases are TF32 modules (test_gemm_epilogue)
     pairs = (test_cuda_kernels.all_builds() + [(sanitize.PROGRAMS[n], d) for n, d, *_ in sanitize.CALLS]
              + in_gemm)

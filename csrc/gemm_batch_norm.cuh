@@ -1,0 +1,278 @@
+// A training BatchNorm in the in-GEMM back end: fxg::ColumnMoments takes the column statistics of
+// the norm's input in the GEMM's epilogue, per strip of 16 rows, and stores that input as its
+// standardized deviation in the strip, (x - mean_strip) / std_strip; fxg::finalize_columns merges
+// a column's strips into the batch statistics and folds them, the norm's weight and bias and each
+// strip's mean and spread into a scale and a shift a (strip, column); fxg::normalize_columns then
+// runs the rest of the chain on D * scale + shift, in place. So the GEMM output is written once and
+// read once, and no statistics pass reads it (the row path's three passes read it twice). See
+// gemm_stages.cuh for the tree ColumnMoments is part of.
+//
+// Why standardized deviations, in float16 where the output is 16-bit: a bfloat16 D holds a value
+// to 2^-9 of its magnitude, and normalising turns that into 2^-9 of |x - mean| / std, times the
+// norm's weight: an error near one output ulp, which on top of the output's own rounding puts an
+// element past eager's by more than the correctness rule's 1e-2 where eager's error happens to be
+// small (measured: one element in 10^4 to 10^5 on the tests' draws). A standardized deviation is
+// within +-sqrt(15) (16 rows), in float16's range at 2^-11 of its magnitude: a quarter of that
+// error, below the output's rounding. The output buffer holds D (same width) until the
+// normalizing pass overwrites it.
+#pragma once
+
+#include "column_moments.cuh"
+#include "gemm_stages.cuh"
+
+namespace fxg {
+
+// Rows of a strip: a warp's rows of a subtile (16, by the WGMMA layout)
+constexpr int kMomentRows = 16;
+CUTLASS_HOST_DEVICE int64_t moment_strips(int64_t m) { return (m + kMomentRows - 1) / kMomentRows; }
+
+struct ColumnMomentsArguments {
+  float* partials = nullptr;  // [2][moment_strips(m)][n] float32: the strips' means, then their M2
+  int64_t m = 0;
+  int64_t n = 0;
+};
+
+// The type D is stored in: float16 where the output is 16-bit (see above), else the output's
+template <class Out>
+using DeviationOf = cute::conditional_t<sizeof(Out) == 2, cutlass::half_t, Out>;
+
+// 1 / the standard deviation of `count` values of sum of squared deviations m2: what a deviation
+// is multiplied by before the store (0 where they are all equal: their deviations are 0)
+CUTLASS_HOST_DEVICE float standardizer(float m2, float count) { return m2 > 0.f ? rsqrtf(m2 / count) : 0.f; }
+
+// Per (strip of 16 rows, column): the mean and the sum of squared deviations (M2) of the values its
+// child computed (float32), for fxg::finalize_columns; the values go on to the store as their
+// standardized deviations in the strip. By the WGMMA accumulator layout (fxg::SubtileCallbacks) lane 4g + q of a warp holds
+// rows g and g + 8 of the warp's 16 and columns 2q, 2q + 1 of each 8-column block, so the lanes
+// that share a column differ in g. A lane starts from its two rows' moments per column and the
+// lanes merge them by Chan's formula in three halving steps (lanes 16, 8, 4 apart): each step a
+// lane keeps half its columns and sends the other half to its partner, so a lane ends with the
+// strip's moments of its own block's two columns (28 shuffles a subtile, not the 96 of summing
+// every column over the warp twice), and the warp writes 64 adjacent columns a strip; three
+// doubling steps (28 shuffles) then give every lane the strip's means and standardizers of its 16
+// columns. Rows past
+// M count for nothing; a column holding an infinity or NaN gets a NaN mean or M2, as eager's
+// statistics of it are not finite either.
+template <int EpiN>
+struct ColumnMoments : RegisterNode<ColumnMomentsArguments> {
+  static constexpr int kPairs = EpiN / 4;  // a thread's columns of a subtile: two in each block
+  static constexpr int kKept = kPairs / 8;  // its columns after the three halvings
+  static_assert(EpiN % 32 == 0, "each of the 8 lanes of a column ends with whole column pairs");
+  using Base = RegisterNode<ColumnMomentsArguments>;
+  using typename Base::Arguments;
+  using typename Base::Params;
+  using Base::Base;
+  using Base::params;
+
+  template <class Problem>
+  static bool can_implement(Problem const&, Arguments const&) {
+    return true;  // any M and N: rows past M count for nothing, columns past N are not written
+  }
+
+  template <class Coords>
+  struct ConsumerStoreCallbacks : SubtileCallbacks<Coords, EpiN> {
+    template <class Args>
+    CUTLASS_DEVICE ConsumerStoreCallbacks(Args const& args, Params const& params)
+        : SubtileCallbacks<Coords, EpiN>(args), params(params) {}
+
+    Params params;
+
+    // One halving step: the partner `mask` lanes away takes columns [0, Half) if this lane is the
+    // upper one of the pair, else [Half, 2 Half); this lane merges the rest with the partner's
+    // moments of them (the lower lane's rows first) into [0, Half).
+    template <int Half>
+    CUTLASS_DEVICE static void halve(float (&mean)[kPairs], float (&m2)[kPairs], float& count, int mask) {
+      const bool upper = (threadIdx.x & mask) != 0;
+      const float other = __shfl_xor_sync(0xffffffffu, count, mask);
+      const float lower_n = upper ? other : count, upper_n = upper ? count : other;
+      const float total = lower_n + upper_n;
+      const float w = total > 0.f ? upper_n / total : 0.f;  // the upper rows' weight
+      const float cross = lower_n * w;                     // lower_n * upper_n / total
+      CUTLASS_PRAGMA_UNROLL
+      for (int i = 0; i < Half; ++i) {
+        const float got_mean = __shfl_xor_sync(0xffffffffu, upper ? mean[i] : mean[Half + i], mask);
+        const float got_m2 = __shfl_xor_sync(0xffffffffu, upper ? m2[i] : m2[Half + i], mask);
+        const float own_mean = upper ? mean[Half + i] : mean[i], own_m2 = upper ? m2[Half + i] : m2[i];
+        const float lower_mean = upper ? got_mean : own_mean, upper_mean = upper ? own_mean : got_mean;
+        const float d = upper_mean - lower_mean;
+        mean[i] = lower_mean + d * w;
+        m2[i] = own_m2 + got_m2 + d * d * cross;
+      }
+      count = total;
+    }
+
+    // One doubling step, a halving's inverse: [0, Have) of `values` becomes [0, 2 Have), the lower
+    // lane's columns first
+    template <int Have>
+    CUTLASS_DEVICE static void gather(float (&values)[kPairs], int mask) {
+      const bool upper = (threadIdx.x & mask) != 0;
+      CUTLASS_PRAGMA_UNROLL
+      for (int i = 0; i < Have; ++i) {
+        const float own = values[i], got = __shfl_xor_sync(0xffffffffu, own, mask);
+        values[i] = upper ? got : own;
+        values[Have + i] = upper ? own : got;
+      }
+    }
+
+    template <class STensor, class SyncFn, class VTensor>
+    CUTLASS_DEVICE void reduce(STensor&&, SyncFn const&, int epi_m, int epi_n, bool, VTensor visit_results) {
+      float value[2][EpiN / 8][2];  // (row slot, block, column of the pair)
+      this->unpack(visit_results, value);
+      const int lane = threadIdx.x % 32, g = lane / 4;
+      const int64_t row = this->first_row + static_cast<int64_t>(epi_m) * this->epi_rows;  // the thread's first
+      if (row % 8 != g || (row - g) % kMomentRows != 0 || this->col_in_tile % 8 != 2 * (lane % 4)) __trap();
+      const bool first = row < params.m, second = row + 8 < params.m;
+      float mean[kPairs], m2[kPairs];
+      CUTLASS_PRAGMA_UNROLL
+      for (int p = 0; p < kPairs; ++p) {  // column pair p: block p / 2, column p % 2
+        const float a = value[0][p / 2][p % 2];
+        const float d = second ? value[1][p / 2][p % 2] - a : 0.f;
+        mean[p] = first ? a + 0.5f * d : 0.f;
+        m2[p] = first ? 0.5f * d * d : 0.f;
+      }
+      float count = static_cast<float>(first) + static_cast<float>(second);
+      halve<kPairs / 2>(mean, m2, count, 16);
+      halve<kPairs / 4>(mean, m2, count, 8);
+      halve<kPairs / 8>(mean, m2, count, 4);
+      if (count == 0.f) return;  // the warp's rows are all past M (uniform over the warp), not stored
+      const int64_t n = params.n, strip = (row - g) / kMomentRows;
+      float* part_mean = params.partials + strip * n;
+      float* part_m2 = params.partials + (moment_strips(params.m) + strip) * n;
+      const int64_t base = this->first_col + static_cast<int64_t>(epi_n) * EpiN;  // the thread's column 0
+      CUTLASS_PRAGMA_UNROLL
+      for (int i = 0; i < kKept; ++i) {
+        const int p = g * kKept + i;  // the pair this lane kept, by the halvings' order
+        const int64_t col = base + 8 * (p / 2) + p % 2;
+        if (col < n) {
+          part_mean[col] = mean[i];
+          part_m2[col] = m2[i];
+        }
+      }
+      CUTLASS_PRAGMA_UNROLL
+      for (int i = 0; i < kKept; ++i) m2[i] = standardizer(m2[i], count);  // (now what D is scaled by)
+      gather<kKept>(mean, 4);
+      gather<kKept>(m2, 4);
+      gather<kKept * 2>(mean, 8);
+      gather<kKept * 2>(m2, 8);
+      gather<kKept * 4>(mean, 16);
+      gather<kKept * 4>(m2, 16);
+      CUTLASS_PRAGMA_UNROLL
+      for (int p = 0; p < kPairs; ++p) {
+        CUTLASS_PRAGMA_UNROLL
+        for (int r = 0; r < 2; ++r) value[r][p / 2][p % 2] = (value[r][p / 2][p % 2] - mean[p]) * m2[p];
+      }
+      this->pack(value, visit_results);
+    }
+  };
+
+  template <bool ReferenceSrc, class... Args>
+  CUTLASS_DEVICE auto get_consumer_store_callbacks(fusion::ConsumerStoreArgs<Args...> const& args) {
+    return ConsumerStoreCallbacks<decltype(args.tCcD)>(args, params);
+  }
+};
+
+// Per column: the strips' moments merged in order (fx::combine_strips); writes the (2, n) batch
+// statistics [mean, unbiased variance] the op returns for the running statistics and, over each
+// strip's moments (partials), that strip's scale and shift, so that the normalized value (through
+// the norm's weight and bias) of a stored standardized deviation D is D * scale + shift: with
+// s = weight / sqrt(biased variance + eps), scale = s * std_strip and shift = (mean_strip - mean)
+// * s + bias. Affine (generated): weight(args, c) and bias(args, c), 1 and 0
+// for a norm without them. (Templates, as every kernel of these headers: a module's units each
+// compile them, and link together.)
+template <class Affine, int StripRows>
+__global__ void __launch_bounds__(fx::kCombineBlock) finalize_columns(float* partials, int64_t m, int64_t n, float eps,
+                                                                      float* stats, typename Affine::Arguments args) {
+  __shared__ fx::Moments parts[fx::kCombineBlock];
+  __shared__ float column_mean[fx::kCombineColumns], column_scale[fx::kCombineColumns],
+      column_bias[fx::kCombineColumns];
+  const fx::Thread t;
+  const int64_t strips = (m + StripRows - 1) / StripRows;
+  fx::Moments total;
+  float* part_m2 = partials + strips * n;
+  const int64_t c = fx::combine_strips(partials, part_m2, m, n, strips, StripRows, t, parts, total);
+  const int lane = t.tid() % fx::kCombineColumns;
+  if (c >= 0) {
+    const float s = Affine::weight(args, c) / sqrtf(total.m2 / static_cast<float>(m) + eps);
+    stats[c] = total.mean;
+    stats[n + c] = total.m2 / static_cast<float>(m - 1);
+    column_mean[lane] = total.mean;
+    column_scale[lane] = s;
+    column_bias[lane] = Affine::bias(args, c);
+  }
+  t.sync();
+  const int64_t col = static_cast<int64_t>(t.bid()) * fx::kCombineColumns + lane;
+  if (col >= n) return;
+  const int nparts = t.bdim() / fx::kCombineColumns;
+  for (int64_t q = t.tid() / fx::kCombineColumns; q < strips; q += nparts) {  // in place of the strips' moments
+    float& mean = partials[q * n + col];
+    float& m2 = part_m2[q * n + col];
+    const float standardizer_q = standardizer(m2, static_cast<float>(fx::rows_of_strip(m, StripRows, q)));
+    m2 = standardizer_q > 0.f ? column_scale[lane] / standardizer_q : 0.f;
+    mean = (mean - column_mean[lane]) * column_scale[lane] + column_bias[lane];
+  }
+}
+
+// normalize_columns' block: 128 threads of VEC columns (16 bytes of Out) each, a thread taking the
+// rows of one strip, so that the strip's scale and shift are read once for 16 rows and the 16
+// loads are in flight together
+constexpr int kNormalizeThreads = 128;
+
+// out (M x N, row-major, holding the GEMM's D: DeviationOf<Out>) in place: D * scale + shift of
+// its strip and column (shift: [strips][n], scale after it) through After (the stages after the
+// norm), as Out. N is a multiple of 16 bytes of Out (the GEMM's TMA store needs that too).
+template <class After, class Out>
+__global__ void __launch_bounds__(kNormalizeThreads) normalize_columns(Out* out, const float* shift, int64_t m,
+                                                                       int64_t n, typename After::Arguments args) {
+  using D = DeviationOf<Out>;
+  static_assert(sizeof(D) == sizeof(Out), "D is stored where the output goes");
+  constexpr int kVec = 16 / static_cast<int>(sizeof(Out));
+  const int64_t col = (static_cast<int64_t>(blockIdx.x) * kNormalizeThreads + threadIdx.x) * kVec;
+  if (col >= n) return;
+  const int64_t strips = moment_strips(m);
+  const auto scalars = After::scalars(args);
+  for (int64_t strip = blockIdx.y; strip < strips; strip += gridDim.y) {
+    float a[kVec], b[kVec];
+    CUTLASS_PRAGMA_UNROLL
+    for (int v = 0; v < kVec; ++v) {
+      a[v] = __ldg(shift + (strips + strip) * n + col + v);
+      b[v] = __ldg(shift + strip * n + col + v);
+    }
+    const int64_t first = strip * kMomentRows;
+    uint4 chunk[kMomentRows];  // every row's load in flight before the math
+    CUTLASS_PRAGMA_UNROLL
+    for (int i = 0; i < kMomentRows; ++i) {
+      if (first + i < m) chunk[i] = *reinterpret_cast<const uint4*>(out + (first + i) * n + col);
+    }
+    CUTLASS_PRAGMA_UNROLL
+    for (int i = 0; i < kMomentRows; ++i) {
+      if (first + i >= m) continue;
+      const D* stored = reinterpret_cast<const D*>(&chunk[i]);
+      Out* values = reinterpret_cast<Out*>(&chunk[i]);
+      CUTLASS_PRAGMA_UNROLL
+      for (int v = 0; v < kVec; ++v) {
+        const float x = static_cast<float>(stored[v]) * a[v] + b[v];
+        values[v] = static_cast<Out>(After::apply(args, scalars, col + v, x));
+      }
+      *reinterpret_cast<uint4*>(out + (first + i) * n + col) = chunk[i];
+    }
+  }
+}
+
+// The statistics' workspace: [2][strips][n], the strips' means and M2, then their shifts and scales
+CUTLASS_HOST_DEVICE int64_t batch_norm_floats(int64_t m, int64_t n) { return 2 * moment_strips(m) * n; }
+
+// The launches after the GEMM. Affine, After (generated): the norm's weight and bias, and the
+// stages after the norm (fxg::finalize_columns, fxg::normalize_columns); their Arguments are one.
+template <class Affine, class After, class Out>
+inline void launch_batch_norm(float* partials, Out* out, float* stats, int64_t m, int64_t n, float eps,
+                              typename After::Arguments args, cudaStream_t stream) {
+  const int64_t strips = moment_strips(m);
+  finalize_columns<Affine, kMomentRows><<<static_cast<unsigned>((n + fx::kCombineColumns - 1) / fx::kCombineColumns),
+                                          fx::combine_block(strips), 0, stream>>>(partials, m, n, eps, stats, args);
+  constexpr int64_t kBlockCols = kNormalizeThreads * (16 / static_cast<int64_t>(sizeof(Out)));
+  const dim3 grid(static_cast<unsigned>((n + kBlockCols - 1) / kBlockCols),
+                  static_cast<unsigned>(strips < 65535 ? strips : 65535));
+  normalize_columns<After, Out><<<grid, kNormalizeThreads, 0, stream>>>(out, partials, m, n, args);
+}
+
+}  // namespace fxg
