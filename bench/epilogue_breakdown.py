@@ -26,6 +26,7 @@ import torch  # noqa: E402
 from tabulate import tabulate  # noqa: E402
 
 import fxfuse.cuda as fxcuda  # noqa: E402
+from bench.selection_timing import kernel_us  # noqa: E402
 from examples import suite  # noqa: E402
 from fxfuse.canonicalize import canonicalize  # noqa: E402
 from fxfuse.match import example_value, match_all  # noqa: E402
@@ -73,23 +74,6 @@ def gemm_and_fused_us(gemm, fused) -> tuple[float, float]:
     return times["gemm"], times["fused"]
 
 
-def kernels_us(call, calls: int = 20) -> dict[str, float]:
-    """GPU µs per call of each kernel ``call`` launches (settled first), by torch's profiler."""
-    for _ in range(3):
-        call()
-    torch.cuda.synchronize()
-    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
-        for _ in range(calls):
-            call()
-        torch.cuda.synchronize()
-    totals: dict[str, float] = {}
-    for event in prof.events():
-        if event.device_type == torch.autograd.DeviceType.CUDA and event.device_time > 0:
-            name = event.name if len(event.name) < 60 else event.name[:28] + "..." + event.name[-28:]
-            totals[name] = totals.get(name, 0.0) + event.device_time / calls
-    return totals
-
-
 def epilogue_bytes(program, m: int, n: int, element: int) -> int:
     """Read the GEMM output once and write the result once; a training BatchNorm reads it twice."""
     out = m * n if program.reduction is None else m
@@ -123,8 +107,8 @@ def main() -> int:
             selection = fxcuda.select(program, dtype, tuple(p.dtype for p in params), (m, n, w.shape[1]), b is not None,
                                       tuple(tuple(p.shape) for p in params))
             print(f"{row.id}: {'cuBLAS + row pass' if selection is None else selection.describe()}", flush=True)
-            for name, us in kernels_us(fused).items():
-                print(f"  {us:8.1f} us  {name}", flush=True)
+            for name, us in kernel_us(fused, ()).items():
+                print(f"  {us:8.1f} us  {name if len(name) < 60 else name[:28] + '...' + name[-28:]}", flush=True)
         if args.once:
             print(f"call: {row.id} {text}", flush=True)
             fused()

@@ -64,11 +64,6 @@ struct ColumnMoments : RegisterNode<ColumnMomentsArguments> {
   using Base::Base;
   using Base::params;
 
-  template <class Problem>
-  static bool can_implement(Problem const&, Arguments const&) {
-    return true;  // any M and N: rows past M count for nothing, columns past N are not written
-  }
-
   template <class Coords>
   struct ConsumerStoreCallbacks : SubtileCallbacks<Coords, EpiN> {
     template <class Args>

@@ -126,11 +126,6 @@ struct RowReduce : RegisterNode<RowReduceArguments> {
   using Base::Base;
   using Base::params;
 
-  template <class Problem>
-  static bool can_implement(Problem const&, Arguments const&) {
-    return true;  // any M and N: columns past N are left out, rows past M not written
-  }
-
   template <class Coords>
   struct ConsumerStoreCallbacks : SubtileCallbacks<Coords, EpiN> {
     template <class Args>

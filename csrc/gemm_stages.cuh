@@ -126,6 +126,12 @@ struct RegisterNode {
     return cutlass::Status::kSuccess;
   }
 
+  // any M and N, unless a node says otherwise (its own can_implement)
+  template <class Problem>
+  static bool can_implement(Problem const&, Arguments const&) {
+    return true;
+  }
+
   CUTLASS_HOST_DEVICE RegisterNode() {}
   CUTLASS_HOST_DEVICE RegisterNode(Params const& params, SharedStorage const&) : params(params) {}
   Params params;
