@@ -3,8 +3,9 @@
 Where a group's columns lie inside the epilogue subtile (8, 16, 32 or 64 columns), the statistics
 of each (row, group) are taken in registers from the float32 accumulators and the chain after the
 norm runs before the one store. Every kernel computes the suite's group-norm chains under the
-correctness rule at every such group size, odd M, 3-D input, bfloat16 and float16, NaN/Inf rows;
-group sizes the subtile cannot hold are not covered by the module and take the row path.
+correctness rule at every such group size, odd M, bfloat16 and float16, NaN/Inf rows;
+group sizes the subtile cannot hold, and 3-D inputs (torch takes their dim 1 as channels), are not
+covered by the module and take the row path.
 """
 
 from __future__ import annotations
@@ -59,17 +60,24 @@ def test_every_kernel_normalizes_every_group_size_inside_the_tile(modules, name,
                                      seeds=3 if m < 1024 else 1)
 
 
-def test_every_schedule_and_a_three_dimensional_input(modules):
-    """A (B, T, K) input is B*T rows of the GEMM; the norm's groups are along its last dim."""
+def test_every_schedule(modules):
+    program, module = PROGRAMS_33["s04"], modules[("s04", torch.bfloat16)]
+    x, w, b, params = draw(program, torch.bfloat16, 111, GROUPS * 16, 136, seed=3)
+    eager = reference.op_forward(program, x, w, b, params, False)[0]
+    exact = truth(program, x, w, b, params)
+    for config in range(len(module.config_names)):
+        assert_under_rule(run_config(module, program, x, w, b, params, config), eager, exact)
+
+
+def test_a_three_dimensional_input_is_not_the_modules(modules):
+    """torch's group norm takes dim 1 of a 3-D value as its channels, not the GEMM's features: the
+    module covers 2-D x only (as the row kernels), and the call computes what eager computes (here
+    eager's error: 37 channels in 33 groups)."""
     program, module = PROGRAMS_33["s04"], modules[("s04", torch.bfloat16)]
     x, w, b, params = draw(program, torch.bfloat16, 37, GROUPS * 16, 136, seed=3, batch=(3,))
-    rows = x.reshape(-1, 136)
-    eager = reference.op_forward(program, rows, w, b, params, False)[0].reshape(3, 37, -1)
-    exact = truth(program, rows, w, b, params).reshape(3, 37, -1)
-    for config in range(len(module.config_names)):
-        out = run_config(module, program, x, w, b, params, config)
-        assert out.shape == (3, 37, GROUPS * 16)
-        assert_under_rule(out, eager, exact)
+    assert fxcuda.engine.forward_kernels(program.to_string(), x, w, b, params, gemm=module, config=0) is None
+    with pytest.raises(RuntimeError):
+        fxcuda.engine.call(program.to_string(), x, w, b, params, gemm=module, config=0)
 
 
 def test_a_row_of_nan_or_inf_spoils_only_its_own_groups(modules):
