@@ -79,9 +79,9 @@ class Kernel:
 KERNELS = (Kernel(128, 256, cluster_m=2), Kernel(256, 128, cluster_m=2), Kernel(128, 128, cluster_m=2, pingpong=True),
            Kernel(128, 128, cluster_n=2))
 
-# element types the in-GEMM path takes for x and weight (float32 as TF32, while torch allows it)
-GEMM_DTYPES = {torch.bfloat16: "FX_BF16", torch.float16: "FX_F16", torch.float32: "FX_F32"}
-PARAM_DTYPES = {torch.float32: "FX_F32", torch.bfloat16: "FX_BF16", torch.float16: "FX_F16"}
+# csrc/fx_abi.h's FxDtype of each element type the in-GEMM path takes: for x and weight (float32 as
+# TF32, while torch allows it), the output and the parameters (others reach the kernels as float32)
+FX_DTYPES = {torch.bfloat16: "FX_BF16", torch.float16: "FX_F16", torch.float32: "FX_F32"}
 _ELEMENTS = {"FX_F32": "float", "FX_BF16": "cutlass::bfloat16_t", "FX_F16": "cutlass::half_t"}
 
 # fxg::GroupNorm's epilogue subtile: groups of 8, 16, 32 or 64 columns lie inside it
@@ -140,7 +140,7 @@ def group_size(norm: Norm, n: int) -> int | None:
 def unsupported_reason(program: Program, dtype: torch.dtype) -> str | None:
     """Why the in-GEMM path cannot take ``program`` on ``dtype`` inputs (None: it can; a group
     norm's group size is checked per call, by the module)."""
-    if dtype not in GEMM_DTYPES:
+    if dtype not in FX_DTYPES:
         return f"the in-GEMM path takes bfloat16, float16 and (as TF32) float32 GEMMs, not {dtype}"
     if dtype == torch.float32 and not torch.backends.cuda.matmul.allow_tf32:
         return ("a float32 GEMM is TF32 in the in-GEMM path, and torch.backends.cuda.matmul.allow_tf32 "
@@ -195,7 +195,7 @@ def gated_unsupported_reason(program: Program) -> str | None:
 
 def kernel_param_dtype(dtype: torch.dtype) -> torch.dtype:
     """The dtype a parameter reaches the kernels in (the runtime widens others to float32)."""
-    return dtype if dtype in PARAM_DTYPES else torch.float32
+    return dtype if dtype in FX_DTYPES else torch.float32
 
 
 def canonical(program: Program) -> Program:
@@ -246,9 +246,9 @@ def _program_header(program: Program, dtype: torch.dtype, param_dtypes: tuple[to
     epilogue = Epilogue.of(program)
     printed = print_expr(epilogue.pre, x_name="x", prefix="t")
     used = sorted(printed.params)
-    element = _ELEMENTS[GEMM_DTYPES[dtype]]
-    out_code = PARAM_DTYPES[program.output_dtype(dtype)]
-    codes = [PARAM_DTYPES[kernel_param_dtype(d)] for d in param_dtypes]
+    element = _ELEMENTS[FX_DTYPES[dtype]]
+    out_code = FX_DTYPES[program.output_dtype(dtype)]
+    codes = [FX_DTYPES[kernel_param_dtype(d)] for d in param_dtypes]
     kinds = [PARAM_KINDS[kind] for kind in program.params]
 
     # the tree's inputs after the accumulator: the bias, then each parameter the expression reads
@@ -305,7 +305,7 @@ def _program_header(program: Program, dtype: torch.dtype, param_dtypes: tuple[to
     facts = [
         f"  using Element = {element};",
         f"  using Out = {_ELEMENTS[out_code]};",
-        f"  static constexpr int32_t kDtype = {GEMM_DTYPES[dtype]};",
+        f"  static constexpr int32_t kDtype = {FX_DTYPES[dtype]};",
         f"  static constexpr int32_t kOutDtype = {out_code};",
         f"  static constexpr int32_t kOutKind = {OUT_KINDS[None if epilogue.reduce is None else epilogue.reduce.keepdim]};",
         f"  static constexpr int32_t kNumParams = {len(program.params)};",
