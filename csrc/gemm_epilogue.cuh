@@ -242,9 +242,9 @@ struct GemmFor {
               partials, static_cast<Out*>(a.out), a.m, a.n, row_tiles<kTileN>(a.n), Prog::Finalize::args(a));
     }
     if constexpr (kBatchTrain) {
-      launch_batch_norm<typename Prog::NormAffine, typename Prog::NormPost>(partials, static_cast<Out*>(a.out), a.stats, a.m, a.n,
-                                                 Prog::kBatchEps, Prog::NormPost::args(a),
-                                                 static_cast<cudaStream_t>(stream));
+      launch_batch_norm<typename Prog::NormAffine, typename Prog::NormPost>(
+          partials, static_cast<Out*>(a.out), a.stats, a.m, a.n, Prog::kBatchEps, Prog::NormPost::args(a),
+          static_cast<cudaStream_t>(stream));
     }
     const cudaError_t error = cudaGetLastError();
     return error == cudaSuccess ? nullptr : cudaGetErrorString(error);

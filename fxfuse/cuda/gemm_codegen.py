@@ -17,7 +17,7 @@ partials, and ``fxg::finalize_rows`` combines them and runs the stages after the
 (``RowFinalize``, printed as a group norm's ``Post`` is) into the (M,) or (M, 1) output.
 
 A training batch norm's tree ends in an ``fxg::ColumnMoments`` node: the kernel stores the norm's
-input (D, as its deviation from each 16-row strip's mean) and per (strip, column) moments of it,
+input (D, as its standardized deviation in each 16-row strip) and per (strip, column) moments of it,
 ``fxg::finalize_columns`` merges them into the batch statistics and a scale and shift (with the
 norm's weight and bias: ``Affine``) and ``fxg::normalize_columns`` normalises D in place and runs
 the stages after the norm (``After``).
@@ -250,6 +250,8 @@ def _program_header(program: Program, dtype: torch.dtype, param_dtypes: tuple[to
     out_code = FX_DTYPES[program.output_dtype(dtype)]
     codes = [FX_DTYPES[kernel_param_dtype(d)] for d in param_dtypes]
     kinds = [PARAM_KINDS[kind] for kind in program.params]
+    statistics = None if epilogue.norm is None else NORMS[epilogue.norm.kind].statistics
+    group, batch = statistics == "row group", statistics == "column"  # an in-tile group norm, a training batch norm
 
     # the tree's inputs after the accumulator: the bias, then each parameter the expression reads
     leaves, leaf_args, names = [], [], []
@@ -285,22 +287,21 @@ def _program_header(program: Program, dtype: torch.dtype, param_dtypes: tuple[to
         subtile = ROW_REDUCE_SUBTILE
     elif epilogue.norm is None:
         post, tree, tree_args, subtile = [], chain, chain_args, 0
-    elif NORMS[epilogue.norm.kind].statistics == "column":  # a training batch norm
+    elif batch:
         post = _column_struct("After", "after the batch norm: the stages after it",
                               print_expr(epilogue.post, x_name="x", prefix="u"), codes, program.params, ["x"], [])
         post += _affine_struct(epilogue.norm, codes)
         tree = f"fxg::Tree<fxg::ColumnMoments<{COLUMN_MOMENTS_SUBTILE}>, {chain}>"
         tree_args = f"{{{chain_args}, {{partials, a.m, a.n}}}}"
         subtile = COLUMN_MOMENTS_SUBTILE
-    else:
+    else:  # a group norm inside the subtile
         post = _post_struct(epilogue, codes, program.params)
         tree = f"fxg::Tree<fxg::GroupNorm<Post, {GROUP_NORM_SUBTILE}>, {chain}>"
         tree_args = (f"{{{chain_args}, {{static_cast<int32_t>(a.n / kGroups), {float(epilogue.norm.eps)!r}f, "
                      f"Post::args(a)}}}}")
         subtile = GROUP_NORM_SUBTILE
     supports = "n % 8 == 0 && k % 8 == 0"
-    batch = epilogue.norm is not None and NORMS[epilogue.norm.kind].statistics == "column"
-    if epilogue.norm is not None and not batch:
+    if group:
         supports += (f" && n % kGroups == 0 && (n / kGroups) % 8 == 0 && {GROUP_NORM_SUBTILE} % (n / kGroups) == 0")
     facts = [
         f"  using Element = {element};",
@@ -315,11 +316,10 @@ def _program_header(program: Program, dtype: torch.dtype, param_dtypes: tuple[to
         f"  static constexpr bool kBatchTrain = {'true' if batch else 'false'};",
         *([f"  static constexpr float kBatchEps = {float_literal(epilogue.norm.eps)};", "  using NormAffine = Affine;",
             "  using NormPost = After;"] if batch else []),
-        *([f"  static constexpr int64_t kGroups = {epilogue.norm.groups};"]
-          if epilogue.norm is not None and not batch else []),
+        *([f"  static constexpr int64_t kGroups = {epilogue.norm.groups};"] if group else []),
         "",
         "  // 16-byte rows for TMA (x, weight, out) and for the column inputs' vector loads"
-        + ("; groups inside the norm's subtile" if epilogue.norm is not None and not batch else ""),
+        + ("; groups inside the norm's subtile" if group else ""),
         f"  static bool supports(int64_t n, int64_t k) {{ return {supports}; }}",
     ]
     progs = _prog_struct("Prog", facts, tree, tree_args, subtile, 0, reduce_kind)
