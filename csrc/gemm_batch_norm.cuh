@@ -65,12 +65,8 @@ struct ColumnMoments : RegisterNode<ColumnMomentsArguments> {
   using Base::params;
 
   template <class Coords>
-  struct ConsumerStoreCallbacks : SubtileCallbacks<Coords, EpiN> {
-    template <class Args>
-    CUTLASS_DEVICE ConsumerStoreCallbacks(Args const& args, Params const& params)
-        : SubtileCallbacks<Coords, EpiN>(args), params(params) {}
-
-    Params params;
+  struct ConsumerStoreCallbacks : SubtileCallbacks<Coords, EpiN, Params> {
+    using SubtileCallbacks<Coords, EpiN, Params>::SubtileCallbacks;
 
     // One halving step: the partner `mask` lanes away takes columns [0, Half) if this lane is the
     // upper one of the pair, else [Half, 2 Half); this lane merges the rest with the partner's
@@ -116,7 +112,7 @@ struct ColumnMoments : RegisterNode<ColumnMomentsArguments> {
       const int lane = threadIdx.x % 32, g = lane / 4;
       const int64_t row = this->first_row + static_cast<int64_t>(epi_m) * this->epi_rows;  // the thread's first
       if (row % 8 != g || (row - g) % kMomentRows != 0 || this->col_in_tile % 8 != 2 * (lane % 4)) __trap();
-      const bool first = row < params.m, second = row + 8 < params.m;
+      const bool first = row < this->params.m, second = row + 8 < this->params.m;
       float mean[kPairs], m2[kPairs];
       CUTLASS_PRAGMA_UNROLL
       for (int p = 0; p < kPairs; ++p) {  // column pair p: block p / 2, column p % 2
@@ -130,9 +126,9 @@ struct ColumnMoments : RegisterNode<ColumnMomentsArguments> {
       halve<kPairs / 4>(mean, m2, count, 8);
       halve<kPairs / 8>(mean, m2, count, 4);
       if (count == 0.f) return;  // the warp's rows are all past M (uniform over the warp), not stored
-      const int64_t n = params.n, strip = (row - g) / kMomentRows;
-      float* part_mean = params.partials + strip * n;
-      float* part_m2 = params.partials + (moment_strips(params.m) + strip) * n;
+      const int64_t n = this->params.n, strip = (row - g) / kMomentRows;
+      float* part_mean = this->params.partials + strip * n;
+      float* part_m2 = this->params.partials + (moment_strips(this->params.m) + strip) * n;
       const int64_t base = this->first_col + static_cast<int64_t>(epi_n) * EpiN;  // the thread's column 0
       CUTLASS_PRAGMA_UNROLL
       for (int i = 0; i < kKept; ++i) {

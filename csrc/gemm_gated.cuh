@@ -44,12 +44,8 @@ struct Gated : RegisterNode<GatedArguments<Gate, Out>> {
   CUTLASS_HOST_DEVICE static int64_t padded_columns(int64_t n) { return (n + EpiN / 2 - 1) / (EpiN / 2) * (EpiN / 2); }
 
   template <class Coords>
-  struct ConsumerStoreCallbacks : SubtileCallbacks<Coords, EpiN> {
-    template <class Args>
-    CUTLASS_DEVICE ConsumerStoreCallbacks(Args const& args, Params const& params)
-        : SubtileCallbacks<Coords, EpiN>(args), params(params) {}
-
-    Params params;  // a copy: pointers and sizes in registers, not read through memory per value
+  struct ConsumerStoreCallbacks : SubtileCallbacks<Coords, EpiN, Params> {
+    using SubtileCallbacks<Coords, EpiN, Params>::SubtileCallbacks;
 
     template <class STensor, class SyncFn, class VTensor>
     CUTLASS_DEVICE void reduce(STensor&&, SyncFn const&, int epi_m, int epi_n, bool, VTensor visit_results) {
@@ -59,20 +55,20 @@ struct Gated : RegisterNode<GatedArguments<Gate, Out>> {
       const int64_t col = this->first_col + static_cast<int64_t>(epi_n) * EpiN;
       const int64_t out_col = col / EpiN * (EpiN / 2) + col % EpiN;
       const int64_t row = this->first_row + static_cast<int64_t>(epi_m) * this->epi_rows;
-      const auto scalars = Gate::scalars(params.gate);
+      const auto scalars = Gate::scalars(this->params.gate);
       CUTLASS_PRAGMA_UNROLL
       for (int r = 0; r < 2; ++r) {
         const int64_t m = row + 8 * r;
         CUTLASS_PRAGMA_UNROLL
         for (int j = 0; j < kHalf; ++j) {
           const int64_t n = out_col + 8 * j;
-          if (m >= params.m || n >= params.n) continue;  // n even, N even: both columns or neither
+          if (m >= this->params.m || n >= this->params.n) continue;  // n even, N even: both columns or neither
           cutlass::Array<Out, 2> pair;
           CUTLASS_PRAGMA_UNROLL
           for (int e = 0; e < 2; ++e) {
-            pair[e] = static_cast<Out>(Gate::apply(params.gate, scalars, n + e, value[r][j][e], value[r][j + kHalf][e]));
+            pair[e] = static_cast<Out>(Gate::apply(this->params.gate, scalars, n + e, value[r][j][e], value[r][j + kHalf][e]));
           }
-          *reinterpret_cast<cutlass::Array<Out, 2>*>(params.out + m * params.n + n) = pair;
+          *reinterpret_cast<cutlass::Array<Out, 2>*>(this->params.out + m * this->params.n + n) = pair;
         }
       }
     }

@@ -127,12 +127,8 @@ struct RowReduce : RegisterNode<RowReduceArguments> {
   using Base::params;
 
   template <class Coords>
-  struct ConsumerStoreCallbacks : SubtileCallbacks<Coords, EpiN> {
-    template <class Args>
-    CUTLASS_DEVICE ConsumerStoreCallbacks(Args const& args, Params const& params)
-        : SubtileCallbacks<Coords, EpiN>(args), params(params) {}
-
-    Params params;
+  struct ConsumerStoreCallbacks : SubtileCallbacks<Coords, EpiN, Params> {
+    using SubtileCallbacks<Coords, EpiN, Params>::SubtileCallbacks;
     Partial<Kind> rows[kSlots][2];  // (subtile row, row slot): the thread's values so far
 
     template <class STensor, class SyncFn, class VTensor>
@@ -142,12 +138,12 @@ struct RowReduce : RegisterNode<RowReduceArguments> {
       this->unpack(visit_results, value);
       const int64_t col = this->first_col + static_cast<int64_t>(epi_n) * EpiN;  // the thread's first, this subtile
       CUTLASS_PRAGMA_UNROLL
-      for (int r = 0; r < 2; ++r) rows[epi_m][r].combine(Partial<Kind>::of(value[r], col, params.n));
+      for (int r = 0; r < 2; ++r) rows[epi_m][r].combine(Partial<Kind>::of(value[r], col, this->params.n));
     }
 
     CUTLASS_DEVICE void end() {
       const int64_t tile = this->first_col / kTileN;
-      const int64_t tiles = row_tiles<kTileN>(params.n);
+      const int64_t tiles = row_tiles<kTileN>(this->params.n);
       if (tile >= tiles) return;  // a CTA past N in a cluster that is not: nothing of the rows (CTA-uniform)
       const bool writes = (threadIdx.x & 3) == 0;
       CUTLASS_PRAGMA_UNROLL
@@ -163,9 +159,9 @@ struct RowReduce : RegisterNode<RowReduceArguments> {
             p.combine(other);
           }
           const int64_t row = this->first_row + static_cast<int64_t>(s) * this->epi_rows + 8 * r;
-          if (!writes || s * this->epi_rows >= kTileM || row >= params.m) continue;
-          params.partials[partial_index(0, row, tile, params.m, tiles)] = p.value;
-          if constexpr (kPartialParts<Kind> == 2) params.partials[partial_index(1, row, tile, params.m, tiles)] = p.scaled;
+          if (!writes || s * this->epi_rows >= kTileM || row >= this->params.m) continue;
+          this->params.partials[partial_index(0, row, tile, this->params.m, tiles)] = p.value;
+          if constexpr (kPartialParts<Kind> == 2) this->params.partials[partial_index(1, row, tile, this->params.m, tiles)] = p.scaled;
         }
       }
     }

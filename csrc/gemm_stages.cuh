@@ -150,15 +150,16 @@ struct RegisterNode {
 // values as float. By the SM90 WGMMA accumulator layout (PTX ISA, wgmma fragments) a thread holds
 // two rows 8 apart and, in each 8-column block of the subtile, two adjacent columns; the four lanes
 // of its quad hold the rest of those blocks. The layout is checked where it is read: relative
-// coordinates outside it stop the kernel (the checks fold away when it holds).
-template <class Coords, int EpiN>
+// coordinates outside it stop the kernel (the checks fold away when it holds). Params: the node's.
+template <class Coords, int EpiN, class Params>
 struct SubtileCallbacks : fusion::EmptyConsumerStoreCallbacks {
   static_assert(EpiN % 8 == 0, "the subtile is a whole number of 8-column blocks");
   static constexpr int kBlocks = EpiN / 8;
 
   template <class Args>
-  CUTLASS_DEVICE explicit SubtileCallbacks(Args const& args)
-      : coords(args.tCcD),
+  CUTLASS_DEVICE SubtileCallbacks(Args const& args, Params const& params)
+      : params(params),
+        coords(args.tCcD),
         first_row(get<0>(args.problem_shape_mnkl) - get<0>(args.residue_tCcD)),
         first_col(get<1>(args.problem_shape_mnkl) - get<1>(args.residue_tCcD)),
         col_in_tile(static_cast<int>(get<1>(args.residue_cD) - get<1>(args.residue_tCcD))),
@@ -166,6 +167,7 @@ struct SubtileCallbacks : fusion::EmptyConsumerStoreCallbacks {
     static_assert(decltype(size<1>(args.epi_tile))::value == EpiN, "the subtile the node was built for");
   }
 
+  Params params;      // a copy: pointers and sizes in registers, not read through memory per value
   Coords coords;      // (R2S, R2S_M, R2S_N, EPI_M, EPI_N) -> (m, n) relative to the thread's first value
   int64_t first_row;  // the row and column of the thread's first value (of the first subtile)
   int64_t first_col;
