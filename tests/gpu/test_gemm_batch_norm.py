@@ -40,9 +40,10 @@ CASES = {**{(name, torch.bfloat16): (p, torch.bfloat16) for name, p in PROGRAMS_
          ("s07", torch.float32): (PROGRAMS_BN["s07"], torch.float32)}  # float32 as TF32
 # (M, N, K): two rows (a column then normalizes to about +-d / sqrt(d^2 + 4 eps) of their
 # difference d: eager's rounding of the norm's input moves it by up to one where d is a few ulp,
-# the stored deviations by 2^-9); a strip cut short (7); 300 rows = 18 strips and 12 rows, N past
-# the tiles; four tiles of rows; 257 strips (several merge ranges a column in the finalize)
-SHAPES = [(2, 136, 72), (7, 520, 264), (300, 1032, 520), (1024, 2048, 512), (4100, 264, 136)]
+# the stored deviations by 2^-9); a strip cut short (7); a strip of one row (17: its deviation is
+# 0, its spread 0); 300 rows = 18 strips and 12 rows, N past the tiles; four tiles of rows; 257
+# strips (several merge ranges a column in the finalize)
+SHAPES = [(2, 136, 72), (7, 520, 264), (17, 136, 72), (300, 1032, 520), (1024, 2048, 512), (4100, 264, 136)]
 
 
 @pytest.fixture(autouse=True)
