@@ -42,17 +42,16 @@ CUTLASS_HOST_DEVICE float standardizer(float m2, float count) { return m2 > 0.f 
 
 // Per (strip of 16 rows, column): the mean and the sum of squared deviations (M2) of the values its
 // child computed (float32), for fxg::finalize_columns; the values go on to the store as their
-// standardized deviations in the strip. By the WGMMA accumulator layout (fxg::SubtileCallbacks) lane 4g + q of a warp holds
-// rows g and g + 8 of the warp's 16 and columns 2q, 2q + 1 of each 8-column block, so the lanes
-// that share a column differ in g. A lane starts from its two rows' moments per column and the
-// lanes merge them by Chan's formula in three halving steps (lanes 16, 8, 4 apart): each step a
-// lane keeps half its columns and sends the other half to its partner, so a lane ends with the
-// strip's moments of its own block's two columns (28 shuffles a subtile, not the 96 of summing
-// every column over the warp twice), and the warp writes 64 adjacent columns a strip; three
-// doubling steps (28 shuffles) then give every lane the strip's means and standardizers of its 16
-// columns. Rows past
-// M count for nothing; a column holding an infinity or NaN gets a NaN mean or M2, as eager's
-// statistics of it are not finite either.
+// standardized deviations in the strip. By the WGMMA accumulator layout (fxg::SubtileCallbacks)
+// lane 4g + q of a warp holds rows g and g + 8 of the warp's 16 and columns 2q, 2q + 1 of each
+// 8-column block, so the lanes that share a column differ in g. A lane starts from its two rows'
+// moments per column and the lanes merge them by Chan's formula in three halving steps (lanes 16,
+// 8, 4 apart): each step a lane keeps half its columns and sends the other half to its partner, so
+// a lane ends with the strip's moments of its own block's two columns (31 shuffles a subtile with
+// the row counts', not the 96 of summing every column over the warp twice), and the warp writes 64
+// adjacent columns a strip; three doubling steps (28 shuffles) then give every lane the strip's
+// means and standardizers of its 16 columns. Rows past M count for nothing; a column holding an
+// infinity or NaN gets a NaN mean or M2, as eager's statistics of it are not finite either.
 template <int EpiN>
 struct ColumnMoments : RegisterNode<ColumnMomentsArguments> {
   static constexpr int kPairs = EpiN / 4;  // a thread's columns of a subtile: two in each block
