@@ -57,11 +57,7 @@ struct ColumnMoments : RegisterNode<ColumnMomentsArguments> {
   static constexpr int kPairs = EpiN / 4;  // a thread's columns of a subtile: two in each block
   static constexpr int kKept = kPairs / 8;  // its columns after the three halvings
   static_assert(EpiN % 32 == 0, "each of the 8 lanes of a column ends with whole column pairs");
-  using Base = RegisterNode<ColumnMomentsArguments>;
-  using typename Base::Arguments;
-  using typename Base::Params;
-  using Base::Base;
-  using Base::params;
+  using RegisterNode::RegisterNode;  // (a base of no template parameter: its names need no using)
 
   template <class Coords>
   struct ConsumerStoreCallbacks : SubtileCallbacks<Coords, EpiN, Params> {
@@ -166,20 +162,18 @@ struct ColumnMoments : RegisterNode<ColumnMomentsArguments> {
 // strip's moments (partials), that strip's scale and shift, so that the normalized value (through
 // the norm's weight and bias) of a stored standardized deviation D is D * scale + shift: with
 // s = weight / sqrt(biased variance + eps), scale = s * std_strip and shift = (mean_strip - mean)
-// * s + bias. Affine (generated): weight(args, c) and bias(args, c), 1 and 0
-// for a norm without them. (Templates, as every kernel of these headers: a module's units each
-// compile them, and link together.)
-template <class Affine, int StripRows>
+// * s + bias. Affine (generated): weight(args, c) and bias(args, c), 1 and 0 for a norm without them.
+template <class Affine>
 __global__ void __launch_bounds__(fx::kCombineBlock) finalize_columns(float* partials, int64_t m, int64_t n, float eps,
                                                                       float* stats, typename Affine::Arguments args) {
   __shared__ fx::Moments parts[fx::kCombineBlock];
   __shared__ float column_mean[fx::kCombineColumns], column_scale[fx::kCombineColumns],
       column_bias[fx::kCombineColumns];
   const fx::Thread t;
-  const int64_t strips = (m + StripRows - 1) / StripRows;
+  const int64_t strips = moment_strips(m);
   fx::Moments total;
   float* part_m2 = partials + strips * n;
-  const int64_t c = fx::combine_strips(partials, part_m2, m, n, strips, StripRows, t, parts, total);
+  const int64_t c = fx::combine_strips(partials, part_m2, m, n, strips, kMomentRows, t, parts, total);
   const int lane = t.tid() % fx::kCombineColumns;
   if (c >= 0) {
     const float s = Affine::weight(args, c) / sqrtf(total.m2 / static_cast<float>(m) + eps);
@@ -196,7 +190,7 @@ __global__ void __launch_bounds__(fx::kCombineBlock) finalize_columns(float* par
   for (int64_t q = t.tid() / fx::kCombineColumns; q < strips; q += nparts) {  // in place of the strips' moments
     float& mean = partials[q * n + col];
     float& m2 = part_m2[q * n + col];
-    const float standardizer_q = standardizer(m2, static_cast<float>(fx::rows_of_strip(m, StripRows, q)));
+    const float standardizer_q = standardizer(m2, static_cast<float>(fx::rows_of_strip(m, kMomentRows, q)));
     m2 = standardizer_q > 0.f ? column_scale[lane] / standardizer_q : 0.f;
     mean = (mean - column_mean[lane]) * column_scale[lane] + column_bias[lane];
   }
@@ -257,8 +251,8 @@ template <class Affine, class After, class Out>
 inline void launch_batch_norm(float* partials, Out* out, float* stats, int64_t m, int64_t n, float eps,
                               typename After::Arguments args, cudaStream_t stream) {
   const int64_t strips = moment_strips(m);
-  finalize_columns<Affine, kMomentRows><<<static_cast<unsigned>((n + fx::kCombineColumns - 1) / fx::kCombineColumns),
-                                          fx::combine_block(strips), 0, stream>>>(partials, m, n, eps, stats, args);
+  finalize_columns<Affine><<<static_cast<unsigned>((n + fx::kCombineColumns - 1) / fx::kCombineColumns),
+                              fx::combine_block(strips), 0, stream>>>(partials, m, n, eps, stats, args);
   constexpr int64_t kBlockCols = kNormalizeThreads * (16 / static_cast<int64_t>(sizeof(Out)));
   const dim3 grid(static_cast<unsigned>((n + kBlockCols - 1) / kBlockCols),
                   static_cast<unsigned>(strips < 65535 ? strips : 65535));

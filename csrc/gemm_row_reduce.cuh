@@ -120,11 +120,7 @@ struct RowReduce : RegisterNode<RowReduceArguments> {
   static constexpr int kTileM = decltype(size<0>(typename Frame::Tile{}))::value;
   static constexpr int kSlots = kTileM / 64;  // subtiles a tile: of 64 rows (ping-pong) or all of them
   using ElementAux = NoDElement;  // the kernel has no D
-  using Base = RegisterNode<RowReduceArguments>;
-  using typename Base::Arguments;
-  using typename Base::Params;
-  using Base::Base;
-  using Base::params;
+  using RegisterNode::RegisterNode;  // (a base of no template parameter: its names need no using)
 
   template <class Coords>
   struct ConsumerStoreCallbacks : SubtileCallbacks<Coords, EpiN, Params> {
