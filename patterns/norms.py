@@ -4,7 +4,7 @@ An entry holds the norm's torch spelling, what the matcher requires of the value
 eager's arithmetic (the reference, and so the test oracle), and what the back ends need: the
 statistics' shape, the row kernels' stage call, whether the in-GEMM epilogue takes it (its stage
 there follows from the statistics' shape: csrc/gemm_group_norm.cuh per row group,
-csrc/gemm_batch_norm.cuh per column).
+csrc/gemm_batch_norm.cuh per column; a norm of fixed statistics is a pointwise expression there).
 The matcher, the reference, the code generators and the policy read these entries rather than
 switching on the norm's name. Adding a norm is an entry here plus its device stage in csrc.
 """
@@ -14,9 +14,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable, Literal
 
+import sympy
 import torch
 import torch.nn.functional as F
 
+from .. import expr as E
 from ..canonical import NormOp
 from . import Spelling, spell
 
@@ -37,7 +39,10 @@ class NormFamily:
     ``row_stage(norm, element, p)``: the row kernels' call (csrc/row_epilogue.cuh; ``p`` maps a
     parameter index to its template argument, -1 for none); ``backward_code``: the norm's code in
     the generated backward (csrc/row_grad.cuh's NormCode; a batch norm's in eval mode).
-    ``not_in_gemm(norm)``: why the in-GEMM epilogue does not take the norm, or None."""
+    ``not_in_gemm(norm)``: why the in-GEMM epilogue does not take the norm, or None.
+    ``as_pointwise(norm)``: the norm as a pointwise expression of x and its column parameters where
+    its statistics are fixed (an eval-mode batch norm's running statistics), else None; the in-GEMM
+    epilogue composes it with the pointwise stages around it."""
 
     kind: str
     spelling: Spelling
@@ -50,6 +55,7 @@ class NormFamily:
     check: Callable[[NormOp, int], str | None] = lambda op, n: None  # why the matcher stops, or None
     running_statistics: bool = False  # eval mode reads running statistics, training updates them
     not_in_gemm: Callable[["Norm"], str | None] = lambda norm: f"{norm.kind} norms are not in the in-GEMM epilogue yet"
+    as_pointwise: Callable[["Norm"], sympy.Expr | None] = lambda norm: None
 
 
 # -- spellings (nn modules call these functions) -------------------------------------------------
@@ -89,6 +95,17 @@ def _batch_norm_reference(norm: Norm, x: torch.Tensor, p: Weights):
     return out, torch.stack([mean, var])
 
 
+def _batch_norm_as_pointwise(norm: Norm) -> sympy.Expr | None:
+    """Eval mode: (x - running_mean) / sqrt(running_var + eps) * weight + bias, per column."""
+    if norm.training:
+        return None
+    x = E.mul(E.sub(E.X, E.param(norm.running_mean)),
+              E.power(E.add(E.param(norm.running_var), E.const(norm.eps)), E.const(-0.5)))
+    if norm.weight is not None:
+        x = E.mul(x, E.param(norm.weight))
+    return x if norm.bias is None else E.add(x, E.param(norm.bias))
+
+
 def _batch_norm_stage(norm: Norm, element: str, p) -> str:
     if norm.training:
         return f"r.template batch_norm_train<{element}, {p(norm.weight)}, {p(norm.bias)}>();"
@@ -125,8 +142,7 @@ FAMILY: dict[str, NormFamily] = {entry.kind: entry for entry in (
     NormFamily(
         "batch", spell(batch_norm, F.batch_norm), "column", over_channels=True, takes_bias=True,
         reference=_batch_norm_reference, row_stage=_batch_norm_stage, backward_code="fx::kBatchEvalNorm",
-        running_statistics=True,
-        not_in_gemm=lambda norm: None if norm.training else "batch norms in eval mode are not in the in-GEMM epilogue yet"),
+        running_statistics=True, not_in_gemm=lambda norm: None, as_pointwise=_batch_norm_as_pointwise),
 )}
 
 SPELLINGS = tuple(entry.spelling for entry in FAMILY.values())

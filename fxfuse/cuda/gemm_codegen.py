@@ -9,7 +9,8 @@ composed into one expression, printed by the same printer as the row kernels' (`
 the device functions of csrc/epilogue_ops.cuh). The numerics are the correctness rule's, not
 eager's rounding: the expression runs in float32 on the float32 accumulator (the bias added
 there), the rounding points a bfloat16/float16 chain carries are dropped, and the result is
-rounded once, at the store.
+rounded once, at the store. A norm of fixed statistics (an eval-mode batch norm: running mean and
+variance, weight and bias per column) is one more pointwise stage of that expression.
 
 A program that reduces each row to one value (sum, mean, max, min, logsumexp; scalars after it)
 ends its tree in an ``fxg::RowReduce`` node: the kernel stores no D but per (row, N-tile)
@@ -109,7 +110,7 @@ class Epilogue:
     def of(program: Program) -> "Epilogue":
         segments: list[sympy.Expr] = [E.X]
         norm = reduce = None
-        for stage in program.stages:
+        for stage in epilogue_stages(program):
             if isinstance(stage, Pointwise):
                 segments[-1] = E.substitute(stage.expr, {E.X: segments[-1]})
             elif isinstance(stage, (Norm, Reduce)):
@@ -127,6 +128,16 @@ class Epilogue:
         if self.norm.bias is not None:
             x = E.add(x, E.param(self.norm.bias))
         return E.substitute(self.post, {E.X: x})
+
+
+def epilogue_stages(program: Program) -> tuple:
+    """The program's stages as the epilogue composes them: a norm of fixed statistics (an eval-mode
+    batch norm) becomes the pointwise stage it is."""
+    def composed(stage):
+        expr = NORMS[stage.kind].as_pointwise(stage) if isinstance(stage, Norm) else None
+        return stage if expr is None else Pointwise(expr)
+
+    return tuple(composed(stage) for stage in program.stages)
 
 
 def group_size(norm: Norm, n: int) -> int | None:
@@ -148,9 +159,10 @@ def unsupported_reason(program: Program, dtype: torch.dtype) -> str | None:
     if program.steps:
         return (f"{', '.join(program.steps)} of the GEMM output: a step turns the float32 accumulator's "
                 "last-bit difference from eager's rounded output into a jump, so the row pass takes it")
-    norms = [s for s in program.stages if isinstance(s, Norm)]
-    reductions = [s for s in program.stages if isinstance(s, Reduce)]
-    for stage in program.stages:
+    stages = epilogue_stages(program)
+    norms = [s for s in stages if isinstance(s, Norm)]
+    reductions = [s for s in stages if isinstance(s, Reduce)]
+    for stage in stages:
         if not isinstance(stage, (Pointwise, Widen, Norm, Reduce)):
             return f"{type(stage).__name__.lower()} stages are not in the in-GEMM epilogue yet"
     for norm in norms:
@@ -186,7 +198,7 @@ def gated_unsupported_reason(program: Program) -> str | None:
     (None: it can); the module's other kernels still read that GEMM's cuBLAS output."""
     if len(program.second_gemms) != 1:
         return "the gated kernel runs one second GEMM"
-    if any(isinstance(s, Norm) for s in program.stages):
+    if any(isinstance(s, Norm) for s in epilogue_stages(program)):
         return "a norm after a gated pair of GEMMs is not in the gated kernel yet"
     if "full" in program.params:
         return "an operand of the output's shape beside a second GEMM is not in the gated kernel yet"
@@ -200,13 +212,21 @@ def kernel_param_dtype(dtype: torch.dtype) -> torch.dtype:
 
 def canonical(program: Program) -> Program:
     """The program as the in-GEMM kernel computes it: its pointwise stages composed without
-    rounding points around the norm (then a Widen where the chain widens). Programs that differ
-    only where eager rounds share one GEMM module: it names the module and keys its build."""
-    epilogue = Epilogue.of(program)
-    stages: tuple = (Pointwise(epilogue.pre),)
-    if epilogue.norm is not None or epilogue.reduce is not None:
-        stages += (epilogue.norm or epilogue.reduce, Pointwise(epilogue.post))
-    return Program(program.gemm, stages + ((Widen(),) if program.widens else ()), program.params)
+    rounding points between its norms and reductions (then a Widen where the chain widens).
+    Programs that differ only where eager rounds share one GEMM module: it names the module and
+    keys its build. Norms stay stages even where the epilogue composes them (``epilogue_stages``):
+    the module's facts (``Program.channels_dim1``) follow from them."""
+    rounding = set(ROUNDING.values())
+    stages: list = []
+    segment = E.X
+    for stage in program.stages:
+        if isinstance(stage, Pointwise):
+            segment = E.substitute(stage.expr, {E.X: segment})
+        elif isinstance(stage, (Norm, Reduce)):
+            stages += [Pointwise(E.without_calls(segment, rounding)), stage]
+            segment = E.X
+    stages.append(Pointwise(E.without_calls(segment, rounding)))
+    return Program(program.gemm, tuple(stages) + ((Widen(),) if program.widens else ()), program.params)
 
 
 def generate(program: Program, dtype: torch.dtype, param_dtypes: tuple[torch.dtype, ...], namespace: str,

@@ -167,7 +167,6 @@ def test_a_module_built_with_another_menu_has_a_unit_per_kernel():
     ("widen_rms_then_group", torch.bfloat16, "rms norms are not in the in-GEMM epilogue"),
     ("reduce_var_keep", torch.bfloat16, "var reductions are not in the in-GEMM epilogue"),
     ("s11_gelu_softmax", torch.bfloat16, "softmax reductions are not in the in-GEMM epilogue"),
-    ("s22_batch_eval_relu", torch.bfloat16, "batch norms in eval mode are not in the in-GEMM epilogue"),
     ("reduce_sum_keep_broadcast", torch.bfloat16, "only scalars are read after a row reduction"),
     ("full_residual_layer", torch.bfloat16, "norms are not in the in-GEMM epilogue"),
     ("keep_residual_layer", torch.bfloat16, "keep stages"),
@@ -271,6 +270,31 @@ def test_a_training_batch_norm_takes_column_moments_in_the_gemm_and_normalizes_a
     plain = header(Program(Gemm(False), (Norm("batch", 1e-3, training=True),)))
     assert "return 1.f; }" in plain and "return 0.f; }" in plain  # no weight, no bias
     assert "static constexpr bool kBatchTrain = false;" in header(PROGRAMS["s01_scale_leaky"])
+
+
+def test_an_eval_mode_batch_norm_is_a_pointwise_stage_of_the_chain():
+    """Its statistics are the running ones: per column (x - mean) / sqrt(var + eps) * weight + bias,
+    composed with the stages around it into the one expression on the accumulator."""
+    program = PROGRAMS["vec_batch_eval_silu_scalar"]  # x * p0 | batch_norm(weight=p1, mean=p2, var=p3) | silu(x) + p4
+    assert gemm_codegen.unsupported_reason(program, torch.bfloat16) is None
+    text = header(program)
+    assert trees(text) == ["using Tree = fxg::Tree<fxg::Pointwise<Chain, Out>, fxg::Acc, "
+                           + ", ".join(["fxg::Col<Frame, cutlass::bfloat16_t>"] * 4) + ", fxg::Scalar<cutlass::bfloat16_t>>;"]
+    for line in ("const float t0 = x * p0;", "const float t1 = t0 - p2;", "const float t2 = p3 + 0.0010000000474974513f;",
+                 "const float t3 = 1.0f / sqrtf(t2);", "const float t4 = t1 * t3;", "const float t5 = t4 * p1;",
+                 "const float t6 = fx_silu(t5);", "const float t7 = t6 + p4;", "out[e] = t7;"):
+        assert line in text
+    assert "static constexpr bool kBatchTrain = false;" in text and "ColumnMoments" not in text
+    assert "static constexpr bool kChannelsDim1 = true;" in text  # torch takes dim 1 as channels: 2-D x only
+    # the module's key keeps the norm a stage (its facts follow from it), rounding points dropped around it
+    assert gemm_codegen.canonical(program).to_string() == (
+        "linear(bias=False) | pointwise(x * p0) | batch_norm(eps=0.001, weight=p1, running_mean=p2, running_var=p3) "
+        "| pointwise(silu(x) + p4) || col col col col scalar")
+    # beside a norm with statistics of its own, it is the pointwise stage before that norm
+    before_group = Program(Gemm(True), (Norm("batch", 1e-5, running_mean=0, running_var=1),
+                                        Norm("group", 1e-5, groups=4)), ("col", "col"))
+    assert gemm_codegen.unsupported_reason(before_group, torch.bfloat16) is None
+    assert "fxg::GroupNorm<Post, 64>" in trees(header(before_group))[0]
 
 
 @pytest.mark.parametrize("n,groups,size", [(8192, 512, 16), (8192, 256, 32), (4096, 64, 64), (264, 33, 8),

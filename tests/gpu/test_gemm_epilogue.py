@@ -1,6 +1,8 @@
 """The in-GEMM back end (csrc/gemm_epilogue.cuh, fxfuse/cuda/gemm_codegen.py) on a Hopper GPU.
 
-Every GEMM configuration of every pointwise and row-reduction program (bf16, fp16, and float32 as
+Every GEMM configuration of every pointwise and row-reduction program, and of eval-mode batch norms
+(pointwise per column with the running statistics: 2-D x only, as torch takes dim 1 of a 3-D
+value as channels) (bf16, fp16, and float32 as
 TF32 while torch allows TF32) computes the program under the correctness rule: within 1e-2 of eager's result, or no further from the float64 truth than eager's own result
 (the epilogue computes in float32 on the accumulators and rounds once, where eager rounds the GEMM
 output and every op). Every element is written (outputs poisoned with NaN first), NaN and Inf reach
@@ -43,7 +45,7 @@ REDUCTIONS = ["s05_logsumexp_chain", "s15_div_sum_mul", "s16_sigmoid_sum", "redu
               "reduce_mean_drop", "reduce_vector_norm_keep"]  # one value a row: partials in the epilogue, then a finalize
 NAMES = ["identity", "s01_scale_leaky", "s10_div_gelu", "s13_sub_mul_relu", "s14_silu_div_clamp_tanh",
          "full_residual", "full_gate_silu", "gemm_gate_silu", "gemm_up_first_silu", "gemm_gate_gelu_scaled",
-         *REDUCTIONS, *EXTRA]
+         "s22_batch_eval_relu", "vec_batch_eval_silu_scalar", *REDUCTIONS, *EXTRA]
 CASES = [(name, torch.bfloat16) for name in NAMES] + [("s01_scale_leaky", torch.float16),
                                                       ("scalar_and_col", torch.float16),
                                                       ("full_gate_silu", torch.float16),
@@ -104,6 +106,17 @@ def test_three_dimensional_input(modules, name, dtype):
     out = run_config(module, program, x, w, b, params, 0)
     assert out.shape == (3, 37, 264)
     assert_under_rule(out, eager, truth(program, x, w, b, params))
+
+
+def test_a_three_dimensional_input_of_a_batch_norm_is_not_the_modules(modules):
+    """torch's batch norm takes dim 1 of a 3-D value as its channels, not the GEMM's features: the
+    module covers 2-D x only (as the row kernels), and the call computes what eager computes (here
+    eager's error: 37 channels against running statistics of 264)."""
+    program, module = program_of("s22_batch_eval_relu"), modules[("s22_batch_eval_relu", torch.bfloat16)]
+    x, w, b, params = draw(program, torch.bfloat16, 37, 264, 136, seed=3, batch=(3,))
+    assert fxcuda.engine.forward_kernels(program.to_string(), x, w, b, params, gemm=module, config=0) is None
+    with pytest.raises(RuntimeError):
+        fxcuda.engine.call(program.to_string(), x, w, b, params, gemm=module, config=0)
 
 
 @pytest.mark.parametrize("name", ["s05_logsumexp_chain", "reduce_min_drop"])
