@@ -2,9 +2,11 @@
 # One call on a GPU machine: install fxfuse, build every module, then the stages asked for; logs
 # in $OUT.
 #   bash bench/device_run.sh STAGES [bench args...]
-# STAGES, comma-separated: tests (tests/gpu, the suite tests in parallel shards), profile (the
-# epilogue breakdown and an ncu summary of each kernel; PROFILE_ARGS), bench (bench/bench.py;
-# BENCH_PARTS times groups of rows in processes of their own and merges them), sanitize
+# STAGES, comma-separated: prebuild (only the builds: every module the tests and the suite use,
+# into the cache, which stays while the machine does), tests (tests/gpu, the suite tests in
+# parallel shards, spread over the host's GPUs), profile (the epilogue breakdown and an ncu
+# summary of each kernel; PROFILE_ARGS), bench (bench/bench.py; BENCH_PARTS times groups of rows
+# in processes of their own and merges them), sanitize
 # (compute-sanitizer over one run of each kernel template; SANITIZE_TOOLS picks the tools),
 # gradients (every suite model's gradients and the training example on CUDA), train
 # (bench/train_bench.py; TRAIN_ARGS).
@@ -16,7 +18,7 @@ has() { [[ ",$stages," == *",$1,"* ]]; }
 # Build every module first, in parallel (a build per chain at compile time is sequential).
 # PREBUILD_ARGS narrow the suite modules (bench/prebuild_suite.py's flags); the tests' modules are
 # built only with the tests stage.
-{ if has tests || has sanitize; then python3 tests/gpu/prebuild.py; fi
+{ if has tests || has sanitize || has prebuild; then python3 tests/gpu/prebuild.py; fi
   python3 bench/prebuild_suite.py ${PREBUILD_ARGS:-}; } 2>&1 | grep -v "^fxfuse: building" \
   | tee "$OUT/prebuild.log"
 status=0
@@ -35,21 +37,25 @@ if has tests; then
   # process with the rest it ran past 420 s
   # The other files of tests/gpu in groups of their own (in one process they ran past 420 s, the
   # in-GEMM tests never reached); the CPU-side files run in CPU CI.
-  groups=("tests/gpu/test_cuda_kernels.py --deselect tests/gpu/test_cuda_kernels.py::test_kernels_match_reference tests/gpu/test_cuda_device_functions.py tests/gpu/test_dropout_cuda.py tests/gpu/test_distributed.py"
-          "tests/gpu/test_gemm_epilogue.py" "tests/gpu/test_gemm_group_norm.py tests/gpu/test_operands_cuda.py tests/gpu/test_pooling_cuda.py"
-          "tests/gpu/test_graph_timing_cuda.py")
-  pids=()
+  # On a host of several GPUs the shards take them in turn; the two-GPU tests see them all.
+  groups=("tests/gpu/test_cuda_kernels.py --deselect tests/gpu/test_cuda_kernels.py::test_kernels_match_reference tests/gpu/test_cuda_device_functions.py tests/gpu/test_dropout_cuda.py"
+          "tests/gpu/test_gemm_epilogue.py" "tests/gpu/test_gemm_group_norm.py tests/gpu/test_gemm_batch_norm.py"
+          "tests/gpu/test_operands_cuda.py tests/gpu/test_pooling_cuda.py" "tests/gpu/test_graph_timing_cuda.py")
+  gpus=$(nvidia-smi -L | wc -l) shard=0 pids=()
+  next_gpu() { gpu=$((shard++ % gpus)); }  # in this shell, before the shard forks
   for i in "${!groups[@]}"; do
-    timeout 420 python3 -m pytest ${groups[$i]} -q -rs -p no:cacheprovider >"$LOGS/gpu_kernels_g$i.log" 2>&1 & pids+=($!)
+    next_gpu; CUDA_VISIBLE_DEVICES=$gpu timeout 420 python3 -m pytest ${groups[$i]} -q -rs --durations=15 -p no:cacheprovider \
+      >"$LOGS/gpu_kernels_g$i.log" 2>&1 & pids+=($!)
   done
+  timeout 420 python3 -m pytest tests/gpu/test_distributed.py -q -rs -p no:cacheprovider >"$LOGS/gpu_kernels_distributed.log" 2>&1 & pids+=($!)
   kernel_shards=("float32" "bfloat16" "float16 and not bfloat16")
   for i in "${!kernel_shards[@]}"; do
-    timeout 420 python3 -m pytest tests/gpu/test_cuda_kernels.py::test_kernels_match_reference -q -rs \
+    next_gpu; CUDA_VISIBLE_DEVICES=$gpu timeout 420 python3 -m pytest tests/gpu/test_cuda_kernels.py::test_kernels_match_reference -q -rs \
       -k "${kernel_shards[$i]}" -p no:cacheprovider >"$LOGS/gpu_kernels_$i.log" 2>&1 & pids+=($!)
   done
   shards=("small and bf16" "small and fp32" "small and fp16" "not small and not gradients and not autocast" "gradients" "autocast")
   for i in "${!shards[@]}"; do
-    timeout 420 python3 -m pytest tests/gpu/test_suite_cuda.py -q -rs -k "${shards[$i]}" \
+    next_gpu; CUDA_VISIBLE_DEVICES=$gpu timeout 420 python3 -m pytest tests/gpu/test_suite_cuda.py -q -rs --durations=15 -k "${shards[$i]}" \
       -p no:cacheprovider >"$LOGS/gpu_suite_$i.log" 2>&1 & pids+=($!)
   done
   for p in "${pids[@]}"; do wait "$p" || status=1; done

@@ -4,9 +4,10 @@
                                    [--rows S01,...]
 
 Dynamo traces each suite model on the GPU, fxfuse's matcher names its programs, and
-``fxfuse.cuda.prepare_many`` compiles all of them at once into the build cache, so that the
-compiles inside tests and the benchmark only load modules (a build per chain at compile time is
-sequential; here all cores work together).
+``fxfuse.cuda.prepare_many`` compiles all of them at once into the build cache, their in-GEMM
+modules too (where the path takes the program), so that the compiles inside tests and the
+benchmark only load modules (each compile builds only its own graph's modules, one graph after
+another; here all cores work together).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torch  # noqa: E402
 
 from examples import suite  # noqa: E402
+from fxfuse.backend import param_dtypes  # noqa: E402
 from fxfuse.canonicalize import canonicalize  # noqa: E402
 from fxfuse.match import match_all  # noqa: E402
 
@@ -34,15 +36,16 @@ DTYPES = {
 }
 
 
-def suite_programs(rows, sizes, dtypes) -> set:
+def suite_programs(rows, sizes, dtypes) -> tuple[set, set]:
     """(program, dtype) of every fused chain of ``rows`` at ``sizes`` in ``dtypes`` (DTYPES
-    values), on CUDA."""
-    found = set()
+    values), on CUDA, and (program, dtype, parameter dtypes) of each for its GEMM module."""
+    found, gemms = set(), set()
 
     def collect(gm, example_inputs, **kwargs):
         for chain in match_all(gm.graph, canonicalize(gm.graph), allow_cpu=False):
             if chain.program is not None:
                 found.add((chain.program, chain.dtype))
+                gemms.add((chain.program, chain.dtype, param_dtypes(chain)))
         return gm.forward
 
     for row in rows:
@@ -56,7 +59,7 @@ def suite_programs(rows, sizes, dtypes) -> set:
                 with torch.no_grad(), torch.autocast("cuda", dtype=autocast, enabled=autocast is not None):
                     torch.compile(model, backend=collect)(*inputs)
                 del model, inputs
-    return found
+    return found, gemms
 
 
 def main() -> int:
@@ -70,10 +73,10 @@ def main() -> int:
 
     rows = [r for r in suite.select(args.rows.split(",") if args.rows else None) if "-M" not in r.id]
     start = time.time()
-    pairs = suite_programs(rows, args.sizes.split(","), [DTYPES[d] for d in args.dtypes.split(",")])
+    pairs, gemms = suite_programs(rows, args.sizes.split(","), [DTYPES[d] for d in args.dtypes.split(",")])
     traced = time.time() - start
-    failed = fxcuda.prepare_many(sorted(pairs, key=str), workers=args.workers)
-    print(f"{len(pairs)} suite modules ready in {time.time() - start:.0f} s "
+    failed = fxcuda.prepare_many(sorted(pairs, key=str), workers=args.workers, gemm_items=sorted(gemms, key=str))
+    print(f"{len(pairs)} suite programs' modules ready in {time.time() - start:.0f} s "
           f"(tracing {traced:.0f} s), {len(failed)} failed")
     for (program, dtype), error in failed.items():
         print(f"FAILED {program} [{dtype}]\n{error}\n")

@@ -148,7 +148,7 @@ def _build(chains: list[Chain], against_inductor: bool = False, values_of=lambda
         if _on_cuda(chain):
             wanted[(chain.program.to_string(), chain.dtype)] = chain.program
             if not records_backward(chain.gemm):  # a training forward runs the row path (_with_path)
-                gemms.append((chain.program, chain.dtype, _param_dtypes(chain)))
+                gemms.append((chain.program, chain.dtype, param_dtypes(chain)))
     if not wanted:
         return chains
     try:
@@ -189,7 +189,8 @@ def _operands(chain: Chain, values: dict) -> tuple | None:
     return x, weight, bias, params
 
 
-def _param_dtypes(chain: Chain) -> tuple[torch.dtype, ...]:
+def param_dtypes(chain: Chain) -> tuple[torch.dtype, ...]:
+    """The dtypes the chain's parameters reach the op in (a GEMM module is built per tuple)."""
     values = [example_value(p) for p in chain.fusion.params]
     return tuple(v.dtype if isinstance(v, torch.Tensor) else torch.float32 for v in values)
 
@@ -209,12 +210,12 @@ def _with_path(chain: Chain, against_inductor: bool = False, operands: tuple | N
         k, n = size_hint(x.shape[-1]), size_hint(weight.shape[1] if f.weight_is_kn else weight.shape[0])
         m = math.prod(size_hint(s) for s in x.shape[:-1])
         shapes = tuple(tuple(size_hint(s) for s in example_value(p).shape) for p in f.params)
-        selection = cuda.select(f.program, chain.dtype, _param_dtypes(chain), (m, n, k),
+        selection = cuda.select(f.program, chain.dtype, param_dtypes(chain), (m, n, k),
                                 f.bias is not None, shapes, against_inductor, f.weight_is_kn, operands)
     except Exception as error:  # noqa: BLE001 - the row path serves; say why
         return replace(chain, decision=Decision(f"cuBLAS + row pass (selection failed: {type(error).__name__}: {error})"))
     if selection is None:
-        why = cuda.engine.gemm_error(f.program, chain.dtype, _param_dtypes(chain), x.device)
+        why = cuda.engine.gemm_error(f.program, chain.dtype, param_dtypes(chain), x.device)
         return replace(chain, decision=Decision("cuBLAS + row pass" + (f" ({why.splitlines()[0]})" if why else "")))
     return replace(chain, decision=Decision(selection.describe(), selection))
 

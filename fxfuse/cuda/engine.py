@@ -181,7 +181,9 @@ class Engine:
                 if gemm_codegen.unsupported_reason(program, dtype) is None
             ))
         cpus = os.cpu_count() or 2
-        jobs = [(RUNTIME_SOURCE, torch.float32, None)] + [(t, d, None) for t, d in pairs] + triples
+        # the GEMM modules first: each is several CUTLASS units of half a minute or more, the
+        # program modules one short unit, so those fill the workers while the GEMM modules finish
+        jobs = [(RUNTIME_SOURCE, torch.float32, None)] + triples + [(t, d, None) for t, d in pairs]
         # a module's units compile in parallel too; on few cores a worker a core keeps them busy
         # through each build's serial steps (ninja and cpp_extension start-up, the link)
         workers = max(1, min(workers or (cpus if cpus < 4 else cpus // 2), len(jobs)))
@@ -190,7 +192,7 @@ class Engine:
             texts, dtypes, params = zip(*jobs)
             errors = list(pool.map(build_in_subprocess, texts, dtypes, [target] * len(jobs),
                                    [max(1, cpus // workers)] * len(jobs), params))
-        failed = {pair: BuildError(error) for pair, error in zip(pairs, errors[1:]) if error is not None}
+        failed = {pair: BuildError(error) for pair, error in zip(pairs, errors[1 + len(triples):]) if error is not None}
         for text, dtype in pairs:
             if (text, dtype) not in failed:
                 try:
