@@ -1,9 +1,9 @@
 // A training BatchNorm in the in-GEMM back end: fxg::ColumnMoments takes the column statistics of
 // the norm's input in the GEMM's epilogue, per strip of 16 rows, and stores that input as its
 // standardized deviation in the strip, (x - mean_strip) / std_strip; fxg::finalize_columns merges
-// a column's strips into the batch statistics and folds them, the norm's weight and bias and each
-// strip's mean and spread into a scale and a shift a (strip, column); fxg::normalize_columns then
-// runs the rest of the chain on D * scale + shift, in place. So the GEMM output is written once and
+// a column's strips into the batch statistics and folds them with the norm's weight into a scale
+// per column; fxg::normalize_columns forms each strip's scale and shift from its mean and spread
+// and runs the rest of the chain on D * scale + shift, in place. So the GEMM output is written once and
 // read once, and no statistics pass reads it (the row path's three passes read it twice). See
 // gemm_stages.cuh for the tree ColumnMoments is part of.
 //
@@ -158,55 +158,46 @@ struct ColumnMoments : RegisterNode<ColumnMomentsArguments> {
 };
 
 // Per column: the strips' moments merged in order (fx::combine_strips); writes the (2, n) batch
-// statistics [mean, unbiased variance] the op returns for the running statistics and, over each
-// strip's moments (partials), that strip's scale and shift, so that the normalized value (through
-// the norm's weight and bias) of a stored standardized deviation D is D * scale + shift: with
-// s = weight / sqrt(biased variance + eps), scale = s * std_strip and shift = (mean_strip - mean)
-// * s + bias. Affine (generated): weight(args, c) and bias(args, c), 1 and 0 for a norm without them.
+// statistics [mean, unbiased variance] the op returns for the running statistics and the column's
+// mean, scale s = weight / sqrt(biased variance + eps) and bias (the norm's; `columns`: [3][n]),
+// from which fxg::normalize_columns forms each strip's scale and shift. Affine (generated):
+// weight(args, c) and bias(args, c), 1 and 0 for a norm without them.
 template <class Affine>
-__global__ void __launch_bounds__(fx::kCombineBlock) finalize_columns(float* partials, int64_t m, int64_t n, float eps,
-                                                                      float* stats, typename Affine::Arguments args) {
+__global__ void __launch_bounds__(fx::kCombineBlock) finalize_columns(const float* partials, int64_t m, int64_t n,
+                                                                      float eps, float* stats, float* columns,
+                                                                      typename Affine::Arguments args) {
   __shared__ fx::Moments parts[fx::kCombineBlock];
-  __shared__ float column_mean[fx::kCombineColumns], column_scale[fx::kCombineColumns],
-      column_bias[fx::kCombineColumns];
   const fx::Thread t;
   const int64_t strips = moment_strips(m);
   fx::Moments total;
-  float* part_m2 = partials + strips * n;
-  const int64_t c = fx::combine_strips(partials, part_m2, m, n, strips, kMomentRows, t, parts, total);
-  const int lane = t.tid() % fx::kCombineColumns;
-  if (c >= 0) {
-    const float s = Affine::weight(args, c) / sqrtf(total.m2 / static_cast<float>(m) + eps);
-    stats[c] = total.mean;
-    stats[n + c] = total.m2 / static_cast<float>(m - 1);
-    column_mean[lane] = total.mean;
-    column_scale[lane] = s;
-    column_bias[lane] = Affine::bias(args, c);
-  }
-  t.sync();
-  const int64_t col = static_cast<int64_t>(t.bid()) * fx::kCombineColumns + lane;
-  if (col >= n) return;
-  const int nparts = t.bdim() / fx::kCombineColumns;
-  for (int64_t q = t.tid() / fx::kCombineColumns; q < strips; q += nparts) {  // in place of the strips' moments
-    float& mean = partials[q * n + col];
-    float& m2 = part_m2[q * n + col];
-    const float standardizer_q = standardizer(m2, static_cast<float>(fx::rows_of_strip(m, kMomentRows, q)));
-    m2 = standardizer_q > 0.f ? column_scale[lane] / standardizer_q : 0.f;
-    mean = (mean - column_mean[lane]) * column_scale[lane] + column_bias[lane];
-  }
+  const int64_t c = fx::combine_strips(partials, partials + strips * n, m, n, strips, kMomentRows, t, parts, total);
+  if (c < 0) return;
+  stats[c] = total.mean;
+  stats[n + c] = total.m2 / static_cast<float>(m - 1);
+  columns[c] = total.mean;
+  columns[n + c] = Affine::weight(args, c) / sqrtf(total.m2 / static_cast<float>(m) + eps);
+  columns[2 * n + c] = Affine::bias(args, c);
 }
 
 // normalize_columns' block: 128 threads of VEC columns (16 bytes of Out) each, a thread taking the
-// rows of one strip, so that the strip's scale and shift are read once for 16 rows and the 16
-// loads are in flight together
+// rows of one strip (its scale and shift formed once for 16 rows), kNormalizeRows rows' loads in
+// flight at a time. At least 4 blocks an SM, so 128 registers a thread: 16 warps, and a 1024 x 8192
+// output's 512 blocks in one wave. Loading all 16 rows first, unbounded, the compiler interleaved a
+// heavy chain's math (S18's SiLU) over them in 255 registers (8 warps an SM, two waves: S18's pass
+// took 19 us against S07's 10); 8 rows at a time still spilled under the bound, 4 do not.
 constexpr int kNormalizeThreads = 128;
+constexpr int kNormalizeBlocksPerSm = 4;
+constexpr int kNormalizeRows = 4;
 
-// out (M x N, row-major, holding the GEMM's D: DeviationOf<Out>) in place: D * scale + shift of
-// its strip and column (shift: [strips][n], scale after it) through After (the stages after the
-// norm), as Out. N is a multiple of 16 bytes of Out (the GEMM's TMA store needs that too).
+// out (M x N, row-major, holding the GEMM's D: DeviationOf<Out>) in place: the normalized value
+// through the norm's weight and bias, D * scale + shift, with the strip's scale = s * std_strip and
+// shift = (mean_strip - mean) * s + bias (partials: the strips' moments; columns: the column's mean,
+// s and bias, fxg::finalize_columns), through After (the stages after the norm), as Out. N is a
+// multiple of 16 bytes of Out (the GEMM's TMA store needs that too).
 template <class After, class Out>
-__global__ void __launch_bounds__(kNormalizeThreads) normalize_columns(Out* out, const float* shift, int64_t m,
-                                                                       int64_t n, typename After::Arguments args) {
+__global__ void __launch_bounds__(kNormalizeThreads, kNormalizeBlocksPerSm) normalize_columns(Out* out, const float* partials,
+                                                                       const float* columns, int64_t m, int64_t n,
+                                                                       typename After::Arguments args) {
   using D = DeviationOf<Out>;
   static_assert(sizeof(D) == sizeof(Out), "D is stored where the output goes");
   constexpr int kVec = 16 / static_cast<int>(sizeof(Out));
@@ -214,36 +205,49 @@ __global__ void __launch_bounds__(kNormalizeThreads) normalize_columns(Out* out,
   if (col >= n) return;
   const int64_t strips = moment_strips(m);
   const auto scalars = After::scalars(args);
+  float column_mean[kVec], column_scale[kVec], column_bias[kVec];
+  CUTLASS_PRAGMA_UNROLL
+  for (int v = 0; v < kVec; ++v) {
+    column_mean[v] = __ldg(columns + col + v);
+    column_scale[v] = __ldg(columns + n + col + v);
+    column_bias[v] = __ldg(columns + 2 * n + col + v);
+  }
   for (int64_t strip = blockIdx.y; strip < strips; strip += gridDim.y) {
-    float a[kVec], b[kVec];
+    const int64_t first = strip * kMomentRows;
+    const float rows = static_cast<float>(fx::rows_of_strip(m, kMomentRows, strip));
+    float a[kVec], b[kVec];  // the strip's scale and shift
     CUTLASS_PRAGMA_UNROLL
     for (int v = 0; v < kVec; ++v) {
-      a[v] = __ldg(shift + (strips + strip) * n + col + v);
-      b[v] = __ldg(shift + strip * n + col + v);
+      const float standardizer_q = standardizer(__ldg(partials + (strips + strip) * n + col + v), rows);
+      a[v] = standardizer_q > 0.f ? column_scale[v] / standardizer_q : 0.f;
+      b[v] = (__ldg(partials + strip * n + col + v) - column_mean[v]) * column_scale[v] + column_bias[v];
     }
-    const int64_t first = strip * kMomentRows;
-    uint4 chunk[kMomentRows];  // every row's load in flight before the math
-    CUTLASS_PRAGMA_UNROLL
-    for (int i = 0; i < kMomentRows; ++i) {
-      if (first + i < m) chunk[i] = *reinterpret_cast<const uint4*>(out + (first + i) * n + col);
-    }
-    CUTLASS_PRAGMA_UNROLL
-    for (int i = 0; i < kMomentRows; ++i) {
-      if (first + i >= m) continue;
-      const D* stored = reinterpret_cast<const D*>(&chunk[i]);
-      Out* values = reinterpret_cast<Out*>(&chunk[i]);
+#pragma unroll 1
+    for (int part = 0; part < kMomentRows; part += kNormalizeRows) {
+      uint4 chunk[kNormalizeRows];  // the rows' loads in flight before the math
       CUTLASS_PRAGMA_UNROLL
-      for (int v = 0; v < kVec; ++v) {
-        const float x = static_cast<float>(stored[v]) * a[v] + b[v];
-        values[v] = static_cast<Out>(After::apply(args, scalars, col + v, x));
+      for (int i = 0; i < kNormalizeRows; ++i) {
+        if (first + part + i < m) chunk[i] = *reinterpret_cast<const uint4*>(out + (first + part + i) * n + col);
       }
-      *reinterpret_cast<uint4*>(out + (first + i) * n + col) = chunk[i];
+      CUTLASS_PRAGMA_UNROLL
+      for (int i = 0; i < kNormalizeRows; ++i) {
+        if (first + part + i >= m) continue;
+        const D* stored = reinterpret_cast<const D*>(&chunk[i]);
+        Out* values = reinterpret_cast<Out*>(&chunk[i]);
+        CUTLASS_PRAGMA_UNROLL
+        for (int v = 0; v < kVec; ++v) {
+          const float x = static_cast<float>(stored[v]) * a[v] + b[v];
+          values[v] = static_cast<Out>(After::apply(args, scalars, col + v, x));
+        }
+        *reinterpret_cast<uint4*>(out + (first + part + i) * n + col) = chunk[i];
+      }
     }
   }
 }
 
-// The statistics' workspace: [2][strips][n], the strips' means and M2, then their shifts and scales
-CUTLASS_HOST_DEVICE int64_t batch_norm_floats(int64_t m, int64_t n) { return 2 * moment_strips(m) * n; }
+// The statistics' workspace: [2][strips][n], the strips' means and M2, then [3][n], the columns'
+// mean, scale and bias
+CUTLASS_HOST_DEVICE int64_t batch_norm_floats(int64_t m, int64_t n) { return (2 * moment_strips(m) + 3) * n; }
 
 // The launches after the GEMM. Affine, After (generated): the norm's weight and bias, and the
 // stages after the norm (fxg::finalize_columns, fxg::normalize_columns); their Arguments are one.
@@ -251,12 +255,13 @@ template <class Affine, class After, class Out>
 inline void launch_batch_norm(float* partials, Out* out, float* stats, int64_t m, int64_t n, float eps,
                               typename After::Arguments args, cudaStream_t stream) {
   const int64_t strips = moment_strips(m);
+  float* columns = partials + 2 * strips * n;
   finalize_columns<Affine><<<static_cast<unsigned>((n + fx::kCombineColumns - 1) / fx::kCombineColumns),
-                              fx::combine_block(strips), 0, stream>>>(partials, m, n, eps, stats, args);
+                              fx::combine_block(strips), 0, stream>>>(partials, m, n, eps, stats, columns, args);
   constexpr int64_t kBlockCols = kNormalizeThreads * (16 / static_cast<int64_t>(sizeof(Out)));
   const dim3 grid(static_cast<unsigned>((n + kBlockCols - 1) / kBlockCols),
                   static_cast<unsigned>(strips < 65535 ? strips : 65535));
-  normalize_columns<After, Out><<<grid, kNormalizeThreads, 0, stream>>>(out, partials, m, n, args);
+  normalize_columns<After, Out><<<grid, kNormalizeThreads, 0, stream>>>(out, partials, columns, m, n, args);
 }
 
 }  // namespace fxg

@@ -19,9 +19,9 @@ partials, and ``fxg::finalize_rows`` combines them and runs the stages after the
 
 A training batch norm's tree ends in an ``fxg::ColumnMoments`` node: the kernel stores the norm's
 input (D, as its standardized deviation in each 16-row strip) and per (strip, column) moments of it,
-``fxg::finalize_columns`` merges them into the batch statistics and a scale and shift (with the
-norm's weight and bias: ``Affine``) and ``fxg::normalize_columns`` normalises D in place and runs
-the stages after the norm (``After``).
+``fxg::finalize_columns`` merges them into the batch statistics and a scale per column (with the
+norm's weight and bias: ``Affine``) and ``fxg::normalize_columns`` normalises D in place with each
+strip's scale and shift and runs the stages after the norm (``After``).
 
 A program with a second GEMM (a gated MLP: ``silu(x @ Wg.T) * (x @ Wu.T)``) gets two trees in its
 module, measured against each other by the selection: ``Prog`` reads the second GEMM's output
