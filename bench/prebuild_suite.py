@@ -36,13 +36,13 @@ DTYPES = {
 }
 
 
-def suite_programs(rows, sizes, dtypes) -> tuple[set, set]:
+def suite_programs(rows, sizes, dtypes, device: str = "cuda") -> tuple[set, set]:
     """(program, dtype) of every fused chain of ``rows`` at ``sizes`` in ``dtypes`` (DTYPES
-    values), on CUDA, and (program, dtype, parameter dtypes) of each for its GEMM module."""
+    values), on ``device``, and (program, dtype, parameter dtypes) of each for its GEMM module."""
     found, gemms = set(), set()
 
     def collect(gm, example_inputs, **kwargs):
-        for chain in match_all(gm.graph, canonicalize(gm.graph), allow_cpu=False):
+        for chain in match_all(gm.graph, canonicalize(gm.graph), allow_cpu=device == "cpu"):
             if chain.program is not None:
                 found.add((chain.program, chain.dtype))
                 gemms.add((chain.program, chain.dtype, param_dtypes(chain)))
@@ -55,8 +55,8 @@ def suite_programs(rows, sizes, dtypes) -> tuple[set, set]:
                 continue
             for dtype, autocast in dtypes:
                 torch._dynamo.reset()
-                model, inputs = suite.build(row, size, "cuda", dtype)
-                with torch.no_grad(), torch.autocast("cuda", dtype=autocast, enabled=autocast is not None):
+                model, inputs = suite.build(row, size, device, dtype)
+                with torch.no_grad(), torch.autocast(device, dtype=autocast, enabled=autocast is not None):
                     torch.compile(model, backend=collect)(*inputs)
                 del model, inputs
     return found, gemms

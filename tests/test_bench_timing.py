@@ -86,3 +86,19 @@ def test_a_kernel_list_for_the_gemm_sweep_reads_tile_cluster_and_schedule():
     assert parse_kernels("256x128/2x1, 128x128/2x1/pingpong,128x256x32/1x2") == (
         Kernel(256, 128, cluster_m=2), Kernel(128, 128, cluster_m=2, pingpong=True),
         Kernel(128, 256, 32, cluster_n=2))
+
+
+def test_the_suite_prebuild_names_each_programs_gemm_module_with_its_parameters_dtypes():
+    """bench/prebuild_suite.py builds the modules the tests and the benchmark compile: a row module
+    per (program, dtype) and an in-GEMM module per (program, dtype, parameter dtypes)."""
+    import torch
+
+    from bench.prebuild_suite import DTYPES, suite_programs
+    from examples import suite
+
+    pairs, gemms = suite_programs(suite.select(["S07", "S26"]), ["small"], [DTYPES["bf16"]], device="cpu")
+    assert {(program, dtype) for program, dtype, _ in gemms} == pairs
+    by_text = {program.to_string(): params for program, _, params in gemms}
+    assert len(by_text) == 3  # S07's chain; S26's SwiGLU chain and its down projection with the residual
+    assert all(params == (torch.bfloat16,) * len(params) for params in by_text.values())
+    assert any("batch_norm" in text and len(params) == 3 for text, params in by_text.items())
