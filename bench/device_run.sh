@@ -9,7 +9,7 @@
 # in processes of their own and merges them), sanitize
 # (compute-sanitizer over one run of each kernel template; SANITIZE_TOOLS picks the tools),
 # gradients (every suite model's gradients and the training example on CUDA), train
-# (bench/train_bench.py; TRAIN_ARGS).
+# (bench/train_bench.py; TRAIN_ARGS), compile (bench/compile_time.py: cold and warm compiles).
 set -uo pipefail
 stages=${1:-tests,profile,bench}; shift || true
 LOGS=$(mktemp -d)  # per-process logs; $OUT gets a few merged files
@@ -82,6 +82,9 @@ if has gradients; then  # gradients of every suite model, and the training examp
 fi
 if has train; then  # forward + backward timings (TRAIN_ARGS: bench/train_bench.py's flags)
   python3 bench/train_bench.py --json "$OUT/train.json" ${TRAIN_ARGS:-} 2>&1 | tee "$OUT/train.log"
+fi
+if has compile; then  # cold and warm compile of a four-chain model, fxfuse against Inductor
+  python3 bench/compile_time.py --json "$OUT/compile_time.json" 2>&1 | tee "$OUT/compile_time.log"
 fi
 if has bench; then
   if [ -n "${BENCH_PARTS:-}" ]; then
