@@ -14,6 +14,7 @@ from fxfuse.cuda.build import cuda_target, gemm_target_reason
 from fxfuse.cuda.gemm_codegen import canonical
 from fxfuse.ir import Program
 from programs import make_params
+from selected import parameters, selected
 from support import assert_under_rule as rule
 
 DEVICE = "cuda"
@@ -68,15 +69,12 @@ class Modules(dict):
 def selected_cases(request: pytest.FixtureRequest, cases: dict) -> list[tuple]:
     """The keys of ``cases`` the run's selected tests of the requesting file name: (name, dtype),
     the dtype bfloat16 where a test has no dtype parameter."""
-    keys = []
-    for item in request.session.items:
-        if getattr(item, "module", None) is not request.module:
-            continue
-        params = getattr(getattr(item, "callspec", None), "params", {})
-        key = (params.get("name"), params.get("dtype", torch.bfloat16))
-        if key in cases and key not in keys:
-            keys.append(key)
-    return keys
+
+    def named(item, key) -> bool:
+        params = parameters(item)
+        return key == (params.get("name"), params.get("dtype", torch.bfloat16))
+
+    return selected(request, cases, named)
 
 
 def draw(program: Program, dtype: torch.dtype, m: int, n: int, k: int, seed: int, batch: tuple = ()):

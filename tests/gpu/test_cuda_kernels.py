@@ -19,6 +19,7 @@ from fxfuse.cuda import codegen
 from fxfuse.ir import Gemm, Norm, Program, row_split
 from programs import (LOW_PRECISION, PROGRAMS, REDUCTION_EDGES, ZERO_ROW_NORMS, assert_backward_close, dtypes_of, fits,
                       grad_cases, make_params, poison, reduction_edges, rows_of_zeros)
+from selected import selected
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 
@@ -44,11 +45,15 @@ def selected_builds(request) -> list:
     """The pairs of all_builds() whose programs the run's selected tests of this file name in their
     ids (small_group_cases' with their test): built at once, in parallel; any other builds on first
     use. minus_and_negation is left to build on its first call (a test of that)."""
-    ids = [item.nodeid for item in request.session.items if getattr(item, "module", None) is request.module]
     names = {id(program): name for name, program in PROGRAMS.items()}
-    small_groups = any("small_groups" in i for i in ids)
-    return [(program, dtype) for program, dtype in all_builds() if program is not PROGRAMS["minus_and_negation"]
-            and (small_groups if id(program) not in names else any(names[id(program)] in i for i in ids))]
+
+    def named(item, pair) -> bool:
+        program = pair[0]
+        if program is PROGRAMS["minus_and_negation"]:
+            return False
+        return ("small_groups" if id(program) not in names else names[id(program)]) in item.nodeid
+
+    return selected(request, all_builds(), named)
 
 
 @pytest.fixture(scope="module", autouse=True)
