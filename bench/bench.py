@@ -681,7 +681,7 @@ def table_rows(report: dict[str, Any]) -> list[list[str]]:
         mark = "*" if fx and fx.get("gpu_method") == "profiler" else ""
         line = [e["id"], _fmt(_ms(gemm, "gpu")), _fmt(_ms(eager, "gpu")), _fmt(_ms(ind, "gpu"))]
         line.append(_fmt(_ms(fx, "gpu")) + mark)
-        same_graph = "=" if _fused_nothing(e) else ""
+        same_graph = "=" if fused_nothing(e) else ""
         for kind in ("gpu", "pipelined", "latency"):
             g, i, f = _ms(gemm, kind), _ms(ind, kind), _ms(fx, kind)
             line += [_ratio(f, g), _ratio(i, g), _ratio(f, i) + same_graph]
@@ -692,7 +692,7 @@ def table_rows(report: dict[str, Any]) -> list[list[str]]:
     return out
 
 
-def _fused_nothing(entry: dict[str, Any]) -> bool:
+def fused_nothing(entry: dict[str, Any]) -> bool:
     """fxfuse left every chain of the row to Inductor: its compiled model is Inductor's compile
     of the same graph, and the two columns time one program twice."""
     return not entry.get("fxfuse_paths") and bool(entry.get("fxfuse_left_to_inductor"))

@@ -104,5 +104,6 @@ if has bench; then
   else
     python3 bench/bench.py --json "$OUT/bench.json" --png "$OUT/bench.png" "$@" 2>&1 | tee "$OUT/bench.log"
   fi
+  [ -f "$OUT/bench.json" ] && python3 bench/targets.py "$OUT/bench.json" | tee -a "$OUT/bench.log"
 fi
 exit "$status"

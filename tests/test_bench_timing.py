@@ -102,3 +102,35 @@ def test_the_suite_prebuild_names_each_programs_gemm_module_with_its_parameters_
     assert len(by_text) == 3  # S07's chain; S26's SwiGLU chain and its down projection with the residual
     assert all(params == (torch.bfloat16,) * len(params) for params in by_text.values())
     assert any("batch_norm" in text and len(params) == 3 for text, params in by_text.items())
+
+
+def _report(dtype: str, rows: dict) -> dict:
+    """A bench.py report of rows {id: (gemm, inductor, fxfuse) GPU = pipelined ms, fused?}."""
+    def variant(ms):
+        return {"gpu_ms": ms, "pipelined_ms": ms}
+
+    return {"config": {"dtype": dtype}, "rows": [
+        {"id": row, "input_shapes": [[1024, 8192]], "fxfuse_paths": ["in-GEMM"] if fused else [],
+         "fxfuse_left_to_inductor": [] if fused else ["S"],
+         "variants": {"gemm": variant(g), "inductor": variant(i), "fxfuse": variant(f)}}
+        for row, (g, i, f, fused) in rows.items()]}
+
+
+def test_each_target_is_checked_on_its_rows_under_both_timings():
+    from bench.targets import check
+
+    lines = check(_report("bf16", {"S01": (1.0, 1.05, 1.02, True), "S07": (1.0, 1.2, 1.1, True),
+                                   "S11": (1.0, 1.1, 1.12, False)}))
+    got = {(ln["row"], ln["target"].split(" ")[0]): ln["met"] for ln in lines}
+    assert got[("S01", "pointwise")] is True  # 1.02 <= 1.03 of the bare GEMM
+    assert got[("S07", "BatchNorm-train,")] is False  # 1.2 / 1.1 = 1.09: not 1.10x faster
+    assert got[("S11", "BatchNorm-train,")] is False  # left to Inductor: not faster either
+    assert got[("S11", "default")] is True  # but then the model is Inductor's graph: not slower
+    assert got[("S07", "default")] is True and got[("S01", "default")] is True
+
+
+def test_a_tf32_run_is_held_to_the_tf32_target_alone():
+    from bench.targets import check
+
+    lines = check(_report("tf32", {"S01": (1.0, 1.1, 1.06, True)}))
+    assert [(ln["target"], ln["met"]) for ln in lines] == [("TF32 rows <= 1.05x bare GEMM", False)]
