@@ -91,16 +91,26 @@ if has bench; then
     # BENCH_PARTS: space-separated groups of rows ("S01,S02 S26"), each timed by a process of its
     # own under BENCH_PART_TIMEOUT seconds (a part cut short loses only its rows), then merged;
     # no part starts after BENCH_DEADLINE seconds of the stage (the command's own limit would
-    # lose the merge too: a row of the suite takes 45-140 s)
-    parts=() bench_start=$SECONDS
-    for part in $BENCH_PARTS; do
-      if [ $((SECONDS - bench_start)) -ge "${BENCH_DEADLINE:-100000}" ]; then
-        echo "not timed (BENCH_DEADLINE): $part" | tee -a "$OUT/bench.log"; continue
-      fi
-      timeout "${BENCH_PART_TIMEOUT:-400}" python3 bench/bench.py --rows "$part" --json "$LOGS/bench_$part.json" "$@" \
-        >>"$OUT/bench.log" 2>&1 && parts+=("$LOGS/bench_$part.json") || status=1
+    # lose the merge too: a row of the suite takes 45-140 s). On a host of several GPUs the parts
+    # take the GPUs in turn, one process a GPU at a time (each row's ratios come from its own card;
+    # the processes share the host's CPUs, which the pipelined and latency columns feel).
+    read -ra all_parts <<<"$BENCH_PARTS"
+    gpus=$(nvidia-smi -L | wc -l) bench_start=$SECONDS
+    for ((g = 0; g < gpus; g++)); do
+      ( for ((j = g; j < ${#all_parts[@]}; j += gpus)); do
+          part=${all_parts[$j]}
+          if [ $((SECONDS - bench_start)) -ge "${BENCH_DEADLINE:-100000}" ]; then
+            echo "not timed (BENCH_DEADLINE): $part" >"$LOGS/bench_$part.log"; continue
+          fi
+          CUDA_VISIBLE_DEVICES=$g timeout "${BENCH_PART_TIMEOUT:-400}" python3 bench/bench.py --rows "$part" \
+            --json "$LOGS/bench_$part.json" "$@" >"$LOGS/bench_$part.log" 2>&1 || touch "$LOGS/bench_failed"
+        done ) &
     done
-    [ ${#parts[@]} -gt 0 ] && python3 bench/bench.py --merge "${parts[@]}" --json "$OUT/bench.json" | tee -a "$OUT/bench.log"
+    wait
+    cat "$LOGS"/bench_*.log >>"$OUT/bench.log"
+    [ -e "$LOGS/bench_failed" ] && status=1
+    parts=("$LOGS"/bench_*.json)
+    [ -e "${parts[0]}" ] && python3 bench/bench.py --merge "${parts[@]}" --json "$OUT/bench.json" | tee -a "$OUT/bench.log"
   else
     python3 bench/bench.py --json "$OUT/bench.json" --png "$OUT/bench.png" "$@" 2>&1 | tee "$OUT/bench.log"
   fi
