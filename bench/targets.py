@@ -128,7 +128,8 @@ def main(argv: list[str] | None = None) -> int:
     for path in args.runs:
         report = json.loads(Path(path).read_text())
         env = report.get("env", {})
-        print(f"{path}: {env.get('date')}  {env.get('device')}  torch {env.get('torch')}  {report.get('config', {}).get('dtype')}")
+        dtype = report.get("config", {}).get("dtype")
+        print(f"{path}: {env.get('date')}  {env.get('device')}  torch {env.get('torch')}  {dtype}")
         lines += check(report)
     print(format_lines(lines))
     met = [ln["met"] for ln in lines if ln["met"] is not None]

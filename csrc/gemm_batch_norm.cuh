@@ -195,9 +195,9 @@ constexpr int kNormalizeRows = 4;
 // s and bias, fxg::finalize_columns), through After (the stages after the norm), as Out. N is a
 // multiple of 16 bytes of Out (the GEMM's TMA store needs that too).
 template <class After, class Out>
-__global__ void __launch_bounds__(kNormalizeThreads, kNormalizeBlocksPerSm) normalize_columns(Out* out, const float* partials,
-                                                                       const float* columns, int64_t m, int64_t n,
-                                                                       typename After::Arguments args) {
+__global__ void __launch_bounds__(kNormalizeThreads, kNormalizeBlocksPerSm)
+    normalize_columns(Out* out, const float* partials, const float* columns, int64_t m, int64_t n,
+                      typename After::Arguments args) {
   using D = DeviationOf<Out>;
   static_assert(sizeof(D) == sizeof(Out), "D is stored where the output goes");
   constexpr int kVec = 16 / static_cast<int>(sizeof(Out));

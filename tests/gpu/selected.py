@@ -11,7 +11,8 @@ import pytest
 Key = TypeVar("Key")
 
 
-def selected(request: pytest.FixtureRequest, keys: Iterable[Key], named: Callable[[pytest.Item, Key], bool]) -> list[Key]:
+def selected(request: pytest.FixtureRequest, keys: Iterable[Key],
+             named: Callable[[pytest.Item, Key], bool]) -> list[Key]:
     """The keys that some selected test of the requesting file names (``named(item, key)``), in
     the order of ``keys``."""
     items = [item for item in request.session.items if getattr(item, "module", None) is request.module]
