@@ -5,7 +5,8 @@
 // Each follows eager PyTorch's own CUDA formula (float opmath) so that NaN/Inf behave as in
 // torch: comparisons are written so a NaN operand falls through to the NaN-producing branch, and
 // maximum/minimum/clamp propagate NaN explicitly. Full-precision libm calls only (expf, erff,
-// tanhf, log1pf, expm1f); never build this with --use_fast_math.
+// tanhf, log1pf, expm1f), but for the in-GEMM epilogue's exp and tanh (fx_expf, fx_tanhf, below);
+// never build this with --use_fast_math.
 //
 // The header is also valid host C++ (FX_FN is plain `inline` there) so the CPU tests can compile
 // the very same formulas with g++ and compare them with torch on special values.
@@ -23,6 +24,31 @@
 
 FX_FN bool fx_isnan(float x) { return x != x; }
 
+// expf and tanhf, or, in a build under the correctness rule (FX_RULE_MATH: the in-GEMM epilogue,
+// whose results must be within 1e-2 of eager's, not equal to them), the hardware's approximations:
+// __expf (2 + 1.2 |x| ulp) and tanh.approx.f32 (2^-11 relative), one or two instructions where
+// libm's take 15 to 20. Both keep NaN and the infinities' limits. The functions below take
+// fx_expf only where the exponential ends in a denominator or its argument stays below 20 (an
+// approximate exp overflows a hair before expf). The row kernels, which follow eager's formulas,
+// and the host build (the tests against torch) use libm's.
+FX_FN float fx_expf(float x) {
+#if defined(FX_RULE_MATH) && defined(__CUDA_ARCH__)
+  return __expf(x);
+#else
+  return expf(x);
+#endif
+}
+
+FX_FN float fx_tanhf(float x) {
+#if defined(FX_RULE_MATH) && defined(__CUDA_ARCH__)
+  float y;
+  asm("tanh.approx.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+#else
+  return tanhf(x);
+#endif
+}
+
 FX_FN float fx_relu(float x) { return x < 0.0f ? 0.0f : x; }
 
 FX_FN float fx_leaky_relu(float x, float slope) { return x > 0.0f ? x : x * slope; }
@@ -39,16 +65,22 @@ FX_FN float fx_gelu_tanh(float x) {
   const float kKappa = 0.044715f;
   const float x_cube = x * x * x;
   const float inner = kBeta * (x + kKappa * x_cube);
+#if defined(FX_RULE_MATH)
+  // the same function as x / (1 + exp(-2 inner)): no cancellation where tanh(inner) nears -1,
+  // which an approximate tanh would turn into an absolute error of its own size
+  return x / (1.0f + fx_expf(-2.0f * inner));
+#else
   return 0.5f * x * (1.0f + tanhf(inner));
+#endif
 }
 
 // torch: x / (1 + exp(-x))
-FX_FN float fx_silu(float x) { return x / (1.0f + expf(-x)); }
+FX_FN float fx_silu(float x) { return x / (1.0f + fx_expf(-x)); }
 
 // torch: 1 / (1 + exp(-x))
-FX_FN float fx_sigmoid(float x) { return 1.0f / (1.0f + expf(-x)); }
+FX_FN float fx_sigmoid(float x) { return 1.0f / (1.0f + fx_expf(-x)); }
 
-FX_FN float fx_tanh(float x) { return tanhf(x); }
+FX_FN float fx_tanh(float x) { return fx_tanhf(x); }
 
 // tanh(softplus(x)) = tanh(log1p(exp(x))), which Mish and its derivative take: with n = exp(x) it
 // is n (n + 2) / (n (n + 2) + 2), one exponential in place of three transcendental calls, within a
@@ -56,7 +88,7 @@ FX_FN float fx_tanh(float x) { return tanhf(x); }
 // would overflow from 44 on).
 FX_FN float fx_tanh_softplus(float x) {
   if (x >= 20.0f) return 1.0f;
-  const float n = expf(x);
+  const float n = fx_expf(x);
   const float p = n * (n + 2.0f);
   return p / (p + 2.0f);
 }
@@ -100,12 +132,12 @@ FX_FN float fx_selu(float x) {
 // torch: (x * beta) > threshold ? x : log1p(exp(x * beta)) / beta
 FX_FN float fx_softplus(float x, float beta, float threshold) {
   const float xb = x * beta;
-  return xb > threshold ? x : log1pf(expf(xb)) / beta;
+  return xb > threshold ? x : log1pf(expf(xb)) / beta;  // (libm's: the threshold may pass 88)
 }
 
 FX_FN float fx_abs(float x) { return fabsf(x); }
 
-FX_FN float fx_exp(float x) { return expf(x); }
+FX_FN float fx_exp(float x) { return expf(x); }  // (libm's: see fx_expf)
 
 FX_FN float fx_expm1(float x) { return expm1f(x); }
 
@@ -118,7 +150,7 @@ FX_FN float fx_erf(float x) { return erff(x); }
 // torch (log_sigmoid_forward): min(0, x) - log1p(exp(-|x|)), std::min(0, NaN) being 0
 FX_FN float fx_log_sigmoid(float x) {
   const float lo = x < 0.0f ? x : 0.0f;
-  return lo - log1pf(expf(-fabsf(x)));
+  return lo - log1pf(fx_expf(-fabsf(x)));
 }
 
 // torch.sign: (0 < x) - (x < 0); NaN gives 0

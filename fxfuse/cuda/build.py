@@ -249,11 +249,12 @@ def _compiler_flags(target: Target, cutlass: Path | None = None) -> dict:
         # CUTLASS 3.x. The epilogue follows the correctness rule (float32, one rounding at the
         # store), not eager's bits: FMA contraction and a division of 2 ulp (no IEEE slow path,
         # whose branch per division splits the epilogue into blocks the compiler cannot overlap;
-        # measured 1.8x slower on S04's chain)
+        # measured 1.8x slower on S04's chain), and the hardware's exp and tanh (FX_RULE_MATH,
+        # csrc/epilogue_ops.cuh)
         return dict(
             extra_cflags=["-O3", "-std=c++17"],
             extra_cuda_cflags=["-O3", "-std=c++17", "--expt-relaxed-constexpr", "-DNDEBUG", "-lineinfo",
-                               "-prec-div=false", f"-I{cutlass}", *target.nvcc_flags],
+                               "-prec-div=false", "-DFX_RULE_MATH", f"-I{cutlass}", *target.nvcc_flags],
             with_cuda=True,
         )
     if target.mode == "cuda":
