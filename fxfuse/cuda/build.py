@@ -247,14 +247,15 @@ _whole_lines = False  # build workers side by side print each progress line whol
 def _compiler_flags(target: Target, cutlass: Path | None = None) -> dict:
     if cutlass is not None:
         # CUTLASS 3.x. The epilogue follows the correctness rule (float32, one rounding at the
-        # store), not eager's bits: FMA contraction and a division of 2 ulp (no IEEE slow path,
-        # whose branch per division splits the epilogue into blocks the compiler cannot overlap;
-        # measured 1.8x slower on S04's chain), and the hardware's exp and tanh (FX_RULE_MATH,
-        # csrc/epilogue_ops.cuh)
+        # store), not eager's bits: FMA contraction, a division and a square root of 2 ulp (no
+        # IEEE slow path, whose branch per division splits the epilogue into blocks the compiler
+        # cannot overlap; measured 1.8x slower on S04's chain), and the hardware's exp and tanh
+        # (FX_RULE_MATH, csrc/epilogue_ops.cuh)
         return dict(
             extra_cflags=["-O3", "-std=c++17"],
             extra_cuda_cflags=["-O3", "-std=c++17", "--expt-relaxed-constexpr", "-DNDEBUG", "-lineinfo",
-                               "-prec-div=false", "-DFX_RULE_MATH", f"-I{cutlass}", *target.nvcc_flags],
+                               "-prec-div=false", "-prec-sqrt=false", "-DFX_RULE_MATH", f"-I{cutlass}",
+                               *target.nvcc_flags],
             with_cuda=True,
         )
     if target.mode == "cuda":
