@@ -249,7 +249,7 @@ def _compiler_flags(target: Target, cutlass: Path | None = None) -> dict:
         # CUTLASS 3.x. The epilogue follows the correctness rule (float32, one rounding at the
         # store), not eager's bits: FMA contraction, a division and a square root of 2 ulp (no
         # IEEE slow path, whose branch per division splits the epilogue into blocks the compiler
-        # cannot overlap; measured 1.8x slower on S04's chain), and the hardware's exp and tanh
+        # cannot overlap; measured 1.8x slower on S04's chain), and the hardware's exponential
         # (FX_RULE_MATH, csrc/epilogue_ops.cuh)
         return dict(
             extra_cflags=["-O3", "-std=c++17"],
