@@ -27,11 +27,11 @@ FX_FN bool fx_isnan(float x) { return x != x; }
 // expf, or, in a build under the correctness rule (FX_RULE_MATH: the in-GEMM epilogue, whose
 // results must be within 1e-2 of eager's, not equal to them), __expf: 2 + 1.2 |x| ulp (2^-16
 // relative at |x| = 80, far finer than a 16-bit output's rounding), in two instructions where
-// libm's takes about 15. NaN and the infinities' limits are kept. The functions below take it only where the exponential ends in a denominator
-// or its argument stays below 20 (an approximate exp overflows a hair before expf). The row
-// kernels, which follow eager's formulas, and the host build (the tests against torch) use libm's.
-// (tanh.approx.f32 was not taken: 2^-11 relative is half precision, and x - tanh(x) would turn it
-// into an absolute error of that size.)
+// libm's takes about 15. NaN and the infinities' limits are kept. The functions below take it
+// only where the exponential ends in a denominator or its argument stays below 20 (an approximate
+// exp overflows a hair before expf). The row kernels, which follow eager's formulas, and the host
+// build (the tests against torch) use libm's. (tanh.approx.f32 was not taken: 2^-11 relative is
+// half precision, and x - tanh(x) would turn it into an absolute error of that size.)
 FX_FN float fx_expf(float x) {
 #if defined(FX_RULE_MATH) && defined(__CUDA_ARCH__)
   return __expf(x);
