@@ -158,9 +158,9 @@ struct ColumnMoments : RegisterNode<ColumnMomentsArguments> {
 };
 
 // Per column: the strips' moments merged in order (fx::combine_strips); writes the (2, n) batch
-// statistics [mean, unbiased variance] the op returns for the running statistics and the column's
-// mean, scale s = weight / sqrt(biased variance + eps) and bias (the norm's; `columns`: [3][n]),
-// from which fxg::normalize_columns forms each strip's scale and shift. Affine (generated):
+// statistics and the column's mean, scale s = weight / sqrt(biased variance + eps) and bias
+// (fx::write_column_statistics; `columns`: [3][n]), from which fxg::normalize_columns forms each
+// strip's scale and shift. Affine (generated):
 // weight(args, c) and bias(args, c), 1 and 0 for a norm without them.
 template <class Affine>
 __global__ void __launch_bounds__(fx::kCombineBlock) finalize_columns(const float* partials, int64_t m, int64_t n,
@@ -172,11 +172,8 @@ __global__ void __launch_bounds__(fx::kCombineBlock) finalize_columns(const floa
   fx::Moments total;
   const int64_t c = fx::combine_strips(partials, partials + strips * n, m, n, strips, kMomentRows, t, parts, total);
   if (c < 0) return;
-  stats[c] = total.mean;
-  stats[n + c] = total.m2 / static_cast<float>(m - 1);
-  columns[c] = total.mean;
-  columns[n + c] = Affine::weight(args, c) / sqrtf(total.m2 / static_cast<float>(m) + eps);
-  columns[2 * n + c] = Affine::bias(args, c);
+  fx::write_column_statistics(total, c, m, n, eps, Affine::weight(args, c), Affine::bias(args, c), stats, columns,
+                              columns + n, columns + 2 * n);
 }
 
 // normalize_columns' block: 128 threads of VEC columns (16 bytes of Out) each, a thread taking the

@@ -36,7 +36,6 @@ FX_DEVICE void apply_body(const Args<Prog::kParamSlots>& a, const Thread& t, flo
   });
 }
 
-
 // Column moments (count, mean, M2) of the values entering the BatchNorm stage (rounded to T like
 // the normalisation's input), per strip of rows. The grid is
 // segs x chunks blocks, block (q, s) walking segment s of strip q's rows, its lane l taking the
@@ -168,27 +167,19 @@ FX_DEVICE void stats_body(const Args<Prog::kParamSlots>& a, const Thread& t, flo
     }
 }
 
-// Per column: the strips' moments merged (combine_strips); write the (2, n) stats output [mean,
-// unbiased var] and what the row kernel normalises with: the mean, the weight over sqrt(var + eps)
-// and the bias as float32 (two loads of a runtime dtype a chunk fewer in the apply pass). Shared
-// memory: block Moments.
+// Per column: the strips' moments merged (combine_strips); write the (2, n) stats output and what
+// the row kernel normalises with (write_column_statistics: the weight and bias as float32, two
+// loads of a runtime dtype a chunk fewer in the apply pass). Shared memory: block Moments.
 template <class Prog>
 FX_DEVICE void combine_body(const Args<Prog::kParamSlots>& a, const Thread& t, Moments* parts) {
   Moments total;
   const int64_t c = combine_strips(a.part_mean, a.part_m2, a.m, a.n, a.chunks, stats_strip_rows(a.m, a.chunks), t,
                                    parts, total);
   if (c < 0) return;
-  const float m = static_cast<float>(a.m);
-  a.stats[c] = total.mean;
-  a.stats[a.n + c] = total.m2 / (m - 1.0f);
-  a.bn_mean[c] = total.mean;
-  const float rstd = 1.0f / sqrtf(total.m2 / m + Prog::kBatchEps);
-  if constexpr (Prog::kBatchWeight >= 0) {
-    a.bn_scale[c] = rstd * load_param(a.pptr[Prog::kBatchWeight], a.pdtype[Prog::kBatchWeight], c);
-  } else {
-    a.bn_scale[c] = rstd;
-  }
-  if constexpr (Prog::kBatchBias >= 0) a.bn_bias[c] = load_param(a.pptr[Prog::kBatchBias], a.pdtype[Prog::kBatchBias], c);
+  float weight = 1.0f, bias = 0.0f;
+  if constexpr (Prog::kBatchWeight >= 0) weight = load_param(a.pptr[Prog::kBatchWeight], a.pdtype[Prog::kBatchWeight], c);
+  if constexpr (Prog::kBatchBias >= 0) bias = load_param(a.pptr[Prog::kBatchBias], a.pdtype[Prog::kBatchBias], c);
+  write_column_statistics(total, c, a.m, a.n, Prog::kBatchEps, weight, bias, a.stats, a.bn_mean, a.bn_scale, a.bn_bias);
 }
 
 }  // namespace fx
