@@ -108,17 +108,10 @@ class Epilogue:
 
     @staticmethod
     def of(program: Program) -> "Epilogue":
-        segments: list[sympy.Expr] = [E.X]
-        norm = reduce = None
-        for stage in epilogue_stages(program):
-            if isinstance(stage, Pointwise):
-                segments[-1] = E.substitute(stage.expr, {E.X: segments[-1]})
-            elif isinstance(stage, (Norm, Reduce)):
-                norm, reduce = (stage, reduce) if isinstance(stage, Norm) else (norm, stage)
-                segments.append(E.X)
-        rounding = set(ROUNDING.values())
-        post = E.without_calls(segments[-1], rounding) if len(segments) > 1 else E.X
-        return Epilogue(E.without_calls(segments[0], rounding), norm, post, reduce)
+        segments, bounds = _composed(epilogue_stages(program))
+        norm = next((s for s in reversed(bounds) if isinstance(s, Norm)), None)
+        reduce = next((s for s in reversed(bounds) if isinstance(s, Reduce)), None)
+        return Epilogue(segments[0], norm, segments[-1] if bounds else E.X, reduce)
 
     def affine_post(self) -> sympy.Expr:
         """What follows the normalized value: the norm's weight and bias, then the stages after it."""
@@ -128,6 +121,21 @@ class Epilogue:
         if self.norm.bias is not None:
             x = E.add(x, E.param(self.norm.bias))
         return E.substitute(self.post, {E.X: x})
+
+
+def _composed(stages) -> tuple[list[sympy.Expr], list]:
+    """The pointwise stages between consecutive norms and reductions composed into one expression
+    each, eager's rounding points dropped: the expressions (one more than the bounds) and the
+    norms and reductions between them (other stages, a Widen, are left out)."""
+    rounding = set(ROUNDING.values())
+    segments, bounds = [E.X], []
+    for stage in stages:
+        if isinstance(stage, Pointwise):
+            segments[-1] = E.substitute(stage.expr, {E.X: segments[-1]})
+        elif isinstance(stage, (Norm, Reduce)):
+            bounds.append(stage)
+            segments.append(E.X)
+    return [E.without_calls(segment, rounding) for segment in segments], bounds
 
 
 def epilogue_stages(program: Program) -> tuple:
@@ -216,16 +224,10 @@ def canonical(program: Program) -> Program:
     Programs that differ only where eager rounds share one GEMM module: it names the module and
     keys its build. Norms stay stages even where the epilogue composes them (``epilogue_stages``):
     the module's facts (``Program.channels_dim1``) follow from them."""
-    rounding = set(ROUNDING.values())
-    stages: list = []
-    segment = E.X
-    for stage in program.stages:
-        if isinstance(stage, Pointwise):
-            segment = E.substitute(stage.expr, {E.X: segment})
-        elif isinstance(stage, (Norm, Reduce)):
-            stages += [Pointwise(E.without_calls(segment, rounding)), stage]
-            segment = E.X
-    stages.append(Pointwise(E.without_calls(segment, rounding)))
+    segments, bounds = _composed(program.stages)
+    stages: list = [Pointwise(segments[0])]
+    for bound, segment in zip(bounds, segments[1:]):
+        stages += [bound, Pointwise(segment)]
     return Program(program.gemm, tuple(stages) + ((Widen(),) if program.widens else ()), program.params)
 
 
