@@ -645,7 +645,8 @@ def run(
 # Output
 
 
-def _ms(v: dict[str, Any] | None, kind: str) -> float | None:
+def variant_ms(v: dict[str, Any] | None, kind: str) -> float | None:
+    """A variant's time per call of one timing ("gpu", "pipelined", "latency"), None if it failed."""
     return None if v is None or v.get("error") else v.get(f"{kind}_ms")
 
 
@@ -679,13 +680,13 @@ def table_rows(report: dict[str, Any]) -> list[list[str]]:
         v = e.get("variants", {})
         gemm, eager, ind, fx = (v.get(n) for n in VARIANTS)
         mark = "*" if fx and fx.get("gpu_method") == "profiler" else ""
-        line = [e["id"], _fmt(_ms(gemm, "gpu")), _fmt(_ms(eager, "gpu")), _fmt(_ms(ind, "gpu"))]
-        line.append(_fmt(_ms(fx, "gpu")) + mark)
+        line = [e["id"], _fmt(variant_ms(gemm, "gpu")), _fmt(variant_ms(eager, "gpu")), _fmt(variant_ms(ind, "gpu"))]
+        line.append(_fmt(variant_ms(fx, "gpu")) + mark)
         same_graph = "=" if fused_nothing(e) else ""
         for kind in ("gpu", "pipelined", "latency"):
-            g, i, f = _ms(gemm, kind), _ms(ind, kind), _ms(fx, kind)
+            g, i, f = variant_ms(gemm, kind), variant_ms(ind, kind), variant_ms(fx, kind)
             line += [_ratio(f, g), _ratio(i, g), _ratio(f, i) + same_graph]
-        line.append(_ratio(_ms(fx, "gpu"), _ms(v.get(MAX_AUTOTUNE), "gpu")))
+        line.append(_ratio(variant_ms(fx, "gpu"), variant_ms(v.get(MAX_AUTOTUNE), "gpu")))
         line += [_fmt((fx or {}).get("peak_mib"), ".1f"), _fmt((ind or {}).get("peak_mib"), ".1f")]
         line.append("ERR" if e.get("error") else _correct(e))
         out.append(line)
@@ -781,7 +782,7 @@ def plot(report: dict[str, Any], path: str | Path) -> None:
         ratios = []
         for e in report["rows"]:
             v = e.get("variants", {})
-            g, x = _ms(v.get("gemm"), "gpu"), _ms(v.get(name), "gpu")
+            g, x = variant_ms(v.get("gemm"), "gpu"), variant_ms(v.get(name), "gpu")
             ratios.append(x / g if x and g else 0.0)
         ax.bar([i + (k - 1) * width for i in range(len(ids))], ratios, width, label=name)
     ax.axhline(1.0, color="black", linewidth=0.8)

@@ -26,7 +26,7 @@ from typing import Any
 if __package__ in (None, ""):  # run as a script: make the repository root importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.bench import fused_nothing  # noqa: E402
+from bench.bench import fused_nothing, variant_ms  # noqa: E402
 
 TIMINGS = ("gpu", "pipelined")
 
@@ -74,11 +74,6 @@ TARGETS = (
 TF32_TARGETS = (Target("TF32 rows <= 1.05x bare GEMM", ("*",), "fx/GEMM", 1.05),)
 
 
-def _ms(entry: dict[str, Any], variant: str, timing: str) -> float | None:
-    v = entry.get("variants", {}).get(variant)
-    return None if v is None or v.get("error") else v.get(f"{timing}_ms")
-
-
 def _rows_of_gemm(entry: dict[str, Any]) -> int:
     shapes = entry.get("input_shapes") or [[0]]
     return math.prod(shapes[0][:-1])
@@ -97,7 +92,7 @@ def check(report: dict[str, Any]) -> list[dict[str, Any]]:
             m = _rows_of_gemm(entry)
             values = {}
             for timing in TIMINGS:
-                fx, gemm, ind = (_ms(entry, v, timing) for v in ("fxfuse", "gemm", "inductor"))
+                fx, gemm, ind = (variant_ms(entry.get("variants", {}).get(v), timing) for v in ("fxfuse", "gemm", "inductor"))
                 num, den = (fx, gemm) if target.ratio == "fx/GEMM" else (ind, fx)
                 values[timing] = num / den if num and den else None
             if target.met_by_inductor and fused_nothing(entry):
