@@ -92,7 +92,8 @@ def check(report: dict[str, Any]) -> list[dict[str, Any]]:
             m = _rows_of_gemm(entry)
             values = {}
             for timing in TIMINGS:
-                fx, gemm, ind = (variant_ms(entry.get("variants", {}).get(v), timing) for v in ("fxfuse", "gemm", "inductor"))
+                variants = entry.get("variants", {})
+                fx, gemm, ind = (variant_ms(variants.get(v), timing) for v in ("fxfuse", "gemm", "inductor"))
                 num, den = (fx, gemm) if target.ratio == "fx/GEMM" else (ind, fx)
                 values[timing] = num / den if num and den else None
             if target.met_by_inductor and fused_nothing(entry):

@@ -93,13 +93,14 @@ FX_DEVICE int64_t combine_strips(const float* part_mean, const float* part_m2, i
 // What a column's merged moments give the op and the normalizing pass, in both back ends: the
 // (2, n) batch statistics [mean, unbiased variance] the op returns for the running statistics, and
 // the column's mean, scale = weight / sqrt(biased variance + eps) and bias (1 and 0 without them)
-FX_DEVICE void write_column_statistics(const Moments& total, int64_t c, int64_t m, int64_t n, float eps, float weight,
-                                       float bias, float* stats, float* mean, float* scale, float* shift_bias) {
+FX_DEVICE void write_column_statistics(const Moments& total, int64_t c, int64_t m, int64_t n, float eps,
+                                       float weight, float bias, float* stats, float* mean, float* scale,
+                                       float* bias_out) {
   stats[c] = total.mean;
   stats[n + c] = total.m2 / static_cast<float>(m - 1);
   mean[c] = total.mean;
   scale[c] = 1.0f / sqrtf(total.m2 / static_cast<float>(m) + eps) * weight;
-  shift_bias[c] = bias;
+  bias_out[c] = bias;
 }
 
 }  // namespace fx

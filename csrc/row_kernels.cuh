@@ -177,8 +177,9 @@ FX_DEVICE void combine_body(const Args<Prog::kParamSlots>& a, const Thread& t, M
                                    parts, total);
   if (c < 0) return;
   float weight = 1.0f, bias = 0.0f;
-  if constexpr (Prog::kBatchWeight >= 0) weight = load_param(a.pptr[Prog::kBatchWeight], a.pdtype[Prog::kBatchWeight], c);
-  if constexpr (Prog::kBatchBias >= 0) bias = load_param(a.pptr[Prog::kBatchBias], a.pdtype[Prog::kBatchBias], c);
+  constexpr int W = Prog::kBatchWeight, B = Prog::kBatchBias;
+  if constexpr (W >= 0) weight = load_param(a.pptr[W], a.pdtype[W], c);
+  if constexpr (B >= 0) bias = load_param(a.pptr[B], a.pdtype[B], c);
   write_column_statistics(total, c, a.m, a.n, Prog::kBatchEps, weight, bias, a.stats, a.bn_mean, a.bn_scale, a.bn_bias);
 }
 

@@ -191,7 +191,8 @@ def unsupported_reason(program: Program, dtype: torch.dtype) -> str | None:
         if epilogue.norm is not None:
             after = print_expr(epilogue.affine_post())
             if any(program.operand_kinds[i] == "full" for i in after.params):
-                return f"an operand of the output's shape after the {epilogue.norm.kind} norm is not in the in-GEMM epilogue yet"
+                return (f"an operand of the output's shape after the {epilogue.norm.kind} norm is not in the "
+                        "in-GEMM epilogue yet")
         if epilogue.reduce is not None:
             after = print_expr(epilogue.post)
             if any(program.params[i] != "scalar" for i in after.params):
