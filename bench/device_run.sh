@@ -16,10 +16,14 @@ LOGS=$(mktemp -d)  # per-process logs; $OUT gets a few merged files
 source "$(dirname "$0")/device_setup.sh"
 has() { [[ ",$stages," == *",$1,"* ]]; }
 # Build every module first, in parallel (a build per chain at compile time is sequential).
-# PREBUILD_ARGS narrow the suite modules (bench/prebuild_suite.py's flags); the tests' modules are
-# built only with the tests stage.
+# PREBUILD_ARGS narrow the suite modules (bench/prebuild_suite.py's flags); by default every size
+# and dtype where tests run, else the benchmark's (the suite's size, bench's --dtype): all of them
+# took 460 s of a 64-core host. The tests' modules are built only with the tests stage.
+bench_dtype=bf16; prev=
+for arg in "$@"; do [ "$prev" = --dtype ] && bench_dtype=$arg; prev=$arg; done
+if has tests || has prebuild; then default_prebuild=; else default_prebuild="--sizes full --dtypes ${bench_dtype/tf32/fp32}"; fi
 { if has tests || has sanitize || has prebuild; then python3 tests/gpu/prebuild.py; fi
-  python3 bench/prebuild_suite.py ${PREBUILD_ARGS:-}; } 2>&1 | grep -v "^fxfuse: building" \
+  python3 bench/prebuild_suite.py ${PREBUILD_ARGS-$default_prebuild}; } 2>&1 | grep -v "^fxfuse: building" \
   | tee "$OUT/prebuild.log"
 status=0
 sanitize_pid=

@@ -4,7 +4,8 @@
 
 For each program: ``F.linear`` (cuBLAS, with the bias: the floor), the row path (cuBLAS + the
 program module's pass) and each configuration of the program's GEMM module, as GPU time per call
-from CUDA-graph replays of 20 calls, median of repeats, inputs rotated over 4 sets. ``identity``
+from CUDA-graph replays of 20 calls, inputs rotated over 4 sets, all paths timed in blocks after a
+warm-up (``time_paths``). ``identity``
 is the bare GEMM through CUTLASS (no epilogue but the store): the "bare GEMM first" comparison.
 Programs are the suite's pointwise and group-norm rows as fxfuse matches them (tests/gpu/programs.py
 spells them; S08 is meant for its own shape, 32768,4096,1024; S26gate and S26dual for
@@ -30,7 +31,7 @@ kernel cuBLAS runs for ``F.linear`` is printed with it.
 from __future__ import annotations
 
 import argparse
-import statistics
+import itertools
 import sys
 from pathlib import Path
 
@@ -145,28 +146,23 @@ def programs() -> dict:
     }
 
 
-def graph_us(fn, repeats: int) -> float:
-    """GPU time per call (us) from replays of a graph of GRAPH_CALLS calls rotating over the sets."""
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        for i in range(3):
-            fn(i % SETS)
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for i in range(GRAPH_CALLS):
-            fn(i % SETS)
-    graph.replay()
-    samples = []
-    for _ in range(repeats):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        graph.replay()
-        end.record()
-        end.synchronize()
-        samples.append(start.elapsed_time(end) * 1000 / GRAPH_CALLS)
-    return statistics.median(samples)
+def time_paths(paths: dict, repeats: int) -> dict[str, float]:
+    """GPU time per call (us) of each path ``fn(i)`` (i: the input set), from replays of a CUDA graph
+    of GRAPH_CALLS calls rotating over the sets, timed as the selection times its candidates:
+    after a warm-up of all of them, in blocks, the order reversed every pass
+    (``engine.blocked_medians``). Timed one after another, the path timed first ran on the clocks
+    of a card that had been idle (BENCHMARKS.md section 28)."""
+    from fxfuse.cuda.engine import blocked_medians, captured, time_us
+
+    def rotating(fn):
+        count = itertools.count()
+        return lambda: fn(next(count) % SETS)
+
+    graphs = captured({name: rotating(fn) for name, fn in paths.items()}, GRAPH_CALLS)
+    replays = {name: graph.replay for name, graph in graphs.items()}
+    passes = 4
+    return blocked_medians(replays, lambda replay: time_us(replay, 1) / GRAPH_CALLS,
+                           samples_per_block=max(1, repeats // passes), passes=passes, settle_s=0.1)
 
 
 def main(argv=None) -> int:
@@ -228,8 +224,8 @@ def main(argv=None) -> int:
                     sets.append((x, w, b, make_params(prog, n, dtype=dtype, device=device, generator=g, lead=(m,),
                                                       k=k)))
                 seconds = prog.second_gemms  # a gated pair's floor: both GEMMs
-                times = {"F.linear": graph_us(lambda i: [F.linear(sets[i][0], sets[i][1], sets[i][2])] + [
-                    F.linear(sets[i][0], sets[i][3][j]) for j in seconds], args.repeats)}
+                paths = {"F.linear": lambda i: [F.linear(sets[i][0], sets[i][1], sets[i][2])] + [
+                    F.linear(sets[i][0], sets[i][3][j]) for j in seconds]}
                 if not seconds:
                     print(f"{name:8s} {m}x{n}x{k}  cuBLAS runs {cublas_kernel(lambda: F.linear(*sets[0][:3]))}")
 
@@ -243,16 +239,17 @@ def main(argv=None) -> int:
                         (module.config_names[c], lambda c=c, g=module: run(0, c, g)) for module in modules[name]
                         for c in range(0, len(module.config_names), 6) if module.supports(m, n, k, c)])
                     continue
-                times["row"] = graph_us(run, args.repeats)
+                paths["row"] = run
                 expected = run(0).float()
                 scale = expected.abs().max().item() or 1.0
                 wrong = set()
                 for module in modules[name]:
                     for config, cname in enumerate(module.config_names):
                         if module.supports(m, n, k, config):
-                            times[cname] = graph_us(lambda i, c=config, g=module: run(i, c, g), args.repeats)
+                            paths[cname] = lambda i, c=config, g=module: run(i, c, g)
                             if (run(0, config, module).float() - expected).abs().max().item() > 2e-2 * scale:
                                 wrong.add(cname)
+                times = time_paths(paths, args.repeats)
                 base = times["F.linear"]
                 cells = "  ".join(f"{key}{'!' if key in wrong else ''} {t:.1f} ({t / base:.3f})"
                                   for key, t in sorted(times.items(), key=lambda kv: kv[1]))

@@ -10,9 +10,15 @@ fxfuse and Inductor compiles three ways and logs the SM clock and power during e
 * interleaved — one sample of each in turn (what the backend and bench.py do);
 * blocks — each model alone for a while (warm-up samples, then timed ones), in the order A B B A …,
   as a user's process runs one model;
-* interleaved with idle — round-robin with the card left idle between samples.
+* interleaved with idle — round-robin with the card left idle between samples;
+* blocks over rotated inputs — blocks again, each captured call reading the next of four input
+  sets (as bench.py's graphs do), so that no call finds its input in L2 from the call before; the
+  backend's selection and whole-graph check time one input set, bench.py four, and the two have
+  disagreed by 5-10 % on the in-GEMM rows (BENCHMARKS.md section 28);
+* sustained — each model alone for ``--sustained`` seconds untimed, then its timed samples: the
+  card's state under a user's steady load, past the power limiter's first swings.
 
-    python bench/timing_order.py --row S26
+    python bench/timing_order.py --row S26 [--sustained 3]
 """
 
 from __future__ import annotations
@@ -32,7 +38,7 @@ if __package__ in (None, ""):
 
 import torch
 
-from examples.suite import build
+from examples.suite import build, make_inputs
 from fxfuse.cuda.engine import CALLS_PER_SAMPLE, captured, time_us
 
 Sample = tuple[str, str, float, float, float]  # method, model, start, end (epoch s), us per call
@@ -50,7 +56,7 @@ def interleaved(replays: dict, rounds: int, idle_s: float = 0.0) -> list[Sample]
     return samples
 
 
-def blocks(replays: dict, order: str, warm_up: int, timed: int) -> list[Sample]:
+def blocks(replays: dict, order: str, warm_up: int, timed: int, method: str = "blocks") -> list[Sample]:
     names = list(replays)
     samples = []
     for letter in order:
@@ -60,7 +66,21 @@ def blocks(replays: dict, order: str, warm_up: int, timed: int) -> list[Sample]:
         for _ in range(timed):
             start = time.time()
             us = time_us(replays[name], 1) / CALLS_PER_SAMPLE
-            samples.append(("blocks", name, start, time.time(), us))
+            samples.append((method, name, start, time.time(), us))
+    return samples
+
+
+def sustained(replays: dict, seconds: float, timed: int, method: str = "sustained") -> list[Sample]:
+    """Each model alone: ``seconds`` of untimed replays, then ``timed`` samples."""
+    samples = []
+    for name, replay in replays.items():
+        until = time.perf_counter() + seconds
+        while time.perf_counter() < until:
+            time_us(replay, 1)
+        for _ in range(timed):
+            start = time.time()
+            us = time_us(replay, 1) / CALLS_PER_SAMPLE
+            samples.append((method, name, start, time.time(), us))
     return samples
 
 
@@ -81,17 +101,26 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--row", default="S26")
     parser.add_argument("--blocks", default="ABBAABBA", help="the order of the blocks (A: fxfuse, B: Inductor)")
+    parser.add_argument("--sustained", type=float, default=3.0, help="seconds of untimed load before a sustained block")
     parser.add_argument("--csv", help="write every sample (with the clock and power during it) here")
     args = parser.parse_args()
     torch.manual_seed(0)
     model, inputs = build(args.row, device="cuda", dtype=torch.bfloat16)
+    input_sets = [inputs] + [make_inputs(args.row, device="cuda", dtype=torch.bfloat16) for _ in range(3)]
     models = {"fxfuse": torch.compile(copy.deepcopy(model), backend="fxfuse"),
               "inductor": torch.compile(copy.deepcopy(model))}
     with torch.no_grad():
         for compiled in models.values():
             compiled(*inputs)
         graphs = captured({name: (lambda c=c: c(*inputs)) for name, c in models.items()}, CALLS_PER_SAMPLE)
+
+        def rotating(compiled):
+            calls = iter(range(10**9))
+            return lambda: compiled(*input_sets[next(calls) % len(input_sets)])
+
+        rotated = captured({name: rotating(c) for name, c in models.items()}, CALLS_PER_SAMPLE)
     replays = {name: g.replay for name, g in graphs.items()}
+    rotated_replays = {name: g.replay for name, g in rotated.items()}
     log = Path(tempfile.mkdtemp()) / "smi.csv"
     smi = subprocess.Popen(["nvidia-smi", "--query-gpu=timestamp,clocks.sm,power.draw,temperature.gpu",
                             "--format=csv,noheader", "-lms", "20"], stdout=log.open("w"), stderr=subprocess.DEVNULL)
@@ -101,6 +130,9 @@ def main() -> None:
         samples += blocks(replays, args.blocks, warm_up=6, timed=6)
         samples += interleaved(replays, rounds=12, idle_s=0.15)
         samples += interleaved(replays, rounds=20)
+        samples += blocks(rotated_replays, args.blocks, warm_up=6, timed=6, method="blocks over rotated inputs")
+        samples += sustained(replays, args.sustained, timed=12)
+        samples += sustained(rotated_replays, args.sustained, timed=12, method="sustained over rotated inputs")
     finally:
         time.sleep(0.5)
         smi.terminate()

@@ -1,12 +1,14 @@
-"""How ``bench.py`` samples and reports, without a GPU: each variant alone for a while, in blocks, the
-order rotated every pass (a variant sampled right after another runs in the state that one left on
-the card: BENCHMARKS.md section 17)."""
+"""How ``bench.py`` samples and reports, without a GPU: after a warm-up of all variants, each variant
+alone for a while, in blocks, the order rotated every pass (a variant sampled right after another
+runs in the state that one left on the card: BENCHMARKS.md section 17; the card's clocks swing for
+seconds after a heavy load starts: section 28)."""
 
 from __future__ import annotations
 
 import pytest
 
 from bench.bench import format_report, in_blocks, merge, table_rows
+from fxfuse.cuda.engine import WARM_UP_ROUNDS
 
 
 def test_each_variant_is_sampled_in_blocks_at_every_position_once():
@@ -19,8 +21,11 @@ def test_each_variant_is_sampled_in_blocks_at_every_position_once():
     fns = {name: (lambda name=name: name) for name in ("gemm", "eager", "inductor", "fxfuse")}
     samples, errors = in_blocks(sample, fns, [], rounds=8, settle_s=0.0)
     assert errors == {} and all(len(v) == 8 for v in samples.values())
-    # a pass per variant; every block: one untimed settling call, then rounds / passes = 2 samples
-    blocks = [calls[i:i + 3] for i in range(0, len(calls), 3)]
+    # first the warm-up: every variant in turn, untimed (these take no time: its rounds, not its seconds)
+    warm_up = WARM_UP_ROUNDS * len(fns)
+    assert calls[:warm_up] == list(fns) * WARM_UP_ROUNDS
+    # then a pass per variant; every block: one untimed settling call, then rounds / passes = 2 samples
+    blocks = [calls[i:i + 3] for i in range(warm_up, len(calls), 3)]
     assert all(len(set(block)) == 1 for block in blocks)
     order = [block[0] for block in blocks]
     assert order == ["gemm", "eager", "inductor", "fxfuse", "eager", "inductor", "fxfuse", "gemm",

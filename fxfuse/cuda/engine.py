@@ -55,9 +55,11 @@ INDUCTOR_MARGIN = 0.03
 GRAPH_TIMING = "CUDA-graph replay"  # how a selection timed its candidates (Selection.timing)
 LAUNCH_TIMING = "back-to-back launches"  # where a candidate could not be captured
 CALLS_PER_SAMPLE = 10  # calls of a candidate in one timing sample
+WARM_UP_S = 2.0  # untimed load before a measurement's first sample (warm_up)
+WARM_UP_ROUNDS = 100  # at most this many rounds of the candidates in the warm-up
 # How candidates are timed, in the selections' disk key (keyed on the modules, not on this file):
-# selections timed another way (round-robin, before blocked_medians) are measured again
-TIMING_METHOD = "blocks"
+# selections timed another way (round-robin; blocks without the warm-up) are measured again
+TIMING_METHOD = "blocks after a warm-up"
 
 
 @dataclass(frozen=True)
@@ -435,9 +437,33 @@ def inductor_chain(program: Program, x, weight, bias, params) -> Callable[[], to
     return lambda: isolated(lambda: compiled(*inputs))
 
 
+def warm_up(runs: list[Callable[[], object]], seconds: float = WARM_UP_S, rounds: int = WARM_UP_ROUNDS) -> None:
+    """Run ``runs`` in turn, untimed, for ``seconds`` or ``rounds`` rounds, whichever ends first.
+
+    A card that sat idle (a compile's builds and tracing, a benchmark's setup) starts a heavy load
+    on boosted clocks; about 0.7 s in, its power limiter pulls them down, and they swing with a
+    period of about a second for seconds more. Over the 42 rows of about 200 µs that bench.py
+    timed in sections 18, 19, 24 and 28 of BENCHMARKS.md (16 blocks of 0.21 s each), the fourth
+    block ran 7.5 % slower than the same graph's median on average and up to 26 %, whichever graph
+    it was (Inductor's own, where fxfuse had fused nothing), the ninth 5.5 % and the fourteenth
+    2.8 %; the others within 2.5 %. Samples taken after the warm-up see the card as a user's
+    steady load does. A candidate of microseconds (decode sizes, tests) ends at ``rounds``, long
+    before ``seconds``."""
+    if seconds <= 0:
+        return
+    until = time.perf_counter() + seconds
+    for _ in range(rounds):
+        for run in runs:
+            run()
+        if time.perf_counter() >= until:
+            return
+
+
 def blocked_medians(calls: dict[str, Callable[[], object]], time_once: Callable[[Callable], float],
-                    samples_per_block: int = 4, passes: int = 2, settle_s: float = 0.05) -> dict[str, float]:
-    """The median of each call's timings, taken in blocks: one candidate at a time runs untimed
+                    samples_per_block: int = 4, passes: int = 2, settle_s: float = 0.05,
+                    warm_up_s: float = WARM_UP_S) -> dict[str, float]:
+    """The median of each call's timings, taken in blocks after ``warm_up_s`` of all of them
+    untimed (``warm_up``): one candidate at a time runs untimed
     for ``settle_s`` (at least once, at most ten times as long as its first untimed run took),
     then is timed ``samples_per_block`` times; the candidates in order, then in reverse order,
     ``passes`` passes in all.
@@ -452,6 +478,7 @@ def blocked_medians(calls: dict[str, Callable[[], object]], time_once: Callable[
     each settles for 0.05 s by default; the whole-graph check, two, settles longer. A short run
     (microseconds: decode sizes, tests) settles for ten runs' time, so that the selections of a
     model's small chains stay quick."""
+    warm_up([lambda call=call: time_once(call) for call in calls.values()], warm_up_s)
     samples: dict[str, list[float]] = {name: [] for name in calls}
     order = list(calls)
     for p in range(passes):

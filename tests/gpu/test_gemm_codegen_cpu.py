@@ -451,8 +451,46 @@ def test_a_short_run_settles_for_ten_runs_time_not_the_whole_settling_time():
         runs.append(call())
         return 1.0
 
-    blocked_medians({"row": lambda: "row"}, time_once, samples_per_block=1, passes=1, settle_s=60.0)
+    blocked_medians({"row": lambda: "row"}, time_once, samples_per_block=1, passes=1, settle_s=60.0, warm_up_s=0.0)
     assert 3 <= len(runs) <= 13  # the first untimed run, about ten more, one sample
+
+
+def test_the_selection_samples_the_card_after_its_clocks_have_settled():
+    """A card that sat idle runs its first timings on boosted clocks (10 % faster here). The
+    candidate timed first, Inductor, would take those and win against a 1 % faster in-GEMM path;
+    after the warm-up, which the boosted timings fall in, the faster path wins."""
+    from fxfuse.cuda.engine import blocked_medians
+
+    def idle_card():
+        timings = {"n": 0}
+
+        def time_once(call):
+            timings["n"] += 1
+            return call() * (0.9 if timings["n"] <= 6 else 1.0)
+
+        return time_once
+
+    calls = {"Inductor": lambda: 100.0, "in-GEMM": lambda: 99.0}
+    times = blocked_medians(calls, idle_card(), settle_s=0.0)
+    assert min(times, key=times.get) == "in-GEMM"
+    cold = blocked_medians(calls, idle_card(), settle_s=0.0, warm_up_s=0.0)
+    assert min(cold, key=cold.get) == "Inductor"  # what timing from the first call picks
+
+
+def test_the_warm_up_of_a_short_candidate_ends_after_its_rounds():
+    """Candidates of microseconds (decode sizes, the tests' shapes) warm up for a bounded number of
+    rounds, not for the whole warm-up time; a slow one for about the warm-up time."""
+    import time
+
+    from fxfuse.cuda.engine import WARM_UP_ROUNDS, warm_up
+
+    runs = []
+    warm_up([lambda: runs.append("in-GEMM"), lambda: runs.append("row")], seconds=60.0)
+    assert runs == ["in-GEMM", "row"] * WARM_UP_ROUNDS
+    slow = []
+    started = time.perf_counter()
+    warm_up([lambda: (time.sleep(0.01), slow.append(1))], seconds=0.05)
+    assert 5 <= len(slow) <= 7 and time.perf_counter() - started < 1.0
 
 
 def test_the_selection_spreads_a_drifting_clock_over_all_candidates():
