@@ -16,6 +16,7 @@ The bare-GEMM target (the plain CUTLASS GEMM within 1.02x cuBLAS) is not a suite
 from __future__ import annotations
 
 import argparse
+import fnmatch
 import json
 import math
 import sys
@@ -45,9 +46,10 @@ class Target:
     limit: float
     large_m_limit: float | None = None
     met_by_inductor: bool = False
+    timings: tuple[str, ...] = TIMINGS  # the timings it is held to (the issue names GPU time alone for decode)
 
     def covers(self, row: str) -> bool:
-        return any(row == r or (r.endswith("*") and row.startswith(r[:-1])) for r in self.rows)
+        return any(fnmatch.fnmatchcase(row, pattern) for pattern in self.rows)
 
     def limit_for(self, m: int) -> float:
         return self.large_m_limit if self.large_m_limit is not None and m >= 4096 else self.limit
@@ -66,7 +68,7 @@ TARGETS = (
     Target("(M, 1) reductions <= 1.02x bare GEMM", ("S05", "S15", "S16"), "fx/GEMM", 1.02),
     Target("BatchNorm-train, softmax, LayerNorm/RMSNorm, wide groups >= 1.10x faster than Inductor",
            ("S03", "S07", "S11", "S20", "S21", "S06"), "ind/fx", 1.10),
-    Target("decode (M = 16) <= 1.05x bare GEMM", ("S23-*-M16",), "fx/GEMM", 1.05),
+    Target("decode (M = 16) <= 1.05x bare GEMM GPU time", ("S23-*-M16",), "fx/GEMM", 1.05, timings=("gpu",)),
     # two timings of one program differ by up to about 2 % (BENCHMARKS.md section 17); a row
     # whose chains all went to Inductor is Inductor's own graph, met by construction
     Target("default policy: not slower than Inductor (within 2 %)", ("*",), "ind/fx", 0.98, met_by_inductor=True),
@@ -90,8 +92,8 @@ def check(report: dict[str, Any]) -> list[dict[str, Any]]:
             if not target.covers(entry["id"]):
                 continue
             m = _rows_of_gemm(entry)
-            values = {}
-            for timing in TIMINGS:
+            values = {timing: None for timing in TIMINGS}
+            for timing in target.timings:
                 variants = entry.get("variants", {})
                 fx, gemm, ind = (variant_ms(variants.get(v), timing) for v in ("fxfuse", "gemm", "inductor"))
                 num, den = (fx, gemm) if target.ratio == "fx/GEMM" else (ind, fx)
@@ -99,7 +101,8 @@ def check(report: dict[str, Any]) -> list[dict[str, Any]]:
             if target.met_by_inductor and fused_nothing(entry):
                 met = True
             else:
-                met = None if None in values.values() else all(target.met(v, m) for v in values.values())
+                held = [values[timing] for timing in target.timings]
+                met = None if None in held else all(target.met(v, m) for v in held)
             lines.append({"target": target.name, "row": entry["id"], "dtype": dtype, "m": m, "ratio": target.ratio,
                           "limit": target.limit_for(m), **values, "met": met})
     return lines

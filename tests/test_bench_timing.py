@@ -134,6 +134,16 @@ def test_each_target_is_checked_on_its_rows_under_both_timings():
     assert got[("S07", "default")] is True and got[("S01", "default")] is True
 
 
+def test_the_decode_target_covers_the_decode_rows_at_sixteen_rows():
+    from bench.targets import check
+
+    report = _report("bf16", {"S23-S01-M16": (1.0, 1.0, 1.04, True), "S23-S01-M1": (1.0, 1.0, 1.2, True)})
+    report["rows"][0]["variants"]["fxfuse"]["pipelined_ms"] = 1.8  # host-bound: the target names GPU time
+    decode = [(ln["row"], ln["gpu"], ln["pipelined"], ln["met"]) for ln in check(report)
+              if ln["target"].startswith("decode")]
+    assert decode == [("S23-S01-M16", 1.04, None, True)]  # M = 1 is held to the default policy alone
+
+
 def test_a_tf32_run_is_held_to_the_tf32_target_alone():
     from bench.targets import check
 
