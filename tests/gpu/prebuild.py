@@ -39,7 +39,7 @@ def main() -> int:
     # the in-GEMM tests' modules: a row module and a GEMM module per (program, dtype), as
     # gemm_harness.build_modules builds them
     in_gemm = [*test_gemm_epilogue.BUILDS.values(), *test_gemm_group_norm.CASES.values(),
-               *test_gemm_batch_norm.CASES.values()]
+               *test_gemm_batch_norm.CASES.values(), *[(sanitize.PROGRAMS[n], d) for n, d, *_ in sanitize.GEMM_CALLS]]
     torch.backends.cuda.matmul.allow_tf32 = True  # the float32 in-GEMM cases are TF32 modules (test_gemm_epilogue)
     pairs = (test_cuda_kernels.all_builds() + [(sanitize.PROGRAMS[n], d) for n, d, *_ in sanitize.CALLS]
              + in_gemm)

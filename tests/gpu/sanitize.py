@@ -11,8 +11,11 @@ the mean), normalize, chains that widen to a float32 output in both chunk layout
 statistics and combine kernels, and the backward kernels of pointwise and row programs (16-byte
 and 1-element paths, many chunks of rows, a column parameter, group norms by lanes, layer norms
 over several warps, row maps over 256 threads and normalize's, reductions with std's), and the
-rotary embedding (partners by lane shuffles and through shared memory). Prints one
-line per call and exits non-zero on a mismatch with the reference.
+rotary embedding (partners by lane shuffles and through shared memory); on Hopper, each kernel of
+the in-GEMM modules of a pointwise chain, an eval BatchNorm folded into it, an operand of the
+output's shape, the gated pair, a row reduction, GroupNorm in the tile and a training BatchNorm
+(its moments, finalize and normalizing pass). Prints one line per call and exits non-zero on a
+mismatch with the reference.
 """
 
 from __future__ import annotations
@@ -25,10 +28,13 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/support.py
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 import fxfuse.cuda as fxcuda  # noqa: E402
 from fxfuse import reference  # noqa: E402
+from fxfuse.cuda.build import cuda_target, gemm_target_reason  # noqa: E402
+from gemm_harness import assert_under_rule, draw, kernels, param_dtypes, run_config_outputs, truth  # noqa: E402
 from programs import PROGRAMS, assert_backward_close, make_params  # noqa: E402
 
 CALLS = [  # (program, dtype, M, N, K)
@@ -55,6 +61,15 @@ CALLS = [  # (program, dtype, M, N, K)
     ("where_leaky", torch.bfloat16, 7, 1000, 16),  # comparisons and picks, unaligned tail
     ("mask_below_col", torch.float32, 5, 4096, 16),  # a mask against a per-column threshold
 ]
+GEMM_CALLS = [  # (program, dtype, M, N, K): each kernel of the program's in-GEMM module once
+    ("s01_scale_leaky", torch.bfloat16, 300, 1032, 520),  # pointwise; M, N and K past the tiles
+    ("s22_batch_eval_relu", torch.bfloat16, 300, 1032, 520),  # eval BatchNorm, folded into the pointwise stage
+    ("full_residual", torch.bfloat16, 300, 1032, 520),  # an operand of the output's shape: TMA loads
+    ("gemm_gate_silu", torch.bfloat16, 300, 1032, 520),  # the gated pair: two GEMMs, interleaved weights
+    ("s05_logsumexp_chain", torch.bfloat16, 300, 1032, 520),  # a row reduction: partials, then the finalize
+    ("s04_group_silu_vec_silu", torch.bfloat16, 300, 512, 520),  # GroupNorm of 64 columns in the tile
+    ("s07_vec_batch_train", torch.bfloat16, 300, 1032, 520),  # training BatchNorm: moments, finalize, normalize
+]
 GRAD_CALLS = [  # (program, dtype, M, N) of the backward kernel
     ("s01_scale_leaky", torch.bfloat16, 300, 256),  # 16-byte path, many chunks of rows a column
     ("vocabulary_2", torch.float32, 77, 1000),  # 16-byte path, a column parameter
@@ -78,8 +93,12 @@ def main() -> int:
     parser.add_argument("--build-only", action="store_true")
     args = parser.parse_args()
     torch.backends.cuda.matmul.allow_tf32 = False
+    gemm_items = [(PROGRAMS[name], dtype, param_dtypes(PROGRAMS[name], dtype)) for name, dtype, *_ in GEMM_CALLS]
+    if not gemm_available():
+        gemm_items = []
     if args.build_only:  # in parallel worker processes; the sanitized run then loads them
-        failed = fxcuda.prepare_many(list({(PROGRAMS[name], dtype) for name, dtype, *_ in CALLS + GRAD_CALLS}))
+        failed = fxcuda.prepare_many(list({(PROGRAMS[name], dtype) for name, dtype, *_ in CALLS + GRAD_CALLS}),
+                                     gemm_items=gemm_items)
         for (program, dtype), error in failed.items():
             print(f"BUILD FAILED {program} {dtype}: {error}", flush=True)
         return 1 if failed else 0
@@ -100,6 +119,7 @@ def main() -> int:
         ok = result is not None and torch.allclose(result[0], ref, rtol=tol, atol=tol, equal_nan=True)
         failures += not ok
         print(f"{'ok' if ok else 'MISMATCH':8} {name} {str(dtype)[6:]} {m}x{k}x{n}", flush=True)
+    failures += run_gemm_calls(gemm_items)
     for name, dtype, m, n in GRAD_CALLS:
         program = PROGRAMS[name]
         g = torch.Generator().manual_seed(0)
@@ -119,6 +139,41 @@ def main() -> int:
         failures += not ok
         print(f"{'ok' if ok else 'MISMATCH':8} backward {name} {str(dtype)[6:]} {m}x{n}", flush=True)
     return 1 if failures else 0
+
+
+def gemm_available() -> bool:
+    """Whether this device and toolchain build in-GEMM modules (Hopper, CUTLASS headers)."""
+    return gemm_target_reason(cuda_target(torch.device("cuda", torch.cuda.current_device()))) is None
+
+
+def run_gemm_calls(gemm_items: list) -> int:
+    """Each kernel of each GEMM_CALLS module on its problem, under the rule against eager and the
+    float64 truth (outputs and a training BatchNorm's statistics); the number of mismatches."""
+    device = torch.device("cuda", torch.cuda.current_device())
+    failures = 0
+    for (name, dtype, m, n, k), (program, _, params) in zip(GEMM_CALLS, gemm_items):
+        module = fxcuda.engine.prepare_gemm(program, dtype, params, device)
+        x, w, b, values = draw(program, dtype, m, n, k, seed=0)
+        eager = reference.op_forward(program, x, w, b, values, False)
+        exact = reference.op_forward(program, x.double(), w.double(), None if b is None else b.double(),
+                                     [v.double() for v in values], False)
+        for config in kernels(module) if module is not None else ():
+            got = run_config_outputs(module, program, x, w, b, values, config)
+            torch.cuda.synchronize()
+            try:
+                assert_under_rule(got[0], eager[0], truth(program, x, w, b, values))
+                if eager[1] is not None:  # a training BatchNorm's batch statistics
+                    assert_under_rule(got[1], eager[1], exact[1].to(got[1].dtype))
+                ok = True
+            except AssertionError:
+                ok = False
+            failures += not ok
+            print(f"{'ok' if ok else 'MISMATCH':8} in-GEMM {name} {str(dtype)[6:]} {m}x{k}x{n} "
+                  f"{module.config_names[config]}", flush=True)
+        if module is None:
+            failures += 1
+            print(f"MISMATCH in-GEMM {name}: no module ({fxcuda.engine.gemm_error(program, dtype, params, device)})")
+    return failures
 
 
 if __name__ == "__main__":

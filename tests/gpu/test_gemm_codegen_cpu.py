@@ -587,3 +587,16 @@ def test_a_program_without_a_gemm_module_is_timed_row_path_against_inductor_and_
     engine.selections.clear()
     assert engine.select(*args, against_inductor=True, operands=operands) == selection and len(timed) == 1  # disk
     assert engine.select(*args) is None and len(timed) == 1  # policy "always": the row path, untimed
+
+
+def test_the_sanitizers_in_gemm_calls_are_programs_the_generator_takes():
+    """compute-sanitizer's run (tests/gpu/sanitize.py) covers each kind of in-GEMM epilogue; a call
+    the generator declined would leave its kind unchecked, so each one generates here."""
+    import sanitize
+    from gemm_harness import param_dtypes
+
+    for name, dtype, *_ in sanitize.GEMM_CALLS:
+        program = sanitize.PROGRAMS[name]
+        assert gemm_codegen.unsupported_reason(program, dtype) is None, name
+        assert "config_0.cu" in gemm_codegen.generate(gemm_codegen.canonical(program), dtype,
+                                                      param_dtypes(program, dtype), "ns", "e")
