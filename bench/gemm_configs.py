@@ -14,9 +14,10 @@ measured against both GEMMs' ``F.linear``.
 
 ``--kernels wide`` builds the modules with ``wide_menu()`` instead of the production menu
 (gemm_codegen.KERNELS): how the menu is chosen; ``--kernels 256x128/2x1,128x128/2x1/pingpong``
-builds the kernels listed. Each configuration's output is checked against the
-row path's (``!`` marks one off by more than 2e-2 of the output's scale), and the name of the
-kernel cuBLAS runs for ``F.linear`` is printed with it.
+builds the kernels listed (``128x128/1x1/streamk``: CTAs share a tile's K loop, for decode
+sizes). Each configuration's output is checked against the row path's (``!`` marks one off by
+more than 2e-2 of the output's scale), and the name of the kernel cuBLAS runs for ``F.linear`` is
+printed with it.
 
 ``--profile`` times nothing: it runs ``F.linear``, the row path and each kernel of the menu once
 (at its first tile order) between cudaProfilerStart and Stop, after a warm-up, for ncu::
@@ -58,7 +59,8 @@ def wide_menu() -> tuple:
 
 
 def parse_kernels(text: str) -> tuple:
-    """Kernels from "TMxTN[xTK]/CMxCN[/pingpong]" separated by commas (TK: for 16-bit elements)."""
+    """Kernels from "TMxTN[xTK]/CMxCN[/pingpong|/streamk]" separated by commas (TK: for 16-bit
+    elements)."""
     from fxfuse.cuda.gemm_codegen import Kernel
 
     kernels = []
@@ -66,7 +68,8 @@ def parse_kernels(text: str) -> tuple:
         tile, cluster, *schedule = item.strip().split("/")
         tm, tn, *tk = (int(v) for v in tile.split("x"))
         cm, cn = (int(v) for v in cluster.split("x"))
-        kernels.append(Kernel(tm, tn, *(tk or [64]), cluster_m=cm, cluster_n=cn, pingpong=schedule == ["pingpong"]))
+        kernels.append(Kernel(tm, tn, *(tk or [64]), cluster_m=cm, cluster_n=cn, pingpong=schedule == ["pingpong"],
+                              stream_k=schedule == ["streamk"]))
     return tuple(kernels)
 
 

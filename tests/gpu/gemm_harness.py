@@ -52,6 +52,30 @@ def build_modules(cases: dict[str, tuple[Program, torch.dtype]]) -> dict:
     return built
 
 
+def _build_with_menu(program_text: str, dtype: torch.dtype, params: tuple, menu: tuple) -> None:
+    """Build one GEMM module with the kernels of ``menu`` into the cache (a worker process)."""
+    from fxfuse.cuda import build
+
+    build.build_gemm(Program.parse(program_text), dtype, params, cuda_target(torch.device(DEVICE)), kernels=menu)
+
+
+def build_menu_modules(programs: dict[str, Program], dtype: torch.dtype, menu: tuple) -> dict:
+    """The GEMM module of each named program with the kernels of ``menu`` (not the production
+    menu), built in parallel worker processes, then loaded from the cache (skips as build_modules)."""
+    import concurrent.futures
+    import multiprocessing
+
+    from fxfuse.cuda import build
+
+    build_modules({})
+    jobs = [(program.to_string(), dtype, param_dtypes(program, dtype), menu) for program in programs.values()]
+    with concurrent.futures.ProcessPoolExecutor(len(jobs), mp_context=multiprocessing.get_context("spawn")) as pool:
+        list(pool.map(_build_with_menu, *zip(*jobs)))
+    target = cuda_target(torch.device(DEVICE))
+    return {name: build.build_gemm(program, dtype, param_dtypes(program, dtype), target, kernels=menu)
+            for name, program in programs.items()}
+
+
 class Modules(dict):
     """A test file's GEMM modules by (name, dtype): those its selected tests name (their ``name``
     and ``dtype`` parameters) are built at once, in parallel; any other on first use. So
