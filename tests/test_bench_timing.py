@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 
 from bench.bench import format_report, in_blocks, merge, table_rows
-from fxfuse.cuda.engine import WARM_UP_ROUNDS
+from fxfuse.cuda.engine import WARM_UP_RUNS
 
 
 def test_each_variant_is_sampled_in_blocks_at_every_position_once():
@@ -21,9 +21,9 @@ def test_each_variant_is_sampled_in_blocks_at_every_position_once():
     fns = {name: (lambda name=name: name) for name in ("gemm", "eager", "inductor", "fxfuse")}
     samples, errors = in_blocks(sample, fns, [], rounds=8, settle_s=0.0)
     assert errors == {} and all(len(v) == 8 for v in samples.values())
-    # first the warm-up: every variant in turn, untimed (these take no time: its rounds, not its seconds)
-    warm_up = WARM_UP_ROUNDS * len(fns)
-    assert calls[:warm_up] == list(fns) * WARM_UP_ROUNDS
+    # first the warm-up: every variant in turn, untimed (these take no time: its runs, not its seconds)
+    warm_up = WARM_UP_RUNS
+    assert calls[:warm_up] == list(fns) * (WARM_UP_RUNS // len(fns))
     # then a pass per variant; every block: one untimed settling call, then rounds / passes = 2 samples
     blocks = [calls[i:i + 3] for i in range(warm_up, len(calls), 3)]
     assert all(len(set(block)) == 1 for block in blocks)

@@ -56,7 +56,7 @@ GRAPH_TIMING = "CUDA-graph replay"  # how a selection timed its candidates (Sele
 LAUNCH_TIMING = "back-to-back launches"  # where a candidate could not be captured
 CALLS_PER_SAMPLE = 10  # calls of a candidate in one timing sample
 WARM_UP_S = 2.0  # untimed load before a measurement's first sample (warm_up)
-WARM_UP_ROUNDS = 100  # at most this many rounds of the candidates in the warm-up
+WARM_UP_RUNS = 1000  # at most this many runs in the warm-up (of microsecond candidates: a fraction of a second)
 # How candidates are timed, in the selections' disk key (keyed on the modules, not on this file):
 # selections timed another way (round-robin; blocks without the warm-up) are measured again
 TIMING_METHOD = "blocks after a warm-up"
@@ -437,8 +437,8 @@ def inductor_chain(program: Program, x, weight, bias, params) -> Callable[[], to
     return lambda: isolated(lambda: compiled(*inputs))
 
 
-def warm_up(runs: list[Callable[[], object]], seconds: float = WARM_UP_S, rounds: int = WARM_UP_ROUNDS) -> None:
-    """Run ``runs`` in turn, untimed, for ``seconds`` or ``rounds`` rounds, whichever ends first.
+def warm_up(runs: list[Callable[[], object]], seconds: float = WARM_UP_S, most: int = WARM_UP_RUNS) -> None:
+    """Run ``runs`` in turn, untimed, for ``seconds`` or ``most`` runs in all, whichever ends first.
 
     A card that sat idle (a compile's builds and tracing, a benchmark's setup) starts a heavy load
     on boosted clocks; about 0.7 s in, its power limiter pulls them down, and they swing with a
@@ -447,14 +447,13 @@ def warm_up(runs: list[Callable[[], object]], seconds: float = WARM_UP_S, rounds
     block ran 7.5 % slower than the same graph's median on average and up to 26 %, whichever graph
     it was (Inductor's own, where fxfuse had fused nothing), the ninth 5.5 % and the fourteenth
     2.8 %; the others within 2.5 %. Samples taken after the warm-up see the card as a user's
-    steady load does. A candidate of microseconds (decode sizes, tests) ends at ``rounds``, long
-    before ``seconds``."""
-    if seconds <= 0:
+    steady load does. Candidates of microseconds (decode sizes, tests), which do not heat the
+    card, end at ``most`` runs, long before ``seconds``."""
+    if seconds <= 0 or not runs:
         return
     until = time.perf_counter() + seconds
-    for _ in range(rounds):
-        for run in runs:
-            run()
+    for i in range(most):
+        runs[i % len(runs)]()
         if time.perf_counter() >= until:
             return
 

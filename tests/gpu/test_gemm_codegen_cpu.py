@@ -488,16 +488,17 @@ def test_the_selection_samples_the_card_after_its_clocks_have_settled():
     assert min(cold, key=cold.get) == "Inductor"  # what timing from the first call picks
 
 
-def test_the_warm_up_of_a_short_candidate_ends_after_its_rounds():
-    """Candidates of microseconds (decode sizes, the tests' shapes) warm up for a bounded number of
-    rounds, not for the whole warm-up time; a slow one for about the warm-up time."""
+def test_the_warm_up_of_short_candidates_ends_after_a_bounded_number_of_runs():
+    """Candidates of microseconds (decode sizes, the tests' shapes), which do not heat the card,
+    warm up for a bounded number of runs in turn, not for the whole warm-up time; slow ones for
+    about the warm-up time."""
     import time
 
-    from fxfuse.cuda.engine import WARM_UP_ROUNDS, warm_up
+    from fxfuse.cuda.engine import WARM_UP_RUNS, warm_up
 
     runs = []
     warm_up([lambda: runs.append("in-GEMM"), lambda: runs.append("row")], seconds=60.0)
-    assert runs == ["in-GEMM", "row"] * WARM_UP_ROUNDS
+    assert runs == ["in-GEMM", "row"] * (WARM_UP_RUNS // 2)
     slow = []
     started = time.perf_counter()
     warm_up([lambda: (time.sleep(0.01), slow.append(1))], seconds=0.05)
