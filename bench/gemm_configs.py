@@ -5,9 +5,9 @@
 For each program: ``F.linear`` (cuBLAS, with the bias: the floor), the row path (cuBLAS + the
 program module's pass) and each configuration of the program's GEMM module, as GPU time per call
 from CUDA-graph replays of 20 calls, inputs rotated over 4 sets, all paths timed in blocks after a
-warm-up (``time_paths``). ``identity``
-is the bare GEMM through CUTLASS (no epilogue but the store): the "bare GEMM first" comparison.
-Programs are the suite's pointwise and group-norm rows as fxfuse matches them (tests/gpu/programs.py
+warm-up (``time_paths``). ``identity`` is the bare GEMM through CUTLASS (no epilogue but the
+store): the "bare GEMM first" comparison. Programs are the suite's pointwise and group-norm rows
+as fxfuse matches them (tests/gpu/programs.py
 spells them; S08 is meant for its own shape, 32768,4096,1024; S26gate and S26dual for
 8192,11008,4096 and S26down for 8192,4096,11008). A program with a second GEMM (S26dual) is
 measured against both GEMMs' ``F.linear``.

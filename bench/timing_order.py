@@ -3,9 +3,9 @@
 A big bf16 GEMM on the H100/H200 runs at the card's power limit, and the clocks follow the power
 drawn over the last milliseconds: a model timed right after a model that draws more power starts on
 lowered clocks. The backend's measurements (the chains' selection, the whole-graph check) and
-``bench.py`` take their samples round-robin over the candidates; this script times a suite row's
-fxfuse and Inductor compiles three ways and logs the SM clock and power during every sample
-(``nvidia-smi``), to see whether round-robin timing favours one of them:
+``bench.py`` took their samples round-robin over the candidates (now in blocks, after a warm-up);
+this script times a suite row's fxfuse and Inductor compiles several ways and logs the SM clock and
+power during every sample (``nvidia-smi``), to see which way of timing favours one of them:
 
 * interleaved — one sample of each in turn (what the backend and bench.py do);
 * blocks — each model alone for a while (warm-up samples, then timed ones), in the order A B B A …,
