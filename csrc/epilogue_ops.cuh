@@ -24,19 +24,31 @@
 
 FX_FN bool fx_isnan(float x) { return x != x; }
 
-// expf, or, in a build under the correctness rule (FX_RULE_MATH: the in-GEMM epilogue, whose
-// results must be within 1e-2 of eager's, not equal to them), __expf: 2 + 1.2 |x| ulp (2^-16
-// relative at |x| = 80, far finer than a 16-bit output's rounding), in two instructions where
-// libm's takes about 15. NaN and the infinities' limits are kept. The functions below take it
-// only where the exponential ends in a denominator or its argument stays below 20 (an approximate
-// exp overflows a hair before expf). The row kernels, which follow eager's formulas, and the host
-// build (the tests against torch) use libm's. (tanh.approx.f32 was not taken: 2^-11 relative is
-// half precision, and x - tanh(x) would turn it into an absolute error of that size.)
+// expf, or, in a build under the correctness rule (FX_RULE_MATH: the in-GEMM epilogue and the
+// row kernels of 16-bit outputs, whose results must be within 1e-2 of eager's, not equal to them),
+// __expf: 2 + 1.2 |x| ulp (2^-16 relative at |x| = 80, far finer than a 16-bit output's
+// rounding), in two instructions where libm's takes about 15. NaN and the infinities' limits are
+// kept. The functions below take it only where the exponential ends in a denominator or its
+// argument stays below 20 (an approximate exp overflows a hair before expf). Float32 row kernels,
+// held to 1e-4, and the host build (the tests against torch) use libm's. (tanh.approx.f32 was not
+// taken: 2^-11 relative is half precision, and x - tanh(x) would turn it into an absolute error of
+// that size.)
 FX_FN float fx_expf(float x) {
 #if defined(FX_RULE_MATH) && defined(__CUDA_ARCH__)
   return __expf(x);
 #else
   return expf(x);
+#endif
+}
+
+// a / b where the activations above divide by 1 + exp(...) (or n (n + 2) + 2): under the rule the
+// hardware's reciprocal, 2 ulp (__fdividef; 0 where |b| passes 2^126, whose true quotient is as
+// tiny), in two instructions where IEEE division takes about ten and a branch to its slow path
+FX_FN float fx_activation_div(float a, float b) {
+#if defined(FX_RULE_MATH) && defined(__CUDA_ARCH__)
+  return __fdividef(a, b);
+#else
+  return a / b;
 #endif
 }
 
@@ -59,17 +71,17 @@ FX_FN float fx_gelu_tanh(float x) {
 #if defined(FX_RULE_MATH)
   // the same function as x / (1 + exp(-2 inner)): one fast exponential for tanhf, and no
   // cancellation where tanh(inner) nears -1
-  return x / (1.0f + fx_expf(-2.0f * inner));
+  return fx_activation_div(x, 1.0f + fx_expf(-2.0f * inner));
 #else
   return 0.5f * x * (1.0f + tanhf(inner));
 #endif
 }
 
 // torch: x / (1 + exp(-x))
-FX_FN float fx_silu(float x) { return x / (1.0f + fx_expf(-x)); }
+FX_FN float fx_silu(float x) { return fx_activation_div(x, 1.0f + fx_expf(-x)); }
 
 // torch: 1 / (1 + exp(-x))
-FX_FN float fx_sigmoid(float x) { return 1.0f / (1.0f + fx_expf(-x)); }
+FX_FN float fx_sigmoid(float x) { return fx_activation_div(1.0f, 1.0f + fx_expf(-x)); }
 
 FX_FN float fx_tanh(float x) { return tanhf(x); }
 
@@ -81,7 +93,7 @@ FX_FN float fx_tanh_softplus(float x) {
   if (x >= 20.0f) return 1.0f;
   const float n = fx_expf(x);
   const float p = n * (n + 2.0f);
-  return p / (p + 2.0f);
+  return fx_activation_div(p, p + 2.0f);
 }
 
 // torch (CPU and CUDA): x * tanh(log1p(exp(x))); +inf gives inf, -inf gives -inf * 0 = NaN

@@ -28,7 +28,7 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from fxfuse.cuda import codegen  # noqa: E402
+from fxfuse.cuda import build, codegen  # noqa: E402
 from fxfuse.cuda.build import CSRC, find_cuda_home  # noqa: E402
 from programs import PROGRAMS  # noqa: E402
 
@@ -44,10 +44,11 @@ TORCH_NVCC_FLAGS = [
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
-def nvcc_unit(nvcc: str, unit: Path, include: Path, std: str) -> tuple[Path, int, str]:
+def nvcc_unit(nvcc: str, unit: Path, include: Path, std: str, rule_math: bool) -> tuple[Path, int, str]:
+    """One unit as fxfuse builds it (build._compiler_flags: FX_RULE_MATH for 16-bit row modules)."""
     cmd = [nvcc, "-c", str(unit), "-o", str(unit.with_suffix(".o")), f"-std={std}", "-O3", "--fmad=false",
-           "-lineinfo", "-gencode=arch=compute_90a,code=sm_90a", f"-I{include}", "-Xptxas", "-v",
-           *TORCH_NVCC_FLAGS]
+           "-lineinfo", *(["-DFX_RULE_MATH"] if rule_math else []), "-gencode=arch=compute_90a,code=sm_90a",
+           f"-I{include}", "-Xptxas", "-v", *TORCH_NVCC_FLAGS]
     proc = subprocess.run(cmd, capture_output=True, text=True)
     return unit, proc.returncode, proc.stdout + proc.stderr
 
@@ -110,7 +111,9 @@ def main() -> int:
                     (directory / ("include" if file.endswith(".cuh") else "") / file).write_text(text)
                 for file in sources:
                     if file.endswith(".cu"):
-                        jobs.append((name, dname, pool.submit(nvcc_unit, nvcc, directory / file, directory / "include", args.std)))
+                        rule_math = DTYPES[dname] in build.RULE_MATH_DTYPES
+                        jobs.append((name, dname, pool.submit(nvcc_unit, nvcc, directory / file, directory / "include",
+                                                              args.std, rule_math)))
         start = time.time()
         for name, dname, job in jobs:
             unit, rc, log = job.result()

@@ -50,6 +50,20 @@ def test_cache_key_changes_with_program_dtype_and_target():
     assert len(keys) == 5
 
 
+def test_sixteen_bit_row_modules_compute_under_the_rule_and_float32_ones_as_eager():
+    """bfloat16 and float16 row modules (results within 1e-2 of eager's) take the hardware's
+    exponential and reciprocal in their activations (FX_RULE_MATH); float32 ones (1e-4) keep libm's;
+    the norms' arithmetic stays eager's in both (no FMA contraction, IEEE division)."""
+    from fxfuse.cuda.build import RULE_MATH_DTYPES, _compiler_flags
+
+    cuda = Target("cuda", "sm_90a", ("-gencode=arch=compute_90a,code=sm_90a",), None)
+    assert RULE_MATH_DTYPES == (torch.bfloat16, torch.float16)
+    rule, exact = _compiler_flags(cuda, rule_math=True), _compiler_flags(cuda)
+    assert "-DFX_RULE_MATH" in rule["extra_cuda_cflags"] and "-DFX_RULE_MATH" not in exact["extra_cuda_cflags"]
+    assert "--fmad=false" in rule["extra_cuda_cflags"] and "-prec-div=false" not in rule["extra_cuda_cflags"]
+    assert "-DFX_RULE_MATH" in _compiler_flags(Target("emulate", "emulate"), rule_math=True)["extra_cflags"]
+
+
 def test_arch_flags():
     assert arch_flags(9, 0) == ("sm_90a", ("-gencode=arch=compute_90a,code=sm_90a",))
     assert arch_flags(8, 6) == ("sm_86", ("-gencode=arch=compute_86,code=sm_86",))
