@@ -224,7 +224,10 @@ FX_FN float fx_round_fp16(float x) { return __half2float(__float2half_rn(x)); }
 // ---------------------------------------------------------------------------------------------
 // Derivatives: f_bwd(g, operand(s), y, attrs...) is the operand's gradient, as eager's CUDA
 // backward kernel for f computes it (float opmath). The generated backward kernel
-// (fxfuse/cuda/gradient.py) chains them in reverse order.
+// (fxfuse/cuda/gradient.py) chains them in reverse order. Under the rule (FX_RULE_MATH: the row
+// kernels of 16-bit chains) they take the rule's exponential and division where the forward
+// functions do, and where the exponential's argument is at most 0 (the normal density, erf's,
+// logsigmoid's).
 
 // threshold_backward(g, y, 0): NaN y passes the gradient
 FX_FN float fx_relu_bwd(float g, float x, float y) { (void)x; return y <= 0.0f ? 0.0f : g; }
@@ -237,7 +240,7 @@ FX_FN float fx_gelu_bwd(float g, float x, float y) {
   const float kBeta = 0.3989422804014327f;  // M_2_SQRTPI * M_SQRT1_2 * 0.5
   const float kAlpha = 0.70710678118654752440f;
   const float cdf = 0.5f * (1.0f + erff(x * kAlpha));
-  const float pdf = expf(-0.5f * x * x) * kBeta;
+  const float pdf = fx_expf(-0.5f * x * x) * kBeta;
   return g * (cdf + x * pdf);
 }
 
@@ -261,7 +264,7 @@ FX_FN float fx_gelu_tanh_bwd(float g, float x, float y) {
 
 FX_FN float fx_silu_bwd(float g, float x, float y) {
   (void)y;
-  const float s = 1.0f / (1.0f + expf(-x));
+  const float s = fx_sigmoid(x);
   return g * s * (1.0f + x * (1.0f - s));
 }
 
@@ -272,7 +275,7 @@ FX_FN float fx_tanh_bwd(float g, float x, float y) { (void)x; return g * (1.0f -
 
 FX_FN float fx_mish_bwd(float g, float x, float y) {
   (void)y;
-  const float s = 1.0f / (1.0f + expf(-x));
+  const float s = fx_sigmoid(x);
   const float t = fx_tanh_softplus(x);
   return g * (t + x * s * (1.0f - t * t));
 }
@@ -344,7 +347,7 @@ FX_FN float fx_log1p_bwd(float g, float x, float y) { (void)y; return g / (x + 1
 FX_FN float fx_erf_bwd(float g, float x, float y) {
   (void)y;
   const float kTwoOverSqrtPi = 1.12837916709551257390f;
-  return kTwoOverSqrtPi * expf(-(x * x)) * g;
+  return kTwoOverSqrtPi * fx_expf(-(x * x)) * g;
 }
 
 // log_sigmoid_backward (CUDA)
@@ -353,8 +356,8 @@ FX_FN float fx_log_sigmoid_bwd(float g, float x, float y) {
   const bool negative = x < 0.0f;
   const float max_deriv = negative ? 1.0f : 0.0f;
   const float sign = negative ? 1.0f : -1.0f;
-  const float z = expf(-fabsf(x));
-  return g * (max_deriv - sign * (z / (1.0f + z)));
+  const float z = fx_expf(-fabsf(x));
+  return g * (max_deriv - sign * fx_activation_div(z, 1.0f + z));
 }
 
 // sign, floor, ceil, round, trunc: zeros_like(grad), a NaN gradient included
