@@ -9,7 +9,10 @@
 # in processes of their own and merges them), sanitize
 # (compute-sanitizer over one run of each kernel template; SANITIZE_TOOLS picks the tools),
 # gradients (every suite model's gradients and the training example on CUDA), train
-# (bench/train_bench.py; TRAIN_ARGS), compile (bench/compile_time.py: cold and warm compiles).
+# (bench/train_bench.py; TRAIN_ARGS), compile (bench/compile_time.py: cold and warm compiles),
+# timing (BENCHMARKS.md section 28's questions, side by side on the host's GPUs: S01's models over
+# one and four input sets and after sustained load, with clocks; the bare GEMM's clusters; the
+# stream-K kernel at decode sizes).
 set -uo pipefail
 stages=${1:-tests,profile,bench}; shift || true
 LOGS=$(mktemp -d)  # per-process logs; $OUT gets a few merged files
@@ -22,8 +25,11 @@ has() { [[ ",$stages," == *",$1,"* ]]; }
 bench_dtype=bf16; prev=
 for arg in "$@"; do [ "$prev" = --dtype ] && bench_dtype=$arg; prev=$arg; done
 if has tests || has prebuild; then default_prebuild=; else default_prebuild="--sizes full --dtypes ${bench_dtype/tf32/fp32}"; fi
+suite_stages=0  # the stages that compile suite models (timing, compile and sanitize build their own)
+for stage in tests prebuild bench profile gradients train; do has $stage && suite_stages=1; done
 { if has tests || has sanitize || has prebuild; then python3 tests/gpu/prebuild.py; fi
-  python3 bench/prebuild_suite.py ${PREBUILD_ARGS-$default_prebuild}; } 2>&1 | grep -v "^fxfuse: building" \
+  if [ "$suite_stages" = 1 ]; then python3 bench/prebuild_suite.py ${PREBUILD_ARGS-$default_prebuild}; fi; } 2>&1 \
+  | grep -v "^fxfuse: building" \
   | tee "$OUT/prebuild.log"
 status=0
 sanitize_pid=
@@ -86,6 +92,18 @@ if has gradients; then  # gradients of every suite model, and the training examp
 fi
 if has train; then  # forward + backward timings (TRAIN_ARGS: bench/train_bench.py's flags)
   python3 bench/train_bench.py --json "$OUT/train.json" ${TRAIN_ARGS:-} 2>&1 | tee "$OUT/train.log"
+fi
+if has timing; then
+  gpus=$(nvidia-smi -L | wc -l) runs=(
+    "python3 bench/timing_order.py --row ${TIMING_ROW:-S01} --csv $OUT/timing_order.csv"
+    "python3 bench/gemm_configs.py --rows identity,S01 --kernels 256x128/1x2,256x128/2x1,128x256/2x1,128x256/1x2 --shape 1024,8192,8192;4096,8192,8192"
+    "python3 bench/gemm_configs.py --rows identity,S01,S05 --kernels 128x128/1x1/streamk,128x64/1x1/streamk,128x128/2x1/pingpong --shape 1,8192,8192;16,8192,8192;64,8192,8192")
+  for i in "${!runs[@]}"; do
+    CUDA_VISIBLE_DEVICES=$((i % gpus)) timeout 540 ${runs[$i]} >"$OUT/timing_$i.log" 2>&1 &
+    [ "$gpus" -gt 1 ] || wait  # one GPU: one at a time
+  done
+  wait
+  tail -n 30 "$OUT"/timing_*.log
 fi
 if has compile; then  # cold and warm compile of a four-chain model, fxfuse against Inductor
   python3 bench/compile_time.py --json "$OUT/compile_time.json" 2>&1 | tee "$OUT/compile_time.log"
