@@ -73,19 +73,6 @@ def parse_kernels(text: str) -> tuple:
     return tuple(kernels)
 
 
-def build_one(program: str, dtype: torch.dtype, params: tuple, kernel) -> str | None:
-    """Build ``program``'s module of the one kernel (a worker process); None, or why it failed."""
-    from fxfuse.cuda import build
-    from fxfuse.ir import Program
-
-    try:
-        build.build_gemm(Program.parse(program), dtype, params, build.cuda_target(torch.cuda.current_device()),
-                         kernels=(kernel,))
-    except build.BuildError as error:
-        return str(error)
-    return None
-
-
 def profile_once(name: str, paths: list) -> None:
     """Each (label, fn) of ``paths`` once between cudaProfilerStart and Stop (ncu's
     ``--profile-from-start off``), after two warm-up calls, in the order printed."""
@@ -205,13 +192,14 @@ def main(argv=None) -> int:
 
         # one module a kernel (one that fails to build costs itself), built in worker processes (a
         # process builds one module at a time), then loaded here from the cache
-        jobs = [(prog.to_string(), dtype, params, kernel) for kernel in candidates]
+        target = build.cuda_target(device)
+        jobs = [(prog.to_string(), dtype, target, 2, params, (kernel,)) for kernel in candidates]
         with multiprocessing.get_context("spawn").Pool(len(jobs)) as pool:
-            errors = pool.starmap(build_one, jobs)
+            errors = pool.starmap(build.build_in_subprocess, jobs)
         for kernel, error in zip(candidates, errors):
             if error:
                 print(f"{name}: {kernel} does not build: {error[-400:]}", flush=True)
-        modules[name] = [build.build_gemm(prog, dtype, params, build.cuda_target(device), kernels=(kernel,))
+        modules[name] = [build.build_gemm(prog, dtype, params, target, kernels=(kernel,))
                          for kernel, error in zip(candidates, errors) if not error]
     print(f"{torch.cuda.get_device_name()}  torch {torch.__version__}  {args.dtype}  us per call (CUDA graph)")
     with torch.no_grad():

@@ -670,9 +670,11 @@ def cache_dir(path: str | os.PathLike):
 
 
 def build_in_subprocess(program_text: str, dtype: torch.dtype, target: Target, max_jobs: int,
-                        param_dtypes: tuple[torch.dtype, ...] | None = None) -> str | None:
+                        param_dtypes: tuple[torch.dtype, ...] | None = None,
+                        kernels: tuple | None = None) -> str | None:
     """Build one module into the shared cache (run in a worker process): the runtime, a program
-    module, or with ``param_dtypes`` a GEMM module; the error text or None."""
+    module, or with ``param_dtypes`` a GEMM module (of the menu ``kernels``, or the production
+    one); the error text or None."""
     global _whole_lines
     os.environ["MAX_JOBS"] = str(max_jobs)
     _whole_lines = True
@@ -680,7 +682,7 @@ def build_in_subprocess(program_text: str, dtype: torch.dtype, target: Target, m
         if program_text == RUNTIME_SOURCE:
             build_runtime(target)
         elif param_dtypes is not None:
-            build_gemm(Program.parse(program_text), dtype, param_dtypes, target)
+            build_gemm(Program.parse(program_text), dtype, param_dtypes, target, kernels=kernels)
         else:
             build_program(Program.parse(program_text), dtype, target)
     except BuildError as error:

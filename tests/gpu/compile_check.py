@@ -45,10 +45,12 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch
 
 
 def nvcc_unit(nvcc: str, unit: Path, include: Path, std: str, rule_math: bool) -> tuple[Path, int, str]:
-    """One unit as fxfuse builds it (build._compiler_flags: FX_RULE_MATH for 16-bit row modules)."""
-    cmd = [nvcc, "-c", str(unit), "-o", str(unit.with_suffix(".o")), f"-std={std}", "-O3", "--fmad=false",
-           "-lineinfo", *(["-DFX_RULE_MATH"] if rule_math else []), "-gencode=arch=compute_90a,code=sm_90a",
-           f"-I{include}", "-Xptxas", "-v", *TORCH_NVCC_FLAGS]
+    """One unit with the flags fxfuse builds it with for sm_90a (build._compiler_flags: under the
+    rule for 16-bit row modules)."""
+    target = build.Target("cuda", *build.arch_flags(9, 0))
+    flags = build._compiler_flags(target, rule_math=rule_math)["extra_cuda_cflags"]
+    cmd = [nvcc, "-c", str(unit), "-o", str(unit.with_suffix(".o")), f"-std={std}", *flags, f"-I{include}",
+           "-Xptxas", "-v", *TORCH_NVCC_FLAGS]
     proc = subprocess.run(cmd, capture_output=True, text=True)
     return unit, proc.returncode, proc.stdout + proc.stderr
 

@@ -52,26 +52,24 @@ def build_modules(cases: dict[str, tuple[Program, torch.dtype]]) -> dict:
     return built
 
 
-def _build_with_menu(program_text: str, dtype: torch.dtype, params: tuple, menu: tuple) -> None:
-    """Build one GEMM module with the kernels of ``menu`` into the cache (a worker process)."""
-    from fxfuse.cuda import build
-
-    build.build_gemm(Program.parse(program_text), dtype, params, cuda_target(torch.device(DEVICE)), kernels=menu)
-
-
 def build_menu_modules(programs: dict[str, Program], dtype: torch.dtype, menu: tuple) -> dict:
     """The GEMM module of each named program with the kernels of ``menu`` (not the production
-    menu), built in parallel worker processes, then loaded from the cache (skips as build_modules)."""
+    menu), built in parallel worker processes (build.build_in_subprocess, as prepare_many's), then
+    loaded from the cache (skips as build_modules)."""
     import concurrent.futures
     import multiprocessing
 
     from fxfuse.cuda import build
 
     build_modules({})
-    jobs = [(program.to_string(), dtype, param_dtypes(program, dtype), menu) for program in programs.values()]
-    with concurrent.futures.ProcessPoolExecutor(len(jobs), mp_context=multiprocessing.get_context("spawn")) as pool:
-        list(pool.map(_build_with_menu, *zip(*jobs)))
     target = cuda_target(torch.device(DEVICE))
+    texts = [program.to_string() for program in programs.values()]
+    params = [param_dtypes(program, dtype) for program in programs.values()]
+    n = len(texts)
+    with concurrent.futures.ProcessPoolExecutor(n, mp_context=multiprocessing.get_context("spawn")) as pool:
+        errors = list(pool.map(build.build_in_subprocess, texts, [dtype] * n, [target] * n, [2] * n, params,
+                               [menu] * n))
+    assert not any(errors), [error for error in errors if error]
     return {name: build.build_gemm(program, dtype, param_dtypes(program, dtype), target, kernels=menu)
             for name, program in programs.items()}
 
