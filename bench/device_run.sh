@@ -15,8 +15,9 @@
 # stream-K kernel at decode sizes).
 set -uo pipefail
 stages=${1:-tests,profile,bench}; shift || true
-LOGS=$(mktemp -d)  # per-process logs; $OUT gets a few merged files
 source "$(dirname "$0")/device_setup.sh"
+LOGS=$OUT/logs  # per-process logs, under $OUT so a call cut short by its limit still returns them
+mkdir -p "$LOGS"
 has() { [[ ",$stages," == *",$1,"* ]]; }
 # Build every module first, in parallel (a build per chain at compile time is sequential).
 # PREBUILD_ARGS narrow the suite modules (bench/prebuild_suite.py's flags); by default every size
@@ -29,7 +30,7 @@ suite_stages=0  # the stages that compile suite models (timing, compile and sani
 for stage in tests prebuild bench profile gradients train; do has $stage && suite_stages=1; done
 { if has tests || has sanitize || has prebuild; then python3 tests/gpu/prebuild.py; fi
   if [ "$suite_stages" = 1 ]; then python3 bench/prebuild_suite.py ${PREBUILD_ARGS-$default_prebuild}; fi; } 2>&1 \
-  | grep -v "^fxfuse: building" \
+  | grep --line-buffered -v "^fxfuse: building" \
   | tee "$OUT/prebuild.log"
 status=0
 sanitize_pid=
