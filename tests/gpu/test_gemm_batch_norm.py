@@ -57,13 +57,14 @@ def modules(request):
     return Modules(request, CASES)
 
 
-def assert_kernels_compute(module, program: Program, x, w, b, params) -> None:
-    """Each kernel's output and batch statistics obey the rule against eager's and the truth's."""
+def assert_kernels_compute(module, program: Program, x, w, b, params, configs=None) -> None:
+    """Each kernel's output and batch statistics (or those of ``configs``, configuration indices)
+    obey the rule against eager's and the truth's."""
     eager_out, eager_stats = reference.op_forward(program, x, w, b, params, False)[:2]
     exact_out = truth(program, x, w, b, params)
     exact_stats = reference.op_forward(program, x.double(), w.double(), None if b is None else b.double(),
                                        [p.double() for p in params], False)[1]
-    for config in kernels(module):
+    for config in kernels(module) if configs is None else configs:
         out, stats = run_config_outputs(module, program, x, w, b, params, config)[:2]
         assert_under_rule(out, eager_out, exact_out)
         assert_under_rule(stats, eager_stats, exact_stats.to(stats.dtype))
@@ -79,18 +80,11 @@ def test_every_kernel_normalizes_with_the_batch_statistics(modules, name, dtype,
 
 def test_every_schedule_keeps_each_strips_moments(modules):
     """Schedules reorder tiles, and a swizzle pads the tile grid past M and N with tiles of nothing:
-    those must leave the strips' moments alone (3 tiles of 256 rows and a short one, N past the
-    tiles)."""
+    those must leave the strips' moments alone (700 rows: the last tile of rows cut short by M,
+    N past the tiles)."""
     program, module = PROGRAMS_BN["s07"], modules[("s07", torch.bfloat16)]
-    x, w, b, params = draw(program, torch.bfloat16, 700, 1032, 264, seed=9)
-    eager_out, eager_stats = reference.op_forward(program, x, w, b, params, False)[:2]
-    exact_out = truth(program, x, w, b, params)
-    exact_stats = reference.op_forward(program, x.double(), w.double(), b.double(), [p.double() for p in params],
-                                       False)[1]
-    for config in range(len(module.config_names)):
-        out, stats = run_config_outputs(module, program, x, w, b, params, config)[:2]
-        assert_under_rule(out, eager_out, exact_out)
-        assert_under_rule(stats, eager_stats, exact_stats.to(stats.dtype))
+    assert_kernels_compute(module, program, *draw(program, torch.bfloat16, 700, 1032, 264, seed=9),
+                           configs=range(len(module.config_names)))
 
 
 def test_nan_and_infinity_reach_the_columns_eager_puts_them_in(modules):
