@@ -8,7 +8,7 @@ from CUDA-graph replays of 20 calls, inputs rotated over 4 sets, all paths timed
 warm-up (``time_paths``). ``identity`` is the bare GEMM through CUTLASS (no epilogue but the
 store): the "bare GEMM first" comparison. Programs are the suite's pointwise and group-norm rows
 as fxfuse matches them (tests/gpu/programs.py
-spells them; S08 is meant for its own shape, 32768,4096,1024; S26gate and S26dual for
+spells them; S08 is meant for its own shape, 32768,4096,1024; S20 and S21 for 4096,4096,4096; S26gate and S26dual for
 8192,11008,4096 and S26down for 8192,4096,11008). A program with a second GEMM (S26dual) is
 measured against both GEMMs' ``F.linear``.
 
@@ -126,6 +126,8 @@ def programs() -> dict:
         "S02": groups("s02_group_leaky_double", 512),
         "S04": groups("s04_group_silu_vec_silu", 256),
         "S17": groups("s17_vec_hardtanh_mish_group", 256),
+        "S20": PROGRAMS["s20_layer_silu"],  # (row, subtile) statistics in the epilogue, then a pass a row
+        "S21": PROGRAMS["s21_rms_silu"],
         "S08": Program(Gemm(True), (Pointwise(E.add(E.mul(call("sigmoid", X), X), E.param(0))),
                                     Norm("group", 1e-5, groups=64, weight=1, bias=2)), ("col", "col", "col")),
         # S26 (Llama's MLP): the gate chain reads the up projection's output, the down chain the residual

@@ -269,6 +269,7 @@ class Engine:
                 calls[name] = (lambda config=config: runtime.run(handle, x, weight, bias, params, self._flags,
                                                                  False, gemm_info, config))
         with torch.no_grad():
+            calls = self._agreeing(program, calls)
             if against_inductor:
                 try:
                     # first: the candidate at the turn of the blocks' order runs two blocks in a
@@ -281,6 +282,30 @@ class Engine:
             times, timing = time_candidates(calls)
         path = min(candidates.keys() & times.keys(), key=times.get)
         return Selection(path, candidates[path], times, timing)
+
+    def _agreeing(self, program: Program, calls: dict[str, Callable[[], tuple | None]]) -> dict:
+        """``calls`` without the GEMM configurations whose output disagrees with the row pass's on
+        the measurement's inputs (``disagreement``), each left out with a warning: a kernel fault
+        on this device and shape is never timed, so never chosen."""
+        if len(calls) < 2:  # the row pass alone
+            return calls
+        expected = calls[ROW_PATH]()
+        if expected is None:  # nothing to hold the configurations to
+            return calls
+        agreeing, errors = {}, {}
+        for name, call in calls.items():
+            result = call() if name != ROW_PATH else expected
+            error = "no output" if result is None else disagreement(result[0], expected[0])
+            if error is None:
+                agreeing[name] = call
+            else:
+                errors[name] = error
+        if errors:
+            first = next(iter(errors))
+            self._warn_once(f"disagrees {program.to_string()} {sorted(errors)}",
+                            f"fxfuse: {len(errors)} in-GEMM configurations of {program.to_string()} disagree with "
+                            f"the row pass (the first, {first!r}: {errors[first]}); the selection leaves them out")
+        return agreeing
 
     def _runtime(self, device: torch.device):
         from .build import build_runtime
@@ -435,6 +460,30 @@ def inductor_chain(program: Program, x, weight, bias, params) -> Callable[[], to
 
     compiled = isolated(lambda: inductor_compile(make_fx(chain)(*inputs), inputs))
     return lambda: isolated(lambda: compiled(*inputs))
+
+
+# How far a GEMM configuration's output may lie from the row pass's, of the row pass's largest
+# magnitude: the two round differently (the epilogue once, from float32; the row pass where eager
+# does), a few 16-bit ulps apart; a kernel fault (a wrong index, an element not written) is far past it
+AGREEMENT = 2e-2
+
+
+def disagreement(out: torch.Tensor, expected: torch.Tensor) -> str | None:
+    """Where ``out`` (a GEMM configuration's output) and ``expected`` (the row pass's, on the same
+    inputs) differ by more than AGREEMENT of the row pass's largest finite magnitude, or in
+    their NaN or infinite positions: what differs (None where they agree). The selection leaves
+    such a configuration out, so that a kernel fault on this device and shape is never chosen."""
+    if out.shape != expected.shape:
+        return f"shape {tuple(out.shape)} against {tuple(expected.shape)}"
+    out, expected = out.float(), expected.float()
+    finite = expected.isfinite()
+    scale = expected[finite].abs().max().item() if finite.any() else 1.0
+    close = torch.isclose(out, expected, rtol=0.0, atol=AGREEMENT * (scale or 1.0), equal_nan=True)
+    if bool(close.all()):
+        return None
+    where = (~close).nonzero()[0].tolist()
+    return (f"{int((~close).sum())} elements, the first at {tuple(where)}: {out[tuple(where)].item():.4g} "
+            f"against {expected[tuple(where)].item():.4g}")
 
 
 def warm_up(runs: list[Callable[[], object]], seconds: float = WARM_UP_S, most: int = WARM_UP_RUNS) -> None:

@@ -50,7 +50,7 @@ from ..patterns.reductions import FAMILY as REDUCTIONS
 from .codegen import OUT_KINDS, PARAM_KINDS, UnsupportedProgram
 from .printer import UnsupportedExpression, float_literal, print_expr
 
-GEMM_CODEGEN_VERSION = "8"
+GEMM_CODEGEN_VERSION = "9"
 
 
 @dataclass(frozen=True)
@@ -100,6 +100,8 @@ GATED_SUBTILE = 64
 ROW_REDUCE_SUBTILE = 64
 # fxg::ColumnMoments': a warp's lanes end with one 8-column block each, and write 64 adjacent columns
 COLUMN_MOMENTS_SUBTILE = 64
+# fxg::RowMoments': a (row, subtile)'s statistics are one partial of the row's
+ROW_MOMENTS_SUBTILE = 64
 
 
 @dataclass(frozen=True)
@@ -281,7 +283,8 @@ def _program_header(program: Program, dtype: torch.dtype, param_dtypes: tuple[to
     codes = [FX_DTYPES[kernel_param_dtype(d)] for d in param_dtypes]
     kinds = [PARAM_KINDS[kind] for kind in program.params]
     statistics = None if epilogue.norm is None else NORMS[epilogue.norm.kind].statistics
-    group, batch = statistics == "row group", statistics == "column"  # an in-tile group norm, a training batch norm
+    # an in-tile group norm, a training batch norm, a norm over the row (LayerNorm, RMSNorm)
+    group, batch, rows = statistics == "row group", statistics == "column", statistics == "row"
 
     # the tree's inputs after the accumulator: the bias, then each parameter the expression reads
     leaves, leaf_args, names = [], [], []
@@ -324,6 +327,14 @@ def _program_header(program: Program, dtype: torch.dtype, param_dtypes: tuple[to
         tree = f"fxg::Tree<fxg::ColumnMoments<{COLUMN_MOMENTS_SUBTILE}>, {chain}>"
         tree_args = f"{{{chain_args}, {{partials, a.m, a.n}}}}"
         subtile = COLUMN_MOMENTS_SUBTILE
+    elif rows:
+        post = _column_struct("After", "after the norm: the stages after it",
+                              print_expr(epilogue.post, x_name="x", prefix="u"), codes, program.params, ["x"], [])
+        post += _affine_struct(epilogue.norm, codes)
+        rms = "false" if NORMS[epilogue.norm.kind].centered else "true"
+        tree = f"fxg::Tree<fxg::RowMoments<{ROW_MOMENTS_SUBTILE}, {rms}>, {chain}>"
+        tree_args = f"{{{chain_args}, {{partials, a.m, a.n}}}}"
+        subtile = ROW_MOMENTS_SUBTILE
     else:  # a group norm inside the subtile
         post = _post_struct(epilogue, codes, program.params)
         tree = f"fxg::Tree<fxg::GroupNorm<Post, {GROUP_NORM_SUBTILE}>, {chain}>"
@@ -333,6 +344,8 @@ def _program_header(program: Program, dtype: torch.dtype, param_dtypes: tuple[to
     supports = "n % 8 == 0 && k % 8 == 0"
     if group:
         supports += (f" && n % kGroups == 0 && (n / kGroups) % 8 == 0 && {GROUP_NORM_SUBTILE} % (n / kGroups) == 0")
+    if rows:
+        supports += " && n <= fxg::kRowNormMaxN"
     facts = [
         f"  using Element = {element};",
         f"  using Out = {_ELEMENTS[out_code]};",
@@ -344,8 +357,10 @@ def _program_header(program: Program, dtype: torch.dtype, param_dtypes: tuple[to
         f"  static constexpr int32_t kParamDtypes[{max(1, len(codes))}] = {{{', '.join(codes) or 'FX_F32'}}};",
         f"  static constexpr bool kChannelsDim1 = {'true' if program.channels_dim1 else 'false'};",
         f"  static constexpr bool kBatchTrain = {'true' if batch else 'false'};",
-        *([f"  static constexpr float kBatchEps = {float_literal(epilogue.norm.eps)};", "  using NormAffine = Affine;",
-            "  using NormPost = After;"] if batch else []),
+        f"  static constexpr bool kRowNorm = {'true' if rows else 'false'};",
+        f"  static constexpr bool kRowNormRms = {rms if rows else 'false'};",
+        *([f"  static constexpr float kNormEps = {float_literal(epilogue.norm.eps)};", "  using NormAffine = Affine;",
+            "  using NormPost = After;"] if batch or rows else []),
         *([f"  static constexpr int64_t kGroups = {epilogue.norm.groups};"] if group else []),
         "",
         "  // 16-byte rows for TMA (x, weight, out) and for the column inputs' vector loads"
@@ -437,14 +452,15 @@ def _post_struct(epilogue: Epilogue, codes: list[str], kinds: tuple[str, ...]) -
 
 
 def _affine_struct(norm: Norm, codes: list[str]) -> list[str]:
-    """fxg::finalize_columns' Affine: the batch norm's weight and bias at column n (1 and 0 where it
-    has none), read as After reads its parameters."""
+    """The norm's weight and bias at column n (1 and 0 where it has none), read as After reads its
+    parameters: fxg::finalize_columns' Affine (a training batch norm), fxg::normalize_rows' (a
+    LayerNorm or RMSNorm)."""
 
     def value(index: int | None, default: str) -> str:
         return default if index is None else f"fxg::load_param<{_ELEMENTS[codes[index]]}>(a.ptr[{index}], n)"
 
     return [
-        "// the batch norm's weight and bias at column n",
+        "// the norm's weight and bias at column n",
         "struct Affine {",
         "  using Arguments = After::Arguments;",
         f"  CUTLASS_DEVICE static float weight(const Arguments& a, int64_t n) {{ (void)a; (void)n; return {value(norm.weight, '1.f')}; }}",

@@ -174,12 +174,10 @@ def test_a_stream_k_kernel_is_a_cooperative_one_whose_ctas_share_a_tiles_k_loop(
 @pytest.mark.parametrize("name,dtype,reason", [
     ("s01_scale_leaky", torch.float32, "allow_tf32 is off"),
     ("s01_scale_leaky", torch.float64, "bfloat16, float16 and (as TF32) float32"),
-    ("s20_layer_silu", torch.bfloat16, "layer norms are not in the in-GEMM epilogue"),
-    ("widen_rms_then_group", torch.bfloat16, "rms norms are not in the in-GEMM epilogue"),
+    ("widen_rms_then_group", torch.bfloat16, "more than one norm or reduction"),
     ("reduce_var_keep", torch.bfloat16, "var reductions are not in the in-GEMM epilogue"),
     ("s11_gelu_softmax", torch.bfloat16, "softmax reductions are not in the in-GEMM epilogue"),
     ("reduce_sum_keep_broadcast", torch.bfloat16, "only scalars are read after a row reduction"),
-    ("full_residual_layer", torch.bfloat16, "norms are not in the in-GEMM epilogue"),
     ("keep_residual_layer", torch.bfloat16, "keep stages"),
     ("dropout_residual_layer", torch.bfloat16, "dropout stages"),
 ])
@@ -187,6 +185,23 @@ def test_programs_the_in_gemm_path_does_not_take_yet(name, dtype, reason):
     assert reason in gemm_codegen.unsupported_reason(PROGRAMS[name], dtype)
     with pytest.raises(ValueError):
         gemm_codegen.generate(PROGRAMS[name], dtype, (dtype,) * len(PROGRAMS[name].params), "n", "e")
+
+
+def test_a_norm_over_the_row_keeps_statistics_per_row_and_subtile_for_a_pass_after_the_gemm():
+    """LayerNorm and RMSNorm span more columns than a tile: the epilogue stores the norm's input and
+    its statistics per (row, 64-column subtile) (a LayerNorm's mean and M2, an RMSNorm's sum of
+    squares), and fxg::normalize_rows finishes the row with the norm's weight, bias and the
+    stages after it (csrc/gemm_row_moments.cuh)."""
+    layer, rms = header(PROGRAMS["s20_layer_silu"]), header(PROGRAMS["s21_rms_silu"])
+    assert "fxg::Tree<fxg::RowMoments<64, false>, fxg::Tree<fxg::Pointwise<Chain, float>" in layer
+    assert "fxg::RowMoments<64, true>" in rms
+    for text in (layer, rms):
+        assert "kRowNorm = true;" in text and "using NormAffine = Affine;" in text and "using NormPost = After;" in text
+        assert "n <= fxg::kRowNormMaxN" in text
+    assert "kNormEps = 9.999999747378752e-06f;" in layer and "kRowNormRms = false;" in layer
+    assert "kRowNormRms = true;" in rms and "fx_silu(x)" in rms
+    assert "return 0.f; }" in rms  # no bias
+    assert "kRowNorm = false;" in header(PROGRAMS["s01_scale_leaky"])
 
 
 def test_a_float32_gemm_is_taken_as_tf32_while_torch_allows_tf32(monkeypatch):
@@ -446,6 +461,35 @@ def test_the_selection_times_each_candidate_alone_for_a_while():
         for name, call in calls.items():
             round_robin[name].append(time_once(call))
     assert min(round_robin, key=lambda name: sorted(round_robin[name])[4]) == "in-GEMM"
+
+
+def test_a_configuration_whose_output_disagrees_with_the_row_pass_is_never_timed():
+    """Before timing, each GEMM configuration runs once on the measurement's inputs beside the row
+    pass: one whose output lies further from the row pass's than a few 16-bit ulps of its largest
+    magnitude (a kernel fault: a wrong index, an element not written), or has NaN or infinities
+    elsewhere, is left out with a warning, so the selection never chooses it."""
+    from fxfuse.cuda.engine import Engine, disagreement
+
+    g = torch.Generator().manual_seed(0)
+    row = torch.randn(64, 136, generator=g).to(torch.bfloat16)
+    rounded_elsewhere = (row.float() * (1 + 2.0 ** -8)).to(torch.bfloat16)  # an ulp or so apart
+    not_written = row.clone()
+    not_written[40:, 128:] = 0.0
+    nan_elsewhere = row.clone()
+    nan_elsewhere[3, 5] = float("nan")
+    assert disagreement(rounded_elsewhere, row) is None
+    assert "elements" in disagreement(not_written, row)
+    assert "(3, 5): nan" in disagreement(nan_elsewhere, row)
+    with_nan = row.clone()
+    with_nan[3, 5], with_nan[4, 4] = float("nan"), float("inf")
+    assert disagreement(with_nan.clone(), with_nan) is None  # the same NaN and infinite positions
+
+    engine = Engine(lambda device: None)
+    calls = {"row": lambda: (row, None), "cooperative, raster M": lambda: (rounded_elsewhere, None),
+             "pingpong, raster M": lambda: (not_written, None), "cooperative, raster N": lambda: None}
+    with pytest.warns(RuntimeWarning, match="2 in-GEMM configurations of .* disagree with the row pass"):
+        kept = engine._agreeing(Program.parse("linear(bias=True) | pointwise(x)"), calls)
+    assert list(kept) == ["row", "cooperative, raster M"]
 
 
 def test_a_short_run_settles_for_ten_runs_time_not_the_whole_settling_time():

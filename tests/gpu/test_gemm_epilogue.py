@@ -1,8 +1,9 @@
 """The in-GEMM back end (csrc/gemm_epilogue.cuh, fxfuse/cuda/gemm_codegen.py) on a Hopper GPU.
 
-Every GEMM configuration of every pointwise and row-reduction program, and of eval-mode batch norms
-(pointwise per column with the running statistics: 2-D x only, as torch takes dim 1 of a 3-D
-value as channels) (bf16, fp16, and float32 as
+Every GEMM configuration of every pointwise and row-reduction program, of LayerNorms and RMSNorms
+(per (row, subtile) statistics in the epilogue, then a pass normalizing in place), and of eval-mode
+batch norms (pointwise per column with the running statistics: 2-D x only, as torch takes dim 1 of
+a 3-D value as channels) (bf16, fp16, and float32 as
 TF32 while torch allows TF32) computes the program under the correctness rule: within 1e-2 of eager's result, or no further from the float64 truth than eager's own result
 (the epilogue computes in float32 on the accumulators and rounds once, where eager rounds the GEMM
 output and every op). Every element is written (outputs poisoned with NaN first), NaN and Inf reach
@@ -41,16 +42,19 @@ EXTRA = {
                                                                          E.param(1)), E.param(2)), E.param(3))),),
                                 ("full", "full", "col", "scalar")),
 }
+ROW_NORMS = ["s20_layer_silu", "s21_rms_silu", "full_residual_layer", "rms_no_weight"]  # partials, then a pass
 REDUCTIONS = ["s05_logsumexp_chain", "s15_div_sum_mul", "s16_sigmoid_sum", "reduce_max_keep", "reduce_min_drop",
               "reduce_mean_drop", "reduce_vector_norm_keep"]  # one value a row: partials in the epilogue, then a finalize
 NAMES = ["identity", "s01_scale_leaky", "s10_div_gelu", "s13_sub_mul_relu", "s14_silu_div_clamp_tanh",
          "full_residual", "full_gate_silu", "gemm_gate_silu", "gemm_up_first_silu", "gemm_gate_gelu_scaled",
-         "s22_batch_eval_relu", "vec_batch_eval_silu_scalar", *REDUCTIONS, *EXTRA]
+         "s22_batch_eval_relu", "vec_batch_eval_silu_scalar", *REDUCTIONS, *ROW_NORMS, *EXTRA]
 CASES = [(name, torch.bfloat16) for name in NAMES] + [("s01_scale_leaky", torch.float16),
                                                       ("scalar_and_col", torch.float16),
                                                       ("full_gate_silu", torch.float16),
                                                       ("gemm_gate_silu", torch.float16),
+                                                      ("s20_layer_silu", torch.float16),
                                                       ("s01_scale_leaky", torch.float32),  # TF32
+                                                      ("s21_rms_silu", torch.float32),
                                                       ("s15_div_sum_mul", torch.float32)]
 SHAPES = [(1, 136, 72), (7, 520, 264), (300, 1032, 520), (1024, 2048, 512)]
 
@@ -150,6 +154,18 @@ def test_nan_and_inf_reach_eagers_positions(modules, name):
     assert_every_kernel_puts_nan_and_inf_where_eager_does(module, program, x, w, b, params)
 
 
+@pytest.mark.parametrize("name", ["s20_layer_silu", "s21_rms_silu"])
+def test_a_row_norm_gives_nan_and_inf_where_eager_does(modules, name):
+    """A NaN anywhere in a row makes its norm NaN; an infinity in every row (column 300, in the
+    row's fifth subtile) makes a LayerNorm's rows NaN, and an RMSNorm's zero but there (its sum of
+    squares is infinite: rsqrt of it 0, 0 times the infinity NaN), as eager's."""
+    program, module = program_of(name), modules[(name, torch.bfloat16)]
+    x, w, b, params = draw(program, torch.bfloat16, 64, 600, 72, seed=5)
+    x[3, 5] = math.nan
+    b[300] = -math.inf
+    assert_every_kernel_puts_nan_and_inf_where_eager_does(module, program, x, w, b, params)
+
+
 @pytest.mark.parametrize("name", ["s05_logsumexp_chain", "reduce_max_keep", "reduce_min_drop", "s16_sigmoid_sum",
                                   "reduce_vector_norm_keep"])
 def test_a_row_reduction_gives_nan_and_inf_where_eager_does(modules, name):
@@ -245,6 +261,35 @@ def test_selection_routes_the_bucket_to_the_fastest_measured_path(modules):
     assert set(selection.times_us) == {"row", *modules[("s10_div_gelu", torch.bfloat16)].config_names}
     assert selection.times_us[selection.path] == min(selection.times_us.values())
     x, w, b, params = draw(program, torch.bfloat16, 1000, 2048, 512, seed=2)  # same bucket of M
+    out = torch.ops.fxfuse.linear_epilogue(program.to_string(), x, w, b, params, False)[0]
+    eager = reference.op_forward(program, x, w, b, params, False)[0]
+    assert_under_rule(out, eager, truth(program, x, w, b, params))
+
+
+def test_a_configuration_whose_output_is_wrong_is_never_timed_or_chosen(modules, monkeypatch):
+    """The selection runs each configuration once beside the row pass before timing it: here the
+    module's first kernel is made to return a wrong output (as a kernel fault would) under all its
+    tile orders; none of them is timed, a warning names them, and the calls take a correct path."""
+    import sys
+
+    engine_module = sys.modules["fxfuse.cuda.engine"]
+    program, module = program_of("s13_sub_mul_relu"), modules[("s13_sub_mul_relu", torch.bfloat16)]
+    runtime = fxcuda.engine._runtime_module
+    real_run = runtime.run
+
+    def faulty_run(handle, x, w, b, params, flags, save_gemm, gemm, config):
+        result = real_run(handle, x, w, b, params, flags, save_gemm, gemm, config)
+        return (result[0] + 1.0, *result[1:]) if 0 <= config < SCHEDULES else result
+
+    monkeypatch.setattr(runtime, "run", faulty_run)
+    monkeypatch.setattr(engine_module, "read_measurement", lambda path, kind: None)  # measured here, now
+    monkeypatch.setattr(engine_module, "write_measurement", lambda path, measurement: None)
+    monkeypatch.setattr(fxcuda.engine, "selections", {})
+    with pytest.warns(RuntimeWarning, match=f"{SCHEDULES} in-GEMM configurations .* disagree with the row pass"):
+        selection = fxcuda.select(program, torch.bfloat16, (), (512, 1032, 264), True)
+    assert set(selection.times_us) == {"row", *module.config_names[SCHEDULES:]}
+    monkeypatch.setattr(runtime, "run", real_run)
+    x, w, b, params = draw(program, torch.bfloat16, 512, 1032, 264, seed=6)
     out = torch.ops.fxfuse.linear_epilogue(program.to_string(), x, w, b, params, False)[0]
     eager = reference.op_forward(program, x, w, b, params, False)[0]
     assert_under_rule(out, eager, truth(program, x, w, b, params))
@@ -400,12 +445,14 @@ def test_a_float32_gemm_takes_the_row_path_when_torch_does_not_allow_tf32(module
     torch.testing.assert_close(result[0], eager, rtol=1e-4, atol=1e-4)
 
 
-def test_supported_programs_are_the_pointwise_group_norm_and_row_reduction_ones():
+def test_supported_programs_are_the_pointwise_norm_and_row_reduction_ones():
     assert unsupported_reason(PROGRAMS["s01_scale_leaky"], torch.bfloat16) is None
     assert unsupported_reason(PROGRAMS["s01_scale_leaky"], torch.float32) is None  # TF32, allowed here
     assert unsupported_reason(PROGRAMS["s01_scale_leaky"], torch.float64) is not None
     assert unsupported_reason(PROGRAMS["s02_group_leaky_double"], torch.bfloat16) is None
     assert unsupported_reason(PROGRAMS["s15_div_sum_mul"], torch.bfloat16) is None
+    assert unsupported_reason(PROGRAMS["s20_layer_silu"], torch.bfloat16) is None
+    assert unsupported_reason(PROGRAMS["s21_rms_silu"], torch.bfloat16) is None
     assert unsupported_reason(PROGRAMS["s11_gelu_softmax"], torch.bfloat16) is not None
 
 
