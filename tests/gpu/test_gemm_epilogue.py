@@ -105,7 +105,8 @@ def test_every_schedule_of_every_kernel(modules, name):
 
 
 @pytest.mark.parametrize("name,dtype", [("s01_scale_leaky", torch.bfloat16), ("scalar_and_col", torch.float16),
-                                        ("full_two_and_col", torch.bfloat16), ("gemm_gate_gelu_scaled", torch.bfloat16)])
+                                        ("full_two_and_col", torch.bfloat16), ("gemm_gate_gelu_scaled", torch.bfloat16),
+                                        ("full_residual_layer", torch.bfloat16)])  # BERT's block: (B, T, N)
 def test_three_dimensional_input(modules, name, dtype):
     program, module = program_of(name), modules[(name, dtype)]
     x, w, b, params = draw(program, dtype, 37, 264, 136, seed=3, batch=(3,))
