@@ -126,7 +126,8 @@ def programs() -> dict:
         "S02": groups("s02_group_leaky_double", 512),
         "S04": groups("s04_group_silu_vec_silu", 256),
         "S17": groups("s17_vec_hardtanh_mish_group", 256),
-        "S20": PROGRAMS["s20_layer_silu"],  # (row, subtile) statistics in the epilogue, then a pass a row
+        "S11": PROGRAMS["s11_gelu_softmax"],  # (row, subtile) statistics in the epilogue, then a pass a row
+        "S20": PROGRAMS["s20_layer_silu"],
         "S21": PROGRAMS["s21_rms_silu"],
         "S08": Program(Gemm(True), (Pointwise(E.add(E.mul(call("sigmoid", X), X), E.param(0))),
                                     Norm("group", 1e-5, groups=64, weight=1, bias=2)), ("col", "col", "col")),

@@ -41,8 +41,8 @@
 #include "gemm_batch_norm.cuh"
 #include "gemm_gated.cuh"
 #include "gemm_group_norm.cuh"
-#include "gemm_row_moments.cuh"
 #include "gemm_row_reduce.cuh"
+#include "gemm_row_statistics.cuh"
 #include "gemm_stages.cuh"
 
 namespace fxg {
@@ -140,9 +140,10 @@ using EpilogueTileFor = cute::conditional_t<EpiN == 0, cutlass::epilogue::collec
 // tree stores the output itself), kReduceKind (-1, or the fxg::ReduceKind of a RowReduce tree:
 // the kernel writes partials and fxg::finalize_rows the output, with Prog::Finalize), kBatchTrain
 // (a ColumnMoments tree: the kernel stores the norm's input and its column partials, then
-// fxg::launch_batch_norm normalises with Prog::NormAffine, NormPost and kNormEps), kRowNorm (a
-// RowMoments tree, kRowNormRms for an RMSNorm: the kernel stores the norm's input and its (row,
-// subtile) partials, then fxg::launch_row_norm normalises with the same three), template <class
+// fxg::launch_batch_norm normalises with Prog::NormAffine, NormPost and kNormEps), kRowStatistic
+// (-1, or the fxg::RowStatistic of a RowStatistics tree, a norm or softmax over the row: the kernel
+// stores the map's input and its (row, subtile) partials, then fxg::launch_row_statistics maps the
+// rows with the same three), template <class
 // Frame> Tree (the EVT), and args(const FxGemmLaunch&, float* partials) -> Tree<Frame>::Arguments.
 template <class Prog, class Cfg>
 struct GemmFor {
@@ -151,12 +152,12 @@ struct GemmFor {
   static constexpr bool kGated = Prog::kGatedBlock > 0;
   static constexpr bool kReduces = Prog::kReduceKind >= 0;
   static constexpr bool kBatchTrain = Prog::kBatchTrain;
-  static constexpr bool kRowNorm = Prog::kRowNorm;
+  static constexpr bool kRowMap = Prog::kRowStatistic >= 0;
   using Tile = typename Cfg::template TileFor<T>;
   static constexpr int kTileN = decltype(size<1>(Tile{}))::value;
   // the collective's D: none where the tree stores; a training BatchNorm's standardized deviations
   using Stored = cute::conditional_t<kBatchTrain, DeviationOf<Out>,
-                                     cute::conditional_t<kRowNorm, RowStoredOf<Out, Prog::kRowNormRms>, Out>>;
+                                     cute::conditional_t<kRowMap, RowStoredOf<Out, Prog::kRowStatistic>, Out>>;
   using OutD = cute::conditional_t<kGated || kReduces, void, Stored>;
   // The GEMM's columns: N, or the rows of a gated module's interleaved weight
   static int64_t gemm_columns(int64_t n) {
@@ -186,8 +187,8 @@ struct GemmFor {
       return kPartialParts<Prog::kReduceKind> * row_tiles<kTileN>(n) * m;
     } else if constexpr (kBatchTrain) {
       return batch_norm_floats(m, n);
-    } else if constexpr (kRowNorm) {
-      return row_norm_floats<Prog::kEpilogueN, Prog::kRowNormRms>(m, n);
+    } else if constexpr (kRowMap) {
+      return row_statistics_floats<Prog::kEpilogueN, Prog::kRowStatistic>(m, n);
     } else {
       return 0;
     }
@@ -240,7 +241,7 @@ struct GemmFor {
   }
 
   static const char* launch(const FxGemmLaunch& a, void* stream) {
-    float* partials = kReduces || kBatchTrain || kRowNorm ? reinterpret_cast<float*>(static_cast<char*>(a.workspace) + partials_offset(a)) : nullptr;
+    float* partials = kReduces || kBatchTrain || kRowMap ? reinterpret_cast<float*>(static_cast<char*>(a.workspace) + partials_offset(a)) : nullptr;
     typename Gemm::Arguments args = arguments(a, partials);
     Gemm gemm;
     cutlass::Status status = gemm.initialize(args, a.workspace, static_cast<cudaStream_t>(stream));
@@ -254,8 +255,9 @@ struct GemmFor {
              static_cast<cudaStream_t>(stream)>>>(
               partials, static_cast<Out*>(a.out), a.m, a.n, row_tiles<kTileN>(a.n), Prog::Finalize::args(a));
     }
-    if constexpr (kRowNorm) {
-      launch_row_norm<typename Prog::NormAffine, typename Prog::NormPost, Out, Prog::kRowNormRms, Prog::kEpilogueN>(
+    if constexpr (kRowMap) {
+      launch_row_statistics<typename Prog::NormAffine, typename Prog::NormPost, Out, Prog::kRowStatistic,
+                            Prog::kEpilogueN>(
           partials, static_cast<Out*>(a.out), a.m, a.n, Prog::kNormEps, Prog::NormPost::args(a),
           static_cast<cudaStream_t>(stream));
     }

@@ -4,7 +4,7 @@ An entry holds the norm's torch spelling, what the matcher requires of the value
 eager's arithmetic (the reference, and so the test oracle), and what the back ends need: the
 statistics' shape, the row kernels' stage call, whether the in-GEMM epilogue takes it (its stage
 there follows from the statistics' shape: csrc/gemm_group_norm.cuh per row group,
-csrc/gemm_row_moments.cuh per row, csrc/gemm_batch_norm.cuh per column; a norm of fixed
+csrc/gemm_row_statistics.cuh per row, csrc/gemm_batch_norm.cuh per column; a norm of fixed
 statistics is a pointwise expression there).
 The matcher, the reference, the code generators and the policy read these entries rather than
 switching on the norm's name. Adding a norm is an entry here plus its device stage in csrc.
@@ -43,8 +43,9 @@ class NormFamily:
     ``not_in_gemm(norm)``: why the in-GEMM epilogue does not take the norm, or None.
     ``as_pointwise(norm)``: the norm as a pointwise expression of x and its column parameters where
     its statistics are fixed (an eval-mode batch norm's running statistics), else None; the in-GEMM
-    epilogue composes it with the pointwise stages around it. ``centered``: the norm subtracts the
-    mean (all but RMSNorm; the in-GEMM row norm keeps a subtile's moments for it, csrc/gemm_row_moments.cuh)."""
+    epilogue composes it with the pointwise stages around it. ``row_statistic``: the norm's
+    fxg::RowStatistic, where the in-GEMM epilogue takes its statistics over the row
+    (csrc/gemm_row_statistics.cuh)."""
 
     kind: str
     spelling: Spelling
@@ -58,7 +59,7 @@ class NormFamily:
     running_statistics: bool = False  # eval mode reads running statistics, training updates them
     not_in_gemm: Callable[["Norm"], str | None] = lambda norm: f"{norm.kind} norms are not in the in-GEMM epilogue yet"
     as_pointwise: Callable[["Norm"], sympy.Expr | None] = lambda norm: None
-    centered: bool = True
+    row_statistic: str | None = None
 
 
 # -- spellings (nn modules call these functions) -------------------------------------------------
@@ -136,12 +137,12 @@ FAMILY: dict[str, NormFamily] = {entry.kind: entry for entry in (
         reference=lambda norm, x, p: (F.layer_norm(x, x.shape[-1:], p(norm.weight), p(norm.bias), norm.eps), None),
         row_stage=lambda norm, element, p: (f"r.template layer_norm<{element}, {p(norm.weight)}, "
                                             f"{p(norm.bias)}>({_eps(norm)});"),
-        backward_code="fx::kLayerNorm", not_in_gemm=lambda norm: None),
+        backward_code="fx::kLayerNorm", not_in_gemm=lambda norm: None, row_statistic="fxg::kRowLayerNorm"),
     NormFamily(
         "rms", spell(rms_norm, F.rms_norm, torch.rms_norm), "row", over_channels=False, takes_bias=False,
         reference=lambda norm, x, p: (F.rms_norm(x, x.shape[-1:], p(norm.weight), norm.eps), None),
         row_stage=lambda norm, element, p: f"r.template rms_norm<{element}, {p(norm.weight)}>({_eps(norm)});",
-        backward_code="fx::kRmsNorm", not_in_gemm=lambda norm: None, centered=False),
+        backward_code="fx::kRmsNorm", not_in_gemm=lambda norm: None, row_statistic="fxg::kRowRmsNorm"),
     NormFamily(
         "batch", spell(batch_norm, F.batch_norm), "column", over_channels=True, takes_bias=True,
         reference=_batch_norm_reference, row_stage=_batch_norm_stage, backward_code="fx::kBatchEvalNorm",

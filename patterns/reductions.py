@@ -32,7 +32,9 @@ class ReductionFamily:
     ``reference(v, stage)``: eager's result over the last dim for the ir.Reduce ``stage`` (its
     keepdim, max/min's gradient rule ``ties``, normalize's ``eps``). ``row_stage``: the row kernels' member function
     (csrc/row_epilogue.cuh); ``backward_code``: its code in the generated backward
-    (csrc/row_grad.cuh); ``in_gemm``: its kind in the in-GEMM epilogue, where it has one."""
+    (csrc/row_grad.cuh); ``in_gemm``: its kind in the in-GEMM epilogue, where it has one (a
+    fxg::ReduceKind for a reduction to one value a row, csrc/gemm_row_reduce.cuh; a
+    fxg::RowStatistic for a row map, csrc/gemm_row_statistics.cuh)."""
 
     kind: str
     changes_shape: bool
@@ -44,7 +46,7 @@ class ReductionFamily:
     # None where it is neither (the norm's |v|, var's 0 or NaN)
     of_one_value: str | None = None
     attribute: str | None = None  # the ir.Reduce field it reads ("eps": normalize's, "correction": var's)
-    in_gemm: str | None = None  # its fxg::ReduceKind in the in-GEMM epilogue (csrc/gemm_row_reduce.cuh)
+    in_gemm: str | None = None  # its kind in the in-GEMM epilogue (above)
 
 
 def _extremum(kind: str) -> Callable[[torch.Tensor, "Reduce"], torch.Tensor]:
@@ -77,9 +79,9 @@ FAMILY: dict[str, ReductionFamily] = {entry.kind: entry for entry in (
     ReductionFamily("std", True, lambda v, s: torch.std(v, -1, correction=s.correction, keepdim=s.keepdim),
                     "reduce_std", "fx::kStd", attribute="correction"),
     ReductionFamily("softmax", False, lambda v, s: F.softmax(v, -1), "softmax", "fx::kSoftmax",
-                    of_one_value="softmax_of_one"),
+                    of_one_value="softmax_of_one", in_gemm="fxg::kRowSoftmax"),
     ReductionFamily("log_softmax", False, lambda v, s: F.log_softmax(v, -1), "log_softmax",
-                    "fx::kLogSoftmax", of_one_value="log_softmax_of_one"),
+                    "fx::kLogSoftmax", of_one_value="log_softmax_of_one", in_gemm="fxg::kRowLogSoftmax"),
     # F.normalize(p=2): the row over max(its norm, eps)
     ReductionFamily("normalize", False, lambda v, s: F.normalize(v, 2.0, -1, s.eps), "normalize", "fx::kNormalize",
                     attribute="eps"),

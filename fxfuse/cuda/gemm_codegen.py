@@ -23,6 +23,13 @@ input (D, as its standardized deviation in each 16-row strip) and per (strip, co
 norm's weight and bias: ``Affine``) and ``fxg::normalize_columns`` normalises D in place with each
 strip's scale and shift and runs the stages after the norm (``After``).
 
+A norm or row map over the whole row (LayerNorm, RMSNorm, softmax, log_softmax: wider than any
+tile) ends its tree in an ``fxg::RowStatistics`` node: the kernel stores the map's input (as the
+statistic needs it: a LayerNorm's standardized deviation in each 64-column subtile, a softmax's
+value less the subtile's max) and per (row, subtile) partials, and ``fxg::normalize_rows``, a
+block a row, merges them and maps the row in place, then the norm's weight and bias (``Affine``)
+and the stages after the map (``After``).
+
 A program with a second GEMM (a gated MLP: ``silu(x @ Wg.T) * (x @ Wu.T)``) gets two trees in its
 module, measured against each other by the selection: ``Prog`` reads the second GEMM's output
 (computed by cuBLAS in the runtime) as an operand of the output's shape; ``GatedProg`` is one GEMM
@@ -100,15 +107,14 @@ GATED_SUBTILE = 64
 ROW_REDUCE_SUBTILE = 64
 # fxg::ColumnMoments': a warp's lanes end with one 8-column block each, and write 64 adjacent columns
 COLUMN_MOMENTS_SUBTILE = 64
-# fxg::RowMoments': a (row, subtile)'s statistics are one partial of the row's
-ROW_MOMENTS_SUBTILE = 64
+# fxg::RowStatistics': a (row, subtile)'s statistics are one partial of the row's
+ROW_STATISTICS_SUBTILE = 64
 
 
 @dataclass(frozen=True)
 class Epilogue:
     """A program as the in-GEMM epilogue computes it: float32 expressions without rounding points
-    before and after an optional in-tile group norm or row reduction (``post`` is ``x`` without
-    one)."""
+    before and after an optional norm, row reduction or row map (``post`` is ``x`` without one)."""
 
     pre: sympy.Expr
     norm: Norm | None
@@ -121,6 +127,22 @@ class Epilogue:
         norm = next((s for s in reversed(bounds) if isinstance(s, Norm)), None)
         reduce = next((s for s in reversed(bounds) if isinstance(s, Reduce)), None)
         return Epilogue(segments[0], norm, segments[-1] if bounds else E.X, reduce)
+
+    @property
+    def row_statistic(self) -> str | None:
+        """The fxg::RowStatistic of a norm or row map over the whole row (a LayerNorm, an RMSNorm,
+        a softmax or log_softmax: statistics per (row, subtile) in the epilogue, a pass after the
+        GEMM), else None."""
+        if self.norm is not None:
+            return NORMS[self.norm.kind].row_statistic
+        if self.reduce is not None and not REDUCTIONS[self.reduce.kind].changes_shape:
+            return REDUCTIONS[self.reduce.kind].in_gemm
+        return None
+
+    @property
+    def reduces_rows(self) -> bool:
+        """A reduction to one value a row (fxg::RowReduce: the M x N output is never written)."""
+        return self.reduce is not None and REDUCTIONS[self.reduce.kind].changes_shape
 
     def affine_post(self) -> sympy.Expr:
         """What follows the normalized value: the norm's weight and bias, then the stages after it."""
@@ -202,10 +224,15 @@ def unsupported_reason(program: Program, dtype: torch.dtype) -> str | None:
             if any(program.operand_kinds[i] == "full" for i in after.params):
                 return (f"an operand of the output's shape after the {epilogue.norm.kind} norm is not in the "
                         "in-GEMM epilogue yet")
-        if epilogue.reduce is not None:
+        if epilogue.reduces_rows:
             after = print_expr(epilogue.post)
             if any(program.params[i] != "scalar" for i in after.params):
                 return "only scalars are read after a row reduction in the in-GEMM epilogue"
+        elif epilogue.reduce is not None:
+            after = print_expr(epilogue.post)
+            if any(program.operand_kinds[i] == "full" for i in after.params):
+                return (f"an operand of the output's shape after the {epilogue.reduce.kind} is not in the "
+                        "in-GEMM epilogue yet")
     except UnsupportedExpression as error:
         return str(error)
     return None
@@ -283,8 +310,8 @@ def _program_header(program: Program, dtype: torch.dtype, param_dtypes: tuple[to
     codes = [FX_DTYPES[kernel_param_dtype(d)] for d in param_dtypes]
     kinds = [PARAM_KINDS[kind] for kind in program.params]
     statistics = None if epilogue.norm is None else NORMS[epilogue.norm.kind].statistics
-    # an in-tile group norm, a training batch norm, a norm over the row (LayerNorm, RMSNorm)
-    group, batch, rows = statistics == "row group", statistics == "column", statistics == "row"
+    group, batch = statistics == "row group", statistics == "column"  # an in-tile group norm, a training batch norm
+    row_map = epilogue.row_statistic  # a norm or softmax over the row
 
     # the tree's inputs after the accumulator: the bias, then each parameter the expression reads
     leaves, leaf_args, names = [], [], []
@@ -311,14 +338,14 @@ def _program_header(program: Program, dtype: torch.dtype, param_dtypes: tuple[to
     chain = f"fxg::Tree<fxg::Pointwise<Chain, {chain_out}>, {', '.join(['fxg::Acc'] + leaves)}>"
     chain_args = f"{{{', '.join(['fxg::acc_args()'] + leaf_args + ['{}'])}}}"
     reduce_kind = "-1"
-    if epilogue.reduce is not None:
+    if epilogue.reduces_rows:
         reduce_kind = REDUCTIONS[epilogue.reduce.kind].in_gemm
         post = _column_struct("RowFinalize", "after the row reduction: its result through the stages after it",
                               print_expr(epilogue.post, x_name="x", prefix="u"), codes, program.params, ["x"], [])
         tree = f"fxg::Tree<fxg::RowReduce<Frame, {reduce_kind}, {ROW_REDUCE_SUBTILE}>, {chain}>"
         tree_args = f"{{{chain_args}, {{partials, a.m, a.n}}}}"
         subtile = ROW_REDUCE_SUBTILE
-    elif epilogue.norm is None:
+    elif epilogue.norm is None and row_map is None:
         post, tree, tree_args, subtile = [], chain, chain_args, 0
     elif batch:
         post = _column_struct("After", "after the batch norm: the stages after it",
@@ -327,14 +354,13 @@ def _program_header(program: Program, dtype: torch.dtype, param_dtypes: tuple[to
         tree = f"fxg::Tree<fxg::ColumnMoments<{COLUMN_MOMENTS_SUBTILE}>, {chain}>"
         tree_args = f"{{{chain_args}, {{partials, a.m, a.n}}}}"
         subtile = COLUMN_MOMENTS_SUBTILE
-    elif rows:
-        post = _column_struct("After", "after the norm: the stages after it",
+    elif row_map is not None:
+        post = _column_struct("After", "after the row map: the stages after it",
                               print_expr(epilogue.post, x_name="x", prefix="u"), codes, program.params, ["x"], [])
         post += _affine_struct(epilogue.norm, codes)
-        rms = "false" if NORMS[epilogue.norm.kind].centered else "true"
-        tree = f"fxg::Tree<fxg::RowMoments<{ROW_MOMENTS_SUBTILE}, {rms}>, {chain}>"
+        tree = f"fxg::Tree<fxg::RowStatistics<{ROW_STATISTICS_SUBTILE}, {row_map}>, {chain}>"
         tree_args = f"{{{chain_args}, {{partials, a.m, a.n}}}}"
-        subtile = ROW_MOMENTS_SUBTILE
+        subtile = ROW_STATISTICS_SUBTILE
     else:  # a group norm inside the subtile
         post = _post_struct(epilogue, codes, program.params)
         tree = f"fxg::Tree<fxg::GroupNorm<Post, {GROUP_NORM_SUBTILE}>, {chain}>"
@@ -344,23 +370,22 @@ def _program_header(program: Program, dtype: torch.dtype, param_dtypes: tuple[to
     supports = "n % 8 == 0 && k % 8 == 0"
     if group:
         supports += (f" && n % kGroups == 0 && (n / kGroups) % 8 == 0 && {GROUP_NORM_SUBTILE} % (n / kGroups) == 0")
-    if rows:
-        supports += " && n <= fxg::kRowNormMaxN"
+    if row_map is not None:
+        supports += " && n <= fxg::kRowStatisticsMaxN"
     facts = [
         f"  using Element = {element};",
         f"  using Out = {_ELEMENTS[out_code]};",
         f"  static constexpr int32_t kDtype = {FX_DTYPES[dtype]};",
         f"  static constexpr int32_t kOutDtype = {out_code};",
-        f"  static constexpr int32_t kOutKind = {OUT_KINDS[None if epilogue.reduce is None else epilogue.reduce.keepdim]};",
+        f"  static constexpr int32_t kOutKind = {OUT_KINDS[epilogue.reduce.keepdim if epilogue.reduces_rows else None]};",
         f"  static constexpr int32_t kNumParams = {len(program.params)};",
         f"  static constexpr int32_t kParamKinds[{max(1, len(codes))}] = {{{', '.join(kinds) or 'FX_PARAM_SCALAR'}}};",
         f"  static constexpr int32_t kParamDtypes[{max(1, len(codes))}] = {{{', '.join(codes) or 'FX_F32'}}};",
         f"  static constexpr bool kChannelsDim1 = {'true' if program.channels_dim1 else 'false'};",
         f"  static constexpr bool kBatchTrain = {'true' if batch else 'false'};",
-        f"  static constexpr bool kRowNorm = {'true' if rows else 'false'};",
-        f"  static constexpr bool kRowNormRms = {rms if rows else 'false'};",
-        *([f"  static constexpr float kNormEps = {float_literal(epilogue.norm.eps)};", "  using NormAffine = Affine;",
-            "  using NormPost = After;"] if batch or rows else []),
+        f"  static constexpr int kRowStatistic = {row_map or -1};",
+        *([f"  static constexpr float kNormEps = {float_literal(epilogue.norm.eps if epilogue.norm else 0.0)};",
+           "  using NormAffine = Affine;", "  using NormPost = After;"] if batch or row_map else []),
         *([f"  static constexpr int64_t kGroups = {epilogue.norm.groups};"] if group else []),
         "",
         "  // 16-byte rows for TMA (x, weight, out) and for the column inputs' vector loads"
@@ -451,10 +476,10 @@ def _post_struct(epilogue: Epilogue, codes: list[str], kinds: tuple[str, ...]) -
                           printed, codes, kinds, ["x"], [])
 
 
-def _affine_struct(norm: Norm, codes: list[str]) -> list[str]:
-    """The norm's weight and bias at column n (1 and 0 where it has none), read as After reads its
-    parameters: fxg::finalize_columns' Affine (a training batch norm), fxg::normalize_rows' (a
-    LayerNorm or RMSNorm)."""
+def _affine_struct(norm: Norm | None, codes: list[str]) -> list[str]:
+    """The norm's weight and bias at column n (1 and 0 where it has none, or no norm: a softmax),
+    read as After reads its parameters: fxg::finalize_columns' Affine (a training batch norm),
+    fxg::normalize_rows' (a norm or softmax over the row)."""
 
     def value(index: int | None, default: str) -> str:
         return default if index is None else f"fxg::load_param<{_ELEMENTS[codes[index]]}>(a.ptr[{index}], n)"
@@ -463,8 +488,8 @@ def _affine_struct(norm: Norm, codes: list[str]) -> list[str]:
         "// the norm's weight and bias at column n",
         "struct Affine {",
         "  using Arguments = After::Arguments;",
-        f"  CUTLASS_DEVICE static float weight(const Arguments& a, int64_t n) {{ (void)a; (void)n; return {value(norm.weight, '1.f')}; }}",
-        f"  CUTLASS_DEVICE static float bias(const Arguments& a, int64_t n) {{ (void)a; (void)n; return {value(norm.bias, '0.f')}; }}",
+        f"  CUTLASS_DEVICE static float weight(const Arguments& a, int64_t n) {{ (void)a; (void)n; return {value(norm and norm.weight, '1.f')}; }}",
+        f"  CUTLASS_DEVICE static float bias(const Arguments& a, int64_t n) {{ (void)a; (void)n; return {value(norm and norm.bias, '0.f')}; }}",
         "};",
         "",
     ]

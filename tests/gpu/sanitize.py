@@ -71,6 +71,7 @@ GEMM_CALLS = [  # (program, dtype, M, N, K): each kernel of the program's in-GEM
     ("s07_vec_batch_train", torch.bfloat16, 300, 1032, 520),  # training BatchNorm: moments, finalize, normalize
     ("s20_layer_silu", torch.bfloat16, 300, 1032, 520),  # LayerNorm: (row, subtile) moments, then a pass a row
     ("s21_rms_silu", torch.bfloat16, 300, 1032, 520),  # RMSNorm: (row, subtile) sums of squares, then a pass
+    ("s11_gelu_softmax", torch.bfloat16, 300, 1032, 520),  # softmax: (row, subtile) max and sum, then a pass
 ]
 GRAD_CALLS = [  # (program, dtype, M, N) of the backward kernel
     ("s01_scale_leaky", torch.bfloat16, 300, 256),  # 16-byte path, many chunks of rows a column

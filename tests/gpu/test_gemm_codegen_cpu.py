@@ -176,7 +176,7 @@ def test_a_stream_k_kernel_is_a_cooperative_one_whose_ctas_share_a_tiles_k_loop(
     ("s01_scale_leaky", torch.float64, "bfloat16, float16 and (as TF32) float32"),
     ("widen_rms_then_group", torch.bfloat16, "more than one norm or reduction"),
     ("reduce_var_keep", torch.bfloat16, "var reductions are not in the in-GEMM epilogue"),
-    ("s11_gelu_softmax", torch.bfloat16, "softmax reductions are not in the in-GEMM epilogue"),
+    ("normalize_then_col", torch.bfloat16, "normalize reductions are not in the in-GEMM epilogue"),
     ("reduce_sum_keep_broadcast", torch.bfloat16, "only scalars are read after a row reduction"),
     ("keep_residual_layer", torch.bfloat16, "keep stages"),
     ("dropout_residual_layer", torch.bfloat16, "dropout stages"),
@@ -187,21 +187,27 @@ def test_programs_the_in_gemm_path_does_not_take_yet(name, dtype, reason):
         gemm_codegen.generate(PROGRAMS[name], dtype, (dtype,) * len(PROGRAMS[name].params), "n", "e")
 
 
-def test_a_norm_over_the_row_keeps_statistics_per_row_and_subtile_for_a_pass_after_the_gemm():
-    """LayerNorm and RMSNorm span more columns than a tile: the epilogue stores the norm's input and
-    its statistics per (row, 64-column subtile) (a LayerNorm's mean and M2, an RMSNorm's sum of
-    squares), and fxg::normalize_rows finishes the row with the norm's weight, bias and the
-    stages after it (csrc/gemm_row_moments.cuh)."""
-    layer, rms = header(PROGRAMS["s20_layer_silu"]), header(PROGRAMS["s21_rms_silu"])
-    assert "fxg::Tree<fxg::RowMoments<64, false>, fxg::Tree<fxg::Pointwise<Chain, float>" in layer
-    assert "fxg::RowMoments<64, true>" in rms
-    for text in (layer, rms):
-        assert "kRowNorm = true;" in text and "using NormAffine = Affine;" in text and "using NormPost = After;" in text
-        assert "n <= fxg::kRowNormMaxN" in text
-    assert "kNormEps = 9.999999747378752e-06f;" in layer and "kRowNormRms = false;" in layer
-    assert "kRowNormRms = true;" in rms and "fx_silu(x)" in rms
-    assert "return 0.f; }" in rms  # no bias
-    assert "kRowNorm = false;" in header(PROGRAMS["s01_scale_leaky"])
+def test_a_norm_or_softmax_over_the_row_keeps_statistics_per_row_and_subtile_for_a_pass_after_the_gemm():
+    """LayerNorm, RMSNorm, softmax and log_softmax span more columns than a tile: the epilogue
+    stores the map's input and its statistics per (row, 64-column subtile) (a LayerNorm's mean and
+    M2, an RMSNorm's sum of squares, a softmax's max and sum of exponentials), and
+    fxg::normalize_rows finishes each row with the norm's weight and bias (1 and 0 for a softmax)
+    and the stages after the map (csrc/gemm_row_statistics.cuh)."""
+    texts = {name: header(PROGRAMS[name]) for name in ("s20_layer_silu", "s21_rms_silu", "s11_gelu_softmax",
+                                                       "log_softmax_then_pointwise")}
+    kinds = {"s20_layer_silu": "kRowLayerNorm", "s21_rms_silu": "kRowRmsNorm", "s11_gelu_softmax": "kRowSoftmax",
+             "log_softmax_then_pointwise": "kRowLogSoftmax"}
+    for name, text in texts.items():
+        kind = kinds[name]
+        assert f"fxg::Tree<fxg::RowStatistics<64, fxg::{kind}>, fxg::Tree<fxg::Pointwise<Chain, float>" in text, name
+        assert f"kRowStatistic = fxg::{kind};" in text and "kReduceKind = -1;" in text
+        assert "using NormAffine = Affine;" in text and "using NormPost = After;" in text
+        assert "n <= fxg::kRowStatisticsMaxN" in text and "kOutKind = FX_OUT_ROWS;" in text
+    assert "kNormEps = 9.999999747378752e-06f;" in texts["s20_layer_silu"]
+    assert "fx_silu(x)" in texts["s21_rms_silu"] and "return 0.f; }" in texts["s21_rms_silu"]  # no bias
+    assert "fx_gelu(x)" in texts["s11_gelu_softmax"]  # before the softmax, in the epilogue
+    assert "return 1.f; }" in texts["s11_gelu_softmax"] and "return 0.f; }" in texts["s11_gelu_softmax"]
+    assert "kRowStatistic = -1;" in header(PROGRAMS["s01_scale_leaky"])
 
 
 def test_a_float32_gemm_is_taken_as_tf32_while_torch_allows_tf32(monkeypatch):

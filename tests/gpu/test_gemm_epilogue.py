@@ -1,7 +1,7 @@
 """The in-GEMM back end (csrc/gemm_epilogue.cuh, fxfuse/cuda/gemm_codegen.py) on a Hopper GPU.
 
-Every GEMM configuration of every pointwise and row-reduction program, of LayerNorms and RMSNorms
-(per (row, subtile) statistics in the epilogue, then a pass normalizing in place), and of eval-mode
+Every GEMM configuration of every pointwise and row-reduction program, of LayerNorms, RMSNorms and
+softmaxes (per (row, subtile) statistics in the epilogue, then a pass mapping the rows in place), of eval-mode
 batch norms (pointwise per column with the running statistics: 2-D x only, as torch takes dim 1 of
 a 3-D value as channels) (bf16, fp16, and float32 as
 TF32 while torch allows TF32) computes the program under the correctness rule: within 1e-2 of eager's result, or no further from the float64 truth than eager's own result
@@ -22,7 +22,7 @@ import fxfuse.cuda as fxcuda
 from fxfuse import expr as E
 from fxfuse import reference
 from fxfuse.cuda.gemm_codegen import KERNELS, Kernel, unsupported_reason
-from fxfuse.ir import Gemm, Pointwise, Program
+from fxfuse.ir import Gemm, Pointwise, Program, Reduce
 from fxfuse.vocabulary import call
 from gemm_harness import (DEVICE, SCHEDULES, TOL, Modules, assert_every_kernel_computes, assert_under_rule, build_modules,
                           draw, kernels, run_config, truth)
@@ -34,6 +34,7 @@ EXTRA = {
     "scalar_and_col": Program(Gemm(True), (Pointwise(call("silu", E.add(E.mul(X, E.param(0)), E.param(1)))),),
                               ("scalar", "col")),
     "widen_vec_relu": PROGRAMS["widen_s09_vec_relu"],
+    "softmax": Program(Gemm(True), (Reduce("softmax"),)),
     "vocabulary_a": vocabulary_program(["relu", "leaky_relu", "gelu", "gelu_tanh", "silu", "sigmoid", "tanh"]),
     "vocabulary_b": vocabulary_program(["mish", "clamp", "hardtanh", "hardswish", "hardsigmoid", "elu", "selu",
                                         "softplus", "abs", "maximum"]),
@@ -42,12 +43,14 @@ EXTRA = {
                                                                          E.param(1)), E.param(2)), E.param(3))),),
                                 ("full", "full", "col", "scalar")),
 }
-ROW_NORMS = ["s20_layer_silu", "s21_rms_silu", "full_residual_layer", "rms_no_weight"]  # partials, then a pass
+# norms and softmaxes over the row: (row, subtile) partials in the epilogue, then a pass a row
+ROW_MAPS = ["s20_layer_silu", "s21_rms_silu", "full_residual_layer", "rms_no_weight", "s11_gelu_softmax",
+            "log_softmax_then_pointwise"]
 REDUCTIONS = ["s05_logsumexp_chain", "s15_div_sum_mul", "s16_sigmoid_sum", "reduce_max_keep", "reduce_min_drop",
               "reduce_mean_drop", "reduce_vector_norm_keep"]  # one value a row: partials in the epilogue, then a finalize
 NAMES = ["identity", "s01_scale_leaky", "s10_div_gelu", "s13_sub_mul_relu", "s14_silu_div_clamp_tanh",
          "full_residual", "full_gate_silu", "gemm_gate_silu", "gemm_up_first_silu", "gemm_gate_gelu_scaled",
-         "s22_batch_eval_relu", "vec_batch_eval_silu_scalar", *REDUCTIONS, *ROW_NORMS, *EXTRA]
+         "s22_batch_eval_relu", "vec_batch_eval_silu_scalar", *REDUCTIONS, *ROW_MAPS, *EXTRA]
 CASES = [(name, torch.bfloat16) for name in NAMES] + [("s01_scale_leaky", torch.float16),
                                                       ("scalar_and_col", torch.float16),
                                                       ("full_gate_silu", torch.float16),
@@ -163,6 +166,20 @@ def test_a_row_norm_gives_nan_and_inf_where_eager_does(modules, name):
     program, module = program_of(name), modules[(name, torch.bfloat16)]
     x, w, b, params = draw(program, torch.bfloat16, 64, 600, 72, seed=5)
     x[3, 5] = math.nan
+    b[300] = -math.inf
+    assert_every_kernel_puts_nan_and_inf_where_eager_does(module, program, x, w, b, params)
+
+
+@pytest.mark.parametrize("name", ["softmax", "log_softmax_then_pointwise"])
+def test_a_softmax_gives_nan_and_inf_where_eager_does(modules, name):
+    """A NaN in a row, or +inf (column 10 where the row's x[:, 0] is positive), makes the row's
+    softmax NaN; -inf (column 300 of every row, and column 10 of the other rows) is a 0 (-inf for
+    log_softmax) beside the row's finite values, as eager's."""
+    program, module = program_of(name), modules[(name, torch.bfloat16)]
+    x, w, b, params = draw(program, torch.bfloat16, 64, 600, 72, seed=5)
+    x[3, 5] = math.nan
+    w[10, :] = 0.0
+    w[10, 0] = math.inf
     b[300] = -math.inf
     assert_every_kernel_puts_nan_and_inf_where_eager_does(module, program, x, w, b, params)
 
@@ -454,7 +471,8 @@ def test_supported_programs_are_the_pointwise_norm_and_row_reduction_ones():
     assert unsupported_reason(PROGRAMS["s15_div_sum_mul"], torch.bfloat16) is None
     assert unsupported_reason(PROGRAMS["s20_layer_silu"], torch.bfloat16) is None
     assert unsupported_reason(PROGRAMS["s21_rms_silu"], torch.bfloat16) is None
-    assert unsupported_reason(PROGRAMS["s11_gelu_softmax"], torch.bfloat16) is not None
+    assert unsupported_reason(PROGRAMS["s11_gelu_softmax"], torch.bfloat16) is None
+    assert unsupported_reason(PROGRAMS["normalize_then_col"], torch.bfloat16) is not None
 
 
 def test_a_compiled_model_reports_its_measured_path_and_equals_eager(modules):
