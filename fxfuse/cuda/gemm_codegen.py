@@ -347,20 +347,14 @@ def _program_header(program: Program, dtype: torch.dtype, param_dtypes: tuple[to
         subtile = ROW_REDUCE_SUBTILE
     elif epilogue.norm is None and row_map is None:
         post, tree, tree_args, subtile = [], chain, chain_args, 0
-    elif batch:
-        post = _column_struct("After", "after the batch norm: the stages after it",
+    elif batch or row_map is not None:  # partials in the epilogue, then a pass: the weight, bias and After
+        post = _column_struct("After", "after the norm or row map: the stages after it",
                               print_expr(epilogue.post, x_name="x", prefix="u"), codes, program.params, ["x"], [])
         post += _affine_struct(epilogue.norm, codes)
-        tree = f"fxg::Tree<fxg::ColumnMoments<{COLUMN_MOMENTS_SUBTILE}>, {chain}>"
+        node, subtile = ((f"fxg::ColumnMoments<{COLUMN_MOMENTS_SUBTILE}>", COLUMN_MOMENTS_SUBTILE) if batch else
+                         (f"fxg::RowStatistics<{ROW_STATISTICS_SUBTILE}, {row_map}>", ROW_STATISTICS_SUBTILE))
+        tree = f"fxg::Tree<{node}, {chain}>"
         tree_args = f"{{{chain_args}, {{partials, a.m, a.n}}}}"
-        subtile = COLUMN_MOMENTS_SUBTILE
-    elif row_map is not None:
-        post = _column_struct("After", "after the row map: the stages after it",
-                              print_expr(epilogue.post, x_name="x", prefix="u"), codes, program.params, ["x"], [])
-        post += _affine_struct(epilogue.norm, codes)
-        tree = f"fxg::Tree<fxg::RowStatistics<{ROW_STATISTICS_SUBTILE}, {row_map}>, {chain}>"
-        tree_args = f"{{{chain_args}, {{partials, a.m, a.n}}}}"
-        subtile = ROW_STATISTICS_SUBTILE
     else:  # a group norm inside the subtile
         post = _post_struct(epilogue, codes, program.params)
         tree = f"fxg::Tree<fxg::GroupNorm<Post, {GROUP_NORM_SUBTILE}>, {chain}>"
