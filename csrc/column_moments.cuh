@@ -30,6 +30,10 @@ FX_DEVICE void merge(Moments& acc, int64_t nb, float mb, float m2b) {
   acc.n = total;
 }
 
+// 1 / the standard deviation of `count` values of sum of squared deviations m2: what a deviation
+// is multiplied by to store it standardized (0 where they are all equal: their deviations are 0)
+FX_DEVICE float standardizer(float m2, float count) { return m2 > 0.f ? fx_rsqrt(m2 / count) : 0.f; }
+
 // Rows of strip q of `strip_rows` consecutive rows each (the last ones shorter, or empty)
 FX_HOST_DEVICE int64_t rows_of_strip(int64_t m, int64_t strip_rows, int64_t q) {
   const int64_t first = q * strip_rows;

@@ -36,9 +36,7 @@ struct ColumnMomentsArguments {
 template <class Out>
 using DeviationOf = cute::conditional_t<sizeof(Out) == 2, cutlass::half_t, Out>;
 
-// 1 / the standard deviation of `count` values of sum of squared deviations m2: what a deviation
-// is multiplied by before the store (0 where they are all equal: their deviations are 0)
-CUTLASS_HOST_DEVICE float standardizer(float m2, float count) { return m2 > 0.f ? rsqrtf(m2 / count) : 0.f; }
+using fx::standardizer;  // (column_moments.cuh)
 
 // Per (strip of 16 rows, column): the mean and the sum of squared deviations (M2) of the values its
 // child computed (float32), for fxg::finalize_columns; the values go on to the store as their

@@ -7,6 +7,7 @@
 
 #include "gemm_stages.cuh"
 #include "row_args.cuh"
+#include "row_statistics.cuh"
 
 namespace fxg {
 
@@ -21,7 +22,7 @@ struct Partial {
   float value = Kind == kMax || Kind == kLogSumExp ? -INFINITY : Kind == kMin ? INFINITY : 0.f;
   float scaled = 0.f;
 
-  CUTLASS_HOST_DEVICE static float shift(float max) { return isfinite(max) ? max : 0.f; }
+  CUTLASS_HOST_DEVICE static float shift(float max) { return fx::exp_sum_shift(max); }
 
   CUTLASS_DEVICE void combine(Partial const& other) {
     if constexpr (Kind == kSum || Kind == kMean || Kind == kVectorNorm) {
@@ -31,11 +32,7 @@ struct Partial {
     } else if constexpr (Kind == kMin) {
       value = fx::OpMin()(value, other.value);
     } else {
-      const float max = fx::OpMax()(value, other.value), ref = shift(max);
-      // a sum of 0 (no values, or all -inf) adds nothing, also where its rescaling would overflow
-      scaled = (scaled == 0.f ? 0.f : scaled * expf(shift(value) - ref)) +
-               (other.scaled == 0.f ? 0.f : other.scaled * expf(shift(other.value) - ref));
-      value = max;
+      fx::merge_exp_sums(value, scaled, other.value, other.scaled);
     }
   }
 

@@ -23,24 +23,22 @@
 //                somewhere, and so is the sum).
 #pragma once
 
-#include "column_moments.cuh"
 #include "gemm_batch_norm.cuh"
-#include "gemm_row_reduce.cuh"
 #include "gemm_stages.cuh"
 #include "row_args.cuh"
+#include "row_statistics.cuh"
 
 namespace fxg {
 
-// The row maps (Prog::kRowStatistic; -1: none)
-enum RowStatistic : int { kRowLayerNorm = 0, kRowRmsNorm = 1, kRowSoftmax = 2, kRowLogSoftmax = 3 };
-
-// The subtiles of a row of n columns, and the partials' floats: [parts][M][subtiles] (a LayerNorm's
-// means, then M2s; a softmax's maxima, then sums; an RMSNorm's sums of squares)
-template <int Kind> constexpr int kRowParts = Kind == kRowRmsNorm ? 1 : 2;
-template <int EpiN> CUTLASS_HOST_DEVICE int64_t row_subtiles(int64_t n) { return (n + EpiN - 1) / EpiN; }
-template <int EpiN, int Kind> CUTLASS_HOST_DEVICE int64_t row_statistics_floats(int64_t m, int64_t n) {
-  return kRowParts<Kind> * m * row_subtiles<EpiN>(n);
-}
+// The row maps and the partials' layout: row_statistics.cuh, with the pass that finishes them
+using fx::kRowLayerNorm;
+using fx::kRowLogSoftmax;
+using fx::kRowParts;
+using fx::kRowRmsNorm;
+using fx::kRowSoftmax;
+using fx::kRowStatisticsMaxN;
+using fx::row_statistics_floats;
+using fx::row_subtiles;
 
 // The type D is stored in (see above)
 template <class Out, int Kind> using RowStoredOf = cute::conditional_t<Kind == kRowRmsNorm, Out, DeviationOf<Out>>;
@@ -132,7 +130,7 @@ struct RowStatistics : RegisterNode<RowStatisticsArguments> {
             for (int e = 0; e < 2; ++e) max = in_row(j, e) ? fx::OpMax()(max, value[r][j][e]) : max;
           }
           max = quad_max(max);
-          const float ref = Partial<kLogSumExp>::shift(max);
+          const float ref = fx::exp_sum_shift(max);
           float sum = 0.f;
           CUTLASS_PRAGMA_UNROLL
           for (int j = 0; j < kBlocks; ++j) {
@@ -160,121 +158,14 @@ struct RowStatistics : RegisterNode<RowStatisticsArguments> {
   }
 };
 
-// A softmax's partials (max, sum of exp(x - max)) merged as fxg::RowReduce's logsumexp partials
-// are (Partial<kLogSumExp>::combine: a sum of 0 adds nothing, infinities as torch.logsumexp's)
-CUTLASS_DEVICE void merge_exp_sums(fx::Moments& acc, float max, float sum) {
-  Partial<kLogSumExp> p, other;
-  p.value = acc.mean;
-  p.scaled = acc.m2;
-  other.value = max;
-  other.scaled = sum;
-  p.combine(other);
-  acc.mean = p.value;
-  acc.m2 = p.scaled;
-}
-
-// normalize_rows' block: a row, 16 bytes of Out a thread at a time, kRowNormLoads loads in flight
-constexpr int kRowNormThreads = 256;
-constexpr int kRowNormLoads = 4;
-
-// Row blockIdx.x of out (M x N, row-major, holding the GEMM's D) in place. The row's statistics
-// first: thread t merges the partials of subtiles t, t + 256, ... in order, then the threads'
-// merge in a fixed tree (deterministic). Each subtile s then gets the scale a_s and shift b_s that
-// take its stored values to the normalized ones, y = D a_s + b_s (shared memory: 2 floats a
-// subtile): a LayerNorm's rstd / standardizer_s and (mean_s - mean) rstd; a softmax's 1 and
-// max_s - logsumexp (then exp(y); a log_softmax's y itself); an RMSNorm's rstd and 0, the same
-// for all. Then the norm's weight and bias (Affine: 1 and 0 for a softmax) and the stages after
-// the map (After), as Out. N is a multiple of 16 bytes of Out (the GEMM's TMA store needs that too).
+// fx::normalize_rows_body as a kernel: a block a row
 template <class Affine, class After, class Out, int Kind, int EpiN>
-__global__ void __launch_bounds__(kRowNormThreads)
+__global__ void __launch_bounds__(fx::kRowNormThreads)
     normalize_rows(Out* out, const float* partials, int64_t m, int64_t n, float eps, typename After::Arguments args) {
-  using D = RowStoredOf<Out, Kind>;
-  static_assert(sizeof(D) == sizeof(Out), "D is stored where the output goes");
-  constexpr int kVec = 16 / static_cast<int>(sizeof(Out));
-  static_assert(EpiN % kVec == 0, "a 16-byte access lies in one subtile");
-  constexpr bool kPerSubtile = Kind != kRowRmsNorm;
-  extern __shared__ float scale_shift[];  // [2][subtiles], where kPerSubtile
-  __shared__ fx::Moments parts[kRowNormThreads];  // (a softmax's Partial<kLogSumExp>: mean its max, m2 its sum)
-  const int tid = static_cast<int>(threadIdx.x);
-  const int64_t row = blockIdx.x, subtiles = row_subtiles<EpiN>(n);
-  const float* first_parts = partials + row * subtiles;
-  const float* second_parts = partials + (m + row) * subtiles;  // (none for an RMSNorm)
-  auto valid = [&](int64_t s) { return n - s * EpiN < EpiN ? n - s * EpiN : int64_t{EpiN}; };
-  fx::Moments acc{0, Kind == kRowSoftmax || Kind == kRowLogSoftmax ? -INFINITY : 0.f, 0.f};
-  for (int64_t s = tid; s < subtiles; s += kRowNormThreads) {
-    if constexpr (Kind == kRowRmsNorm) {
-      acc.mean += __ldg(first_parts + s);
-    } else if constexpr (Kind == kRowLayerNorm) {
-      fx::merge(acc, valid(s), __ldg(first_parts + s), __ldg(second_parts + s));
-    } else {
-      merge_exp_sums(acc, __ldg(first_parts + s), __ldg(second_parts + s));
-    }
-  }
-  parts[tid] = acc;
-  __syncthreads();
-  for (int stride = kRowNormThreads / 2; stride > 0; stride /= 2) {
-    if (tid < stride) {
-      const fx::Moments other = parts[tid + stride];
-      if constexpr (Kind == kRowRmsNorm) {
-        parts[tid].mean += other.mean;
-      } else if constexpr (Kind == kRowLayerNorm) {
-        fx::merge(parts[tid], other.n, other.mean, other.m2);
-      } else {
-        merge_exp_sums(parts[tid], other.mean, other.m2);
-      }
-    }
-    __syncthreads();
-  }
-  const fx::Moments total = parts[0];
-  float scale = 1.f, center = 0.f;  // a LayerNorm's, an RMSNorm's rstd and mean; a softmax's logsumexp
-  if constexpr (Kind == kRowRmsNorm) {
-    scale = rsqrtf(total.mean / static_cast<float>(n) + eps);
-  } else if constexpr (Kind == kRowLayerNorm) {
-    scale = rsqrtf(total.m2 / static_cast<float>(n) + eps);
-    center = total.mean;
-  } else {  // the row's logsumexp; NaN where its max is not finite (see above)
-    center = isfinite(total.mean) ? total.mean + logf(total.m2) : NAN;
-  }
-  if constexpr (kPerSubtile) {
-    for (int64_t s = tid; s < subtiles; s += kRowNormThreads) {
-      if constexpr (Kind == kRowLayerNorm) {
-        const float standardizer_s = standardizer(__ldg(second_parts + s), static_cast<float>(valid(s)));
-        scale_shift[s] = standardizer_s > 0.f ? scale / standardizer_s : 0.f;
-        scale_shift[subtiles + s] = (__ldg(first_parts + s) - center) * scale;
-      } else {  // D = x - shift(max_s)
-        scale_shift[s] = 1.f;
-        scale_shift[subtiles + s] = Partial<kLogSumExp>::shift(__ldg(first_parts + s)) - center;
-      }
-    }
-    __syncthreads();
-  }
-  const auto scalars = After::scalars(args);
-  Out* line = out + row * n;
-  constexpr int64_t kStride = static_cast<int64_t>(kRowNormThreads) * kVec;
-  for (int64_t base = static_cast<int64_t>(tid) * kVec; base < n; base += kStride * kRowNormLoads) {
-    uint4 chunk[kRowNormLoads];  // the loads in flight before the math
-    CUTLASS_PRAGMA_UNROLL
-    for (int i = 0; i < kRowNormLoads; ++i) {
-      if (base + i * kStride < n) chunk[i] = *reinterpret_cast<const uint4*>(line + base + i * kStride);
-    }
-    CUTLASS_PRAGMA_UNROLL
-    for (int i = 0; i < kRowNormLoads; ++i) {
-      const int64_t col = base + i * kStride;
-      if (col >= n) continue;
-      const float a = kPerSubtile ? scale_shift[col / EpiN] : scale;
-      const float b = kPerSubtile ? scale_shift[subtiles + col / EpiN] : 0.f;
-      const D* stored = reinterpret_cast<const D*>(&chunk[i]);
-      Out* values = reinterpret_cast<Out*>(&chunk[i]);
-      CUTLASS_PRAGMA_UNROLL
-      for (int v = 0; v < kVec; ++v) {
-        float y = static_cast<float>(stored[v]) * a + b;
-        if constexpr (Kind == kRowSoftmax) y = fx_expf(y);
-        y = y * Affine::weight(args, col + v) + Affine::bias(args, col + v);
-        values[v] = static_cast<Out>(After::apply(args, scalars, col + v, y));
-      }
-      *reinterpret_cast<uint4*>(line + col) = chunk[i];
-    }
-  }
+  extern __shared__ float scale_shift[];
+  __shared__ fx::Moments parts[fx::kRowNormThreads];
+  fx::normalize_rows_body<Affine, After, Out, RowStoredOf<Out, Kind>, Kind, EpiN>(fx::Thread{}, out, partials, m, n,
+                                                                              eps, args, scale_shift, parts);
 }
 
 // The launch after the GEMM: a block a row. Affine, After (generated): the norm's weight and
@@ -284,10 +175,7 @@ inline void launch_row_statistics(const float* partials, Out* out, int64_t m, in
                                   typename After::Arguments args, cudaStream_t stream) {
   const size_t smem = Kind == kRowRmsNorm ? 0 : 2 * static_cast<size_t>(row_subtiles<EpiN>(n)) * sizeof(float);
   normalize_rows<Affine, After, Out, Kind, EpiN>
-      <<<static_cast<unsigned>(m), kRowNormThreads, smem, stream>>>(out, partials, m, n, eps, args);
+      <<<static_cast<unsigned>(m), fx::kRowNormThreads, smem, stream>>>(out, partials, m, n, eps, args);
 }
-
-// The largest N normalize_rows takes: its scales and shifts within 48 KiB of shared memory
-constexpr int64_t kRowStatisticsMaxN = int64_t{1} << 18;
 
 }  // namespace fxg
