@@ -14,6 +14,9 @@
 //                        reduction; fxg::finalize_rows then writes one value a row (no M x N store)
 //   gemm_batch_norm.cuh  fxg::ColumnMoments<EpiN>: a training BatchNorm's column statistics beside
 //                        the store of its input; then a finalize and one normalizing pass
+//   gemm_row_statistics.cuh  fxg::RowStatistics<EpiN, Kind>: per (row, subtile) partials of a
+//                        LayerNorm, RMSNorm, softmax or log_softmax beside the store of its input;
+//                        then one pass a row (row_statistics.cuh) maps the rows in place
 // This header assembles the GEMM around a program's tree from a Config (tile, cluster, mainloop
 // and epilogue schedules) by fxg::GemmFor; a program module compiles one unit per Config (and
 // tree) so that ninja builds them in parallel; each runs under several tile orders chosen at

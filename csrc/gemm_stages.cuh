@@ -8,9 +8,11 @@
 //   fxg::Pointwise<Fn>  the program's pointwise expression on the float32 fragments of its inputs,
 //                       rounded once to the output type (Sm90Compute)
 //   fxg::RegisterNode   what a node that works in registers declares (the nodes of
-//                       gemm_group_norm.cuh, gemm_gated.cuh and gemm_row_reduce.cuh)
+//                       gemm_group_norm.cuh, gemm_gated.cuh, gemm_row_reduce.cuh and
+//                       gemm_row_statistics.cuh)
 //   fxg::SubtileCallbacks  where a thread's values of a subtile lie (the WGMMA layout), for the
-//                       callbacks of gemm_gated.cuh's and gemm_row_reduce.cuh's nodes
+//                       callbacks of the register nodes (gemm_gated.cuh, gemm_row_reduce.cuh,
+//                       gemm_row_statistics.cuh)
 // Col and Full take the GEMM's Frame (its CTA tile and CUTLASS's epilogue descriptor: subtile and
 // load stages) as a template argument, so a program's tree is a template over it.
 #pragma once
