@@ -16,8 +16,8 @@
 //   RMSNorm      the sum of squares; the value itself, in the output's type: it subtracts nothing,
 //                and an infinite value then gives eager's result (its row's sum is infinite, rsqrt
 //                of it 0: zeros, NaN at the infinity), where deviations would make the row NaN.
-//   (log_)softmax  the max m and the sum of exp(x - m) (fxg::Partial<kLogSumExp>: m taken as 0 where
-//                it is not finite); each value as x - m (at most 0), in float16 where the output is
+//   (log_)softmax  the max m and the sum of exp(x - m) (fx::merge_exp_sums, as the logsumexp
+//                partials: m taken as 0 where it is not finite); each value as x - m (at most 0), in float16 where the output is
 //                16-bit: exp of a bfloat16 x would be off by 2^-9 of |x|. A row whose max is not
 //                finite (an infinity, a NaN, all of it -inf) is NaN, as eager's (x - max is NaN
 //                somewhere, and so is the sum).
