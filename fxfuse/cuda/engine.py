@@ -464,8 +464,9 @@ def inductor_chain(program: Program, x, weight, bias, params) -> Callable[[], to
 
 # How far a GEMM configuration's output may lie from the row pass's, of the row pass's largest
 # magnitude: the two round differently (the epilogue once, from float32; the row pass where eager
-# does), a few 16-bit ulps apart; a kernel fault (a wrong index, an element not written) is far past it
-AGREEMENT = 2e-2
+# does), a few 16-bit ulps apart, which an exponential after them (a softmax of values near 10)
+# turns into 2 %; a kernel fault (a wrong index, an element not written) is far past it
+AGREEMENT = 5e-2
 
 
 def disagreement(out: torch.Tensor, expected: torch.Tensor) -> str | None:
