@@ -1,4 +1,4 @@
-// A norm or softmax over the whole row (wider than any tile) in the in-GEMM back end:
+// A norm or softmax over the whole row (wider than any tile; also F.normalize) in the in-GEMM back end:
 // fxg::RowStatistics takes the statistics of the row map's input per (row, subtile of EpiN
 // columns) in the GEMM's epilogue, from the float32 accumulators, and stores the input;
 // fxg::normalize_rows merges a row's subtiles into the row's statistics and runs the map (a
@@ -13,9 +13,9 @@
 //                of x holds x to 2^-9 of |x|, which normalizing turns into 2^-9 of |x| / std, far
 //                past the output's rounding where the row's mean is large against its spread; a
 //                deviation in [-sqrt(EpiN), sqrt(EpiN)] holds 2^-11 of itself).
-//   RMSNorm      the sum of squares; the value itself, in the output's type: it subtracts nothing,
-//                and an infinite value then gives eager's result (its row's sum is infinite, rsqrt
-//                of it 0: zeros, NaN at the infinity), where deviations would make the row NaN.
+//   RMSNorm,     the sum of squares; the value itself, in the output's type: they subtract nothing,
+//   normalize    and an infinite value then gives eager's result (its row's sum is infinite, the
+//                scale 0: zeros, NaN at the infinity), where deviations would make the row NaN.
 //   (log_)softmax  the max m and the sum of exp(x - m) (fx::merge_exp_sums, as the logsumexp
 //                partials: m taken as 0 where it is not finite); each value as x - m (at most 0), in float16 where the output is
 //                16-bit: exp of a bfloat16 x would be off by 2^-9 of |x|. A row whose max is not
@@ -33,15 +33,17 @@ namespace fxg {
 // The row maps and the partials' layout: row_statistics.cuh, with the pass that finishes them
 using fx::kRowLayerNorm;
 using fx::kRowLogSoftmax;
+using fx::kRowNormalize;
 using fx::kRowParts;
 using fx::kRowRmsNorm;
 using fx::kRowSoftmax;
 using fx::kRowStatisticsMaxN;
+using fx::kScalesBySquares;
 using fx::row_statistics_floats;
 using fx::row_subtiles;
 
 // The type D is stored in (see above)
-template <class Out, int Kind> using RowStoredOf = cute::conditional_t<Kind == kRowRmsNorm, Out, DeviationOf<Out>>;
+template <class Out, int Kind> using RowStoredOf = cute::conditional_t<kScalesBySquares<Kind>, Out, DeviationOf<Out>>;
 
 struct RowStatisticsArguments {
   float* partials = nullptr;
@@ -88,7 +90,7 @@ struct RowStatistics : RegisterNode<RowStatisticsArguments> {
       for (int r = 0; r < 2; ++r) {
         const int64_t row = this->first_row + static_cast<int64_t>(epi_m) * this->epi_rows + 8 * r;
         float first_part = 0.f, second_part = 0.f;  // the partials this row's subtile writes
-        if constexpr (Kind == kRowRmsNorm) {
+        if constexpr (kScalesBySquares<Kind>) {
           float squares = 0.f;
           CUTLASS_PRAGMA_UNROLL
           for (int j = 0; j < kBlocks; ++j) {
@@ -148,7 +150,7 @@ struct RowStatistics : RegisterNode<RowStatisticsArguments> {
           if constexpr (kRowParts<Kind> == 2) this->params.partials[(m + row) * subtiles + subtile] = second_part;
         }
       }
-      if constexpr (Kind != kRowRmsNorm) this->pack(value, visit_results);
+      if constexpr (!kScalesBySquares<Kind>) this->pack(value, visit_results);
     }
   };
 
@@ -173,7 +175,7 @@ __global__ void __launch_bounds__(fx::kRowNormThreads)
 template <class Affine, class After, class Out, int Kind, int EpiN>
 inline void launch_row_statistics(const float* partials, Out* out, int64_t m, int64_t n, float eps,
                                   typename After::Arguments args, cudaStream_t stream) {
-  const size_t smem = Kind == kRowRmsNorm ? 0 : 2 * static_cast<size_t>(row_subtiles<EpiN>(n)) * sizeof(float);
+  const size_t smem = kScalesBySquares<Kind> ? 0 : 2 * static_cast<size_t>(row_subtiles<EpiN>(n)) * sizeof(float);
   normalize_rows<Affine, After, Out, Kind, EpiN>
       <<<static_cast<unsigned>(m), fx::kRowNormThreads, smem, stream>>>(out, partials, m, n, eps, args);
 }

@@ -12,12 +12,16 @@
 
 namespace fx {
 
-// The row maps (the generated Prog::kRowStatistic; -1: none)
-enum RowStatistic : int { kRowLayerNorm = 0, kRowRmsNorm = 1, kRowSoftmax = 2, kRowLogSoftmax = 3 };
+// The row maps (the generated Prog::kRowStatistic; -1: none). F.normalize: x / max(||x||, eps).
+enum RowStatistic : int { kRowLayerNorm = 0, kRowRmsNorm = 1, kRowSoftmax = 2, kRowLogSoftmax = 3, kRowNormalize = 4 };
+
+// The maps that scale the row by a function of its sum of squares: their subtiles keep that sum
+// and store the values themselves (gemm_row_statistics.cuh says why)
+template <int Kind> constexpr bool kScalesBySquares = Kind == kRowRmsNorm || Kind == kRowNormalize;
 
 // The partials: [parts][M][subtiles] (a LayerNorm's means, then M2s; a softmax's maxima, then sums
-// of exponentials; an RMSNorm's sums of squares)
-template <int Kind> constexpr int kRowParts = Kind == kRowRmsNorm ? 1 : 2;
+// of exponentials; an RMSNorm's or normalize's sums of squares)
+template <int Kind> constexpr int kRowParts = kScalesBySquares<Kind> ? 1 : 2;
 template <int EpiN> FX_HOST_DEVICE int64_t row_subtiles(int64_t n) { return (n + EpiN - 1) / EpiN; }
 template <int EpiN, int Kind> FX_HOST_DEVICE int64_t row_statistics_floats(int64_t m, int64_t n) {
   return kRowParts<Kind> * m * row_subtiles<EpiN>(n);
@@ -45,10 +49,11 @@ constexpr int64_t kRowStatisticsMaxN = int64_t{1} << 18;
 // threads' merge in a fixed tree (deterministic). Each subtile s then gets the scale a_s and shift
 // b_s that take its stored values to the normalized ones, y = D a_s + b_s: a LayerNorm's
 // rstd / standardizer_s and (mean_s - mean) rstd; a softmax's 1 and shift(max_s) - logsumexp (then
-// exp(y); a log_softmax's y itself); an RMSNorm's rstd and 0, the same for all. Then the norm's
+// exp(y); a log_softmax's y itself); an RMSNorm's rstd and 0, normalize's 1 / max(norm, eps) and
+// 0, the same for all. Then the norm's
 // weight and bias (Affine: 1 and 0 for a softmax) and the stages after the map (After), as Out.
 // A softmax row whose max is not finite is NaN. N is a multiple of 16 bytes of Out. Shared memory:
-// scale_shift [2][subtiles] (not read for an RMSNorm), parts [kRowNormThreads].
+// scale_shift [2][subtiles] (not read for a sum of squares), parts [kRowNormThreads].
 template <class Affine, class After, class Out, class D, int Kind, int EpiN>
 FX_DEVICE void normalize_rows_body(const Thread& t, Out* out, const float* partials, int64_t m, int64_t n, float eps,
                                    const typename After::Arguments& args, float* scale_shift, Moments* parts) {
@@ -59,12 +64,12 @@ FX_DEVICE void normalize_rows_body(const Thread& t, Out* out, const float* parti
   const int tid = t.tid();
   const int64_t row = t.bid(), subtiles = row_subtiles<EpiN>(n);
   const float* first_parts = partials + row * subtiles;
-  const float* second_parts = partials + (m + row) * subtiles;  // (none for an RMSNorm)
+  const float* second_parts = partials + (m + row) * subtiles;  // (none for a sum of squares)
   auto valid = [&](int64_t s) { return n - s * EpiN < EpiN ? n - s * EpiN : int64_t{EpiN}; };
-  // a softmax's (max, sum) in Moments' (mean, m2); an RMSNorm's sum of squares in its mean
+  // a softmax's (max, sum) in Moments' (mean, m2); a sum of squares in its mean
   Moments acc{0, kSoftmax ? -INFINITY : 0.f, 0.f};
   for (int64_t s = tid; s < subtiles; s += kRowNormThreads) {
-    if constexpr (Kind == kRowRmsNorm) {
+    if constexpr (kScalesBySquares<Kind>) {
       acc.mean += first_parts[s];
     } else if constexpr (Kind == kRowLayerNorm) {
       merge(acc, valid(s), first_parts[s], second_parts[s]);
@@ -77,7 +82,7 @@ FX_DEVICE void normalize_rows_body(const Thread& t, Out* out, const float* parti
   for (int stride = kRowNormThreads / 2; stride > 0; stride /= 2) {
     if (tid < stride) {
       const Moments other = parts[tid + stride];
-      if constexpr (Kind == kRowRmsNorm) {
+      if constexpr (kScalesBySquares<Kind>) {
         parts[tid].mean += other.mean;
       } else if constexpr (Kind == kRowLayerNorm) {
         merge(parts[tid], other.n, other.mean, other.m2);
@@ -91,13 +96,16 @@ FX_DEVICE void normalize_rows_body(const Thread& t, Out* out, const float* parti
   float scale = 1.f, center = 0.f;  // a norm's rstd and mean (0 for an RMSNorm); a softmax's logsumexp
   if constexpr (Kind == kRowRmsNorm) {
     scale = fx_rsqrt(total.mean / static_cast<float>(n) + eps);
+  } else if constexpr (Kind == kRowNormalize) {
+    const float norm = sqrtf(total.mean);
+    scale = 1.f / (norm < eps ? eps : norm);  // clamp_min: NaN stays NaN
   } else if constexpr (Kind == kRowLayerNorm) {
     scale = fx_rsqrt(total.m2 / static_cast<float>(n) + eps);
     center = total.mean;
   } else {
     center = isfinite(total.mean) ? total.mean + logf(total.m2) : NAN;
   }
-  if constexpr (Kind != kRowRmsNorm) {
+  if constexpr (!kScalesBySquares<Kind>) {
     for (int64_t s = tid; s < subtiles; s += kRowNormThreads) {
       if constexpr (Kind == kRowLayerNorm) {
         const float standardizer_s = standardizer(second_parts[s], static_cast<float>(valid(s)));
@@ -123,8 +131,8 @@ FX_DEVICE void normalize_rows_body(const Thread& t, Out* out, const float* parti
     for (int i = 0; i < kRowNormLoads; ++i) {
       const int64_t col = base + i * kStride;
       if (col >= n) continue;
-      const float a = Kind == kRowRmsNorm ? scale : scale_shift[col / EpiN];
-      const float b = Kind == kRowRmsNorm ? 0.f : scale_shift[subtiles + col / EpiN];
+      const float a = kScalesBySquares<Kind> ? scale : scale_shift[col / EpiN];
+      const float b = kScalesBySquares<Kind> ? 0.f : scale_shift[subtiles + col / EpiN];
       const D* stored = reinterpret_cast<const D*>(&chunk[i]);
       Out* values = reinterpret_cast<Out*>(&chunk[i]);
 #pragma unroll

@@ -84,7 +84,7 @@ FAMILY: dict[str, ReductionFamily] = {entry.kind: entry for entry in (
                     "fx::kLogSoftmax", of_one_value="log_softmax_of_one", in_gemm="fxg::kRowLogSoftmax"),
     # F.normalize(p=2): the row over max(its norm, eps)
     ReductionFamily("normalize", False, lambda v, s: F.normalize(v, 2.0, -1, s.eps), "normalize", "fx::kNormalize",
-                    attribute="eps"),
+                    attribute="eps", in_gemm="fxg::kRowNormalize"),
 )}
 
 

@@ -23,8 +23,8 @@ input (D, as its standardized deviation in each 16-row strip) and per (strip, co
 norm's weight and bias: ``Affine``) and ``fxg::normalize_columns`` normalises D in place with each
 strip's scale and shift and runs the stages after the norm (``After``).
 
-A norm or row map over the whole row (LayerNorm, RMSNorm, softmax, log_softmax: wider than any
-tile) ends its tree in an ``fxg::RowStatistics`` node: the kernel stores the map's input (as the
+A norm or row map over the whole row (LayerNorm, RMSNorm, softmax, log_softmax, F.normalize:
+wider than any tile) ends its tree in an ``fxg::RowStatistics`` node: the kernel stores the map's input (as the
 statistic needs it: a LayerNorm's standardized deviation in each 64-column subtile, a softmax's
 value less the subtile's max) and per (row, subtile) partials, and ``fxg::normalize_rows``, a
 block a row, merges them and maps the row in place, then the norm's weight and bias (``Affine``)
@@ -131,13 +131,20 @@ class Epilogue:
     @property
     def row_statistic(self) -> str | None:
         """The fxg::RowStatistic of a norm or row map over the whole row (a LayerNorm, an RMSNorm,
-        a softmax or log_softmax: statistics per (row, subtile) in the epilogue, a pass after the
-        GEMM), else None."""
+        a softmax, a log_softmax, F.normalize: statistics per (row, subtile) in the epilogue, a
+        pass after the GEMM), else None."""
         if self.norm is not None:
             return NORMS[self.norm.kind].row_statistic
         if self.reduce is not None and not REDUCTIONS[self.reduce.kind].changes_shape:
             return REDUCTIONS[self.reduce.kind].in_gemm
         return None
+
+    @property
+    def eps(self) -> float:
+        """The norm's eps, or a row map's (F.normalize's); 0 for those without one."""
+        if self.norm is not None:
+            return self.norm.eps
+        return getattr(self.reduce, "eps", None) or 0.0
 
     @property
     def reduces_rows(self) -> bool:
@@ -378,7 +385,7 @@ def _program_header(program: Program, dtype: torch.dtype, param_dtypes: tuple[to
         f"  static constexpr bool kChannelsDim1 = {'true' if program.channels_dim1 else 'false'};",
         f"  static constexpr bool kBatchTrain = {'true' if batch else 'false'};",
         f"  static constexpr int kRowStatistic = {row_map or -1};",
-        *([f"  static constexpr float kNormEps = {float_literal(epilogue.norm.eps if epilogue.norm else 0.0)};",
+        *([f"  static constexpr float kNormEps = {float_literal(epilogue.eps)};",
            "  using NormAffine = Affine;", "  using NormPost = After;"] if batch or row_map else []),
         *([f"  static constexpr int64_t kGroups = {epilogue.norm.groups};"] if group else []),
         "",

@@ -176,7 +176,6 @@ def test_a_stream_k_kernel_is_a_cooperative_one_whose_ctas_share_a_tiles_k_loop(
     ("s01_scale_leaky", torch.float64, "bfloat16, float16 and (as TF32) float32"),
     ("widen_rms_then_group", torch.bfloat16, "more than one norm or reduction"),
     ("reduce_var_keep", torch.bfloat16, "var reductions are not in the in-GEMM epilogue"),
-    ("normalize_then_col", torch.bfloat16, "normalize reductions are not in the in-GEMM epilogue"),
     ("reduce_sum_keep_broadcast", torch.bfloat16, "only scalars are read after a row reduction"),
     ("keep_residual_layer", torch.bfloat16, "keep stages"),
     ("dropout_residual_layer", torch.bfloat16, "dropout stages"),
@@ -188,15 +187,14 @@ def test_programs_the_in_gemm_path_does_not_take_yet(name, dtype, reason):
 
 
 def test_a_norm_or_softmax_over_the_row_keeps_statistics_per_row_and_subtile_for_a_pass_after_the_gemm():
-    """LayerNorm, RMSNorm, softmax and log_softmax span more columns than a tile: the epilogue
-    stores the map's input and its statistics per (row, 64-column subtile) (a LayerNorm's mean and
-    M2, an RMSNorm's sum of squares, a softmax's max and sum of exponentials), and
+    """LayerNorm, RMSNorm, softmax, log_softmax and F.normalize span more columns than a tile: the
+    epilogue stores the map's input and its statistics per (row, 64-column subtile) (a LayerNorm's
+    mean and M2, an RMSNorm's or normalize's sum of squares, a softmax's max and sum of exponentials), and
     fxg::normalize_rows finishes each row with the norm's weight and bias (1 and 0 for a softmax)
     and the stages after the map (csrc/gemm_row_statistics.cuh)."""
-    texts = {name: header(PROGRAMS[name]) for name in ("s20_layer_silu", "s21_rms_silu", "s11_gelu_softmax",
-                                                       "log_softmax_then_pointwise")}
     kinds = {"s20_layer_silu": "kRowLayerNorm", "s21_rms_silu": "kRowRmsNorm", "s11_gelu_softmax": "kRowSoftmax",
-             "log_softmax_then_pointwise": "kRowLogSoftmax"}
+             "log_softmax_then_pointwise": "kRowLogSoftmax", "normalize_then_col": "kRowNormalize"}
+    texts = {name: header(PROGRAMS[name]) for name in kinds}
     for name, text in texts.items():
         kind = kinds[name]
         assert f"fxg::Tree<fxg::RowStatistics<64, fxg::{kind}>, fxg::Tree<fxg::Pointwise<Chain, float>" in text, name
@@ -207,6 +205,7 @@ def test_a_norm_or_softmax_over_the_row_keeps_statistics_per_row_and_subtile_for
     assert "fx_silu(x)" in texts["s21_rms_silu"] and "return 0.f; }" in texts["s21_rms_silu"]  # no bias
     assert "fx_gelu(x)" in texts["s11_gelu_softmax"]  # before the softmax, in the epilogue
     assert "return 1.f; }" in texts["s11_gelu_softmax"] and "return 0.f; }" in texts["s11_gelu_softmax"]
+    assert "kNormEps = 9.999999960041972e-13f;" in texts["normalize_then_col"]  # F.normalize's eps
     assert "kRowStatistic = -1;" in header(PROGRAMS["s01_scale_leaky"])
 
 

@@ -45,7 +45,7 @@ EXTRA = {
 }
 # norms and softmaxes over the row: (row, subtile) partials in the epilogue, then a pass a row
 ROW_MAPS = ["s20_layer_silu", "s21_rms_silu", "full_residual_layer", "rms_no_weight", "s11_gelu_softmax",
-            "log_softmax_then_pointwise"]
+            "log_softmax_then_pointwise", "normalize_then_col", "normalize_no_eps"]
 REDUCTIONS = ["s05_logsumexp_chain", "s15_div_sum_mul", "s16_sigmoid_sum", "reduce_max_keep", "reduce_min_drop",
               "reduce_mean_drop", "reduce_vector_norm_keep"]  # one value a row: partials in the epilogue, then a finalize
 NAMES = ["identity", "s01_scale_leaky", "s10_div_gelu", "s13_sub_mul_relu", "s14_silu_div_clamp_tanh",
@@ -472,7 +472,8 @@ def test_supported_programs_are_the_pointwise_norm_and_row_reduction_ones():
     assert unsupported_reason(PROGRAMS["s20_layer_silu"], torch.bfloat16) is None
     assert unsupported_reason(PROGRAMS["s21_rms_silu"], torch.bfloat16) is None
     assert unsupported_reason(PROGRAMS["s11_gelu_softmax"], torch.bfloat16) is None
-    assert unsupported_reason(PROGRAMS["normalize_then_col"], torch.bfloat16) is not None
+    assert unsupported_reason(PROGRAMS["normalize_then_col"], torch.bfloat16) is None
+    assert unsupported_reason(PROGRAMS["reduce_var_keep"], torch.bfloat16) is not None
 
 
 def test_a_compiled_model_reports_its_measured_path_and_equals_eager(modules):

@@ -3,7 +3,7 @@ normalize_rows_body, the body of the in-GEMM back end's normalize_rows kernel), 
 emulator (every thread a fiber, barriers checked) on the partials and stored values the GEMM's
 epilogue writes (fxg::RowStatistics, mirrored here per (row, 64-column subtile)), against torch.
 
-LayerNorm, RMSNorm, softmax and log_softmax; rows of one subtile, of a short last subtile, and of
+LayerNorm, RMSNorm, softmax, log_softmax and F.normalize; rows of one subtile, of a short last subtile, and of
 more subtiles than the block has threads; NaN and infinities where eager puts them; float32 values
 (held to 1e-4) and bfloat16 ones stored as float16 deviations (held to the rule's 1e-2).
 """
@@ -22,7 +22,7 @@ import torch.nn.functional as F
 from fxfuse.cuda.build import CSRC, find_cuda_home
 
 SUBTILE = 64  # fxg::RowStatistics' (gemm_codegen.ROW_STATISTICS_SUBTILE)
-KINDS = {"layer_norm": 0, "rms_norm": 1, "softmax": 2, "log_softmax": 3}  # fx::RowStatistic
+KINDS = {"layer_norm": 0, "rms_norm": 1, "softmax": 2, "log_softmax": 3, "normalize": 4}  # fx::RowStatistic
 
 SOURCE = r"""
 #define FX_EMULATE
@@ -67,6 +67,7 @@ int dispatch(int kind, const float* p, void* out, long long m, long long n, floa
     case 1: return run<Out, Out, fx::kRowRmsNorm>(p, out, m, n, eps, w, b);
     case 2: return run<Out, D, fx::kRowSoftmax>(p, out, m, n, eps, w, b);
     case 3: return run<Out, D, fx::kRowLogSoftmax>(p, out, m, n, eps, w, b);
+    case 4: return run<Out, Out, fx::kRowNormalize>(p, out, m, n, eps, w, b);
   }
   return 2;
 }
@@ -111,7 +112,7 @@ def epilogue(x: torch.Tensor, kind: str, stored: torch.dtype) -> tuple[torch.Ten
             m2 = ((v - mean) ** 2).sum(1, keepdim=True)
             standardizer = torch.where(m2 > 0, torch.rsqrt(m2 / v.shape[1]), torch.zeros_like(m2))
             firsts.append(mean), seconds.append(m2), values.append((v - mean) * standardizer)
-        elif kind == "rms_norm":
+        elif kind in ("rms_norm", "normalize"):
             firsts.append((v * v).sum(1, keepdim=True)), values.append(v)
         else:
             top = v.amax(1, keepdim=True)  # NaN-propagating, as the epilogue's
@@ -122,7 +123,7 @@ def epilogue(x: torch.Tensor, kind: str, stored: torch.dtype) -> tuple[torch.Ten
 
 
 def normalize(lib, x: torch.Tensor, kind: str, weight=None, bias=None, eps=1e-5, bf16=False) -> torch.Tensor:
-    stored_dtype = torch.bfloat16 if kind == "rms_norm" else torch.float16
+    stored_dtype = torch.bfloat16 if kind in ("rms_norm", "normalize") else torch.float16
     partials, stored = epilogue(x, kind, stored_dtype if bf16 else torch.float32)
     out = stored.clone()  # the pass maps the stored values in place
     code = lib.fx_normalize_rows(KINDS[kind], int(bf16), partials.data_ptr(), out.data_ptr(), x.shape[0], x.shape[1],
@@ -137,6 +138,8 @@ def eager(x: torch.Tensor, kind: str, weight=None, bias=None, eps=1e-5) -> torch
         return F.layer_norm(x, x.shape[-1:], weight, bias, eps)
     if kind == "rms_norm":
         return F.rms_norm(x, x.shape[-1:], weight, eps)
+    if kind == "normalize":
+        return F.normalize(x, 2.0, -1, eps)
     return F.softmax(x, -1) if kind == "softmax" else F.log_softmax(x, -1)
 
 
