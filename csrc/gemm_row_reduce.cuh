@@ -63,6 +63,20 @@ struct Partial {
     return p;
   }
 
+  // This partial combined over the thread's quad (lanes 1 and 2 apart: the rest of its row's
+  // columns of the subtile); every lane of the quad gets the same bits (a op b == b op a)
+  CUTLASS_DEVICE Partial over_quad() const {
+    Partial p = *this;
+    CUTLASS_PRAGMA_UNROLL
+    for (int lane = 1; lane < 4; lane *= 2) {
+      Partial other;
+      other.value = __shfl_xor_sync(0xffffffffu, p.value, lane);
+      if constexpr (Kind == kLogSumExp) other.scaled = __shfl_xor_sync(0xffffffffu, p.scaled, lane);
+      p.combine(other);
+    }
+    return p;
+  }
+
   // acc[0] op acc[1] op ... in a pairwise tree (Op: the partial's own fold, or a sum)
   template <int Op = Kind, int Count>
   CUTLASS_DEVICE static float fold(float (&acc)[Count]) {
@@ -143,14 +157,7 @@ struct RowReduce : RegisterNode<RowReduceArguments> {
       for (int s = 0; s < kSlots; ++s) {
         CUTLASS_PRAGMA_UNROLL
         for (int r = 0; r < 2; ++r) {
-          Partial<Kind> p = rows[s][r];
-          CUTLASS_PRAGMA_UNROLL
-          for (int lane = 1; lane < 4; lane *= 2) {  // the quad: the rest of the row's columns
-            Partial<Kind> other;
-            other.value = __shfl_xor_sync(0xffffffffu, p.value, lane);
-            other.scaled = __shfl_xor_sync(0xffffffffu, p.scaled, lane);
-            p.combine(other);
-          }
+          const Partial<Kind> p = rows[s][r].over_quad();  // the quad: the rest of the row's columns
           const int64_t row = this->first_row + static_cast<int64_t>(s) * this->epi_rows + 8 * r;
           if (!writes || s * this->epi_rows >= kTileM || row >= this->params.m) continue;
           this->params.partials[partial_index(0, row, tile, this->params.m, tiles)] = p.value;

@@ -24,8 +24,8 @@
 #pragma once
 
 #include "gemm_batch_norm.cuh"
+#include "gemm_row_reduce.cuh"
 #include "gemm_stages.cuh"
-#include "row_args.cuh"
 #include "row_statistics.cuh"
 
 namespace fxg {
@@ -54,8 +54,8 @@ struct RowStatisticsArguments {
 // Per (row, EpiN-column subtile): the statistics of the values its child computed (float32), for
 // fxg::normalize_rows; the values go on to the store (see above). By the WGMMA accumulator layout
 // (fxg::SubtileCallbacks) a thread holds two rows 8 apart of the subtile, and its quad the rest of
-// those rows' columns: a row's sums and max are its quad's, in two shuffles each. Columns past N
-// count for nothing; rows past M are not written.
+// those rows' columns: a row's sums and max are its quad's. Columns past N count for nothing; rows
+// past M are not written.
 template <int EpiN, int Kind>
 struct RowStatistics : RegisterNode<RowStatisticsArguments> {
   static constexpr int kBlocks = EpiN / 8;
@@ -65,15 +65,6 @@ struct RowStatistics : RegisterNode<RowStatisticsArguments> {
   struct ConsumerStoreCallbacks : SubtileCallbacks<Coords, EpiN, Params> {
     using SubtileCallbacks<Coords, EpiN, Params>::SubtileCallbacks;
 
-    CUTLASS_DEVICE static float quad_sum(float v) {  // a + b == b + a: every lane gets the same bits
-      v += __shfl_xor_sync(0xffffffffu, v, 1);
-      return v + __shfl_xor_sync(0xffffffffu, v, 2);
-    }
-    CUTLASS_DEVICE static float quad_max(float v) {  // NaN-propagating, as torch's max
-      v = fx::OpMax()(v, __shfl_xor_sync(0xffffffffu, v, 1));
-      return fx::OpMax()(v, __shfl_xor_sync(0xffffffffu, v, 2));
-    }
-
     template <class STensor, class SyncFn, class VTensor>
     CUTLASS_DEVICE void reduce(STensor&&, SyncFn const&, int epi_m, int epi_n, bool, VTensor visit_results) {
       float value[2][kBlocks][2];  // (row slot, block, column of the pair)
@@ -82,68 +73,42 @@ struct RowStatistics : RegisterNode<RowStatisticsArguments> {
       const int64_t col = this->first_col + static_cast<int64_t>(epi_n) * EpiN;  // the thread's first, this subtile
       const int64_t first = col - this->col_in_tile % EpiN;                      // the subtile's first column
       const int64_t valid = n - first < EpiN ? (n > first ? n - first : 0) : EpiN;
-      const float count = static_cast<float>(valid);
       const int64_t subtiles = row_subtiles<EpiN>(n), subtile = first / EpiN;
       const bool writes = (threadIdx.x & 3) == 0 && valid > 0;
-      auto in_row = [&](int j, int e) { return col + 8 * j + e < n; };
       CUTLASS_PRAGMA_UNROLL
       for (int r = 0; r < 2; ++r) {
         const int64_t row = this->first_row + static_cast<int64_t>(epi_m) * this->epi_rows + 8 * r;
-        float first_part = 0.f, second_part = 0.f;  // the partials this row's subtile writes
+        // the row's partials of the subtile: a thread's values folded as fxg::RowReduce folds them
+        // (Partial::of), then over its quad (Partial::over_quad: the same bits on each lane)
+        float first_part = 0.f, second_part = 0.f;
         if constexpr (kScalesBySquares<Kind>) {
-          float squares = 0.f;
-          CUTLASS_PRAGMA_UNROLL
-          for (int j = 0; j < kBlocks; ++j) {
-            CUTLASS_PRAGMA_UNROLL
-            for (int e = 0; e < 2; ++e) squares += in_row(j, e) ? value[r][j][e] * value[r][j][e] : 0.f;
-          }
-          first_part = quad_sum(squares);
+          first_part = Partial<kVectorNorm>::of(value[r], col, n).over_quad().value;
         } else if constexpr (Kind == kRowLayerNorm) {
-          float sum = 0.f;
+          const float mean = Partial<kSum>::of(value[r], col, n).over_quad().value / static_cast<float>(valid);
           CUTLASS_PRAGMA_UNROLL
           for (int j = 0; j < kBlocks; ++j) {
             CUTLASS_PRAGMA_UNROLL
-            for (int e = 0; e < 2; ++e) sum += in_row(j, e) ? value[r][j][e] : 0.f;
+            for (int e = 0; e < 2; ++e) value[r][j][e] -= mean;
           }
-          const float mean = valid > 0 ? quad_sum(sum) / count : 0.f;
-          float m2 = 0.f;
+          const float m2 = Partial<kVectorNorm>::of(value[r], col, n).over_quad().value;
+          const float s = standardizer(m2, static_cast<float>(valid));
           CUTLASS_PRAGMA_UNROLL
           for (int j = 0; j < kBlocks; ++j) {
             CUTLASS_PRAGMA_UNROLL
-            for (int e = 0; e < 2; ++e) {
-              const float d = value[r][j][e] - mean;
-              m2 += in_row(j, e) ? d * d : 0.f;
-            }
-          }
-          m2 = quad_sum(m2);
-          const float s = standardizer(m2, count);
-          CUTLASS_PRAGMA_UNROLL
-          for (int j = 0; j < kBlocks; ++j) {
-            CUTLASS_PRAGMA_UNROLL
-            for (int e = 0; e < 2; ++e) value[r][j][e] = (value[r][j][e] - mean) * s;
+            for (int e = 0; e < 2; ++e) value[r][j][e] *= s;
           }
           first_part = mean;
           second_part = m2;
-        } else {  // softmax, log_softmax
-          float max = -INFINITY;
+        } else {  // softmax, log_softmax: the logsumexp partial, and the values less its shift
+          const Partial<kLogSumExp> p = Partial<kLogSumExp>::of(value[r], col, n).over_quad();
+          const float ref = Partial<kLogSumExp>::shift(p.value);
           CUTLASS_PRAGMA_UNROLL
           for (int j = 0; j < kBlocks; ++j) {
             CUTLASS_PRAGMA_UNROLL
-            for (int e = 0; e < 2; ++e) max = in_row(j, e) ? fx::OpMax()(max, value[r][j][e]) : max;
+            for (int e = 0; e < 2; ++e) value[r][j][e] -= ref;
           }
-          max = quad_max(max);
-          const float ref = fx::exp_sum_shift(max);
-          float sum = 0.f;
-          CUTLASS_PRAGMA_UNROLL
-          for (int j = 0; j < kBlocks; ++j) {
-            CUTLASS_PRAGMA_UNROLL
-            for (int e = 0; e < 2; ++e) {
-              value[r][j][e] -= ref;
-              sum += in_row(j, e) ? fx_expf(value[r][j][e]) : 0.f;
-            }
-          }
-          first_part = max;
-          second_part = quad_sum(sum);
+          first_part = p.value;
+          second_part = p.scaled;
         }
         if (writes && row < m) {
           this->params.partials[row * subtiles + subtile] = first_part;
