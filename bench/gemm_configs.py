@@ -15,9 +15,9 @@ measured against both GEMMs' ``F.linear``.
 ``--kernels wide`` builds the modules with ``wide_menu()`` instead of the production menu
 (gemm_codegen.KERNELS): how the menu is chosen; ``--kernels 256x128/2x1,128x128/2x1/pingpong``
 builds the kernels listed (``128x128/1x1/streamk``: CTAs share a tile's K loop, for decode
-sizes). Each configuration's output is checked against the row path's (``!`` marks one off by
-more than 2e-2 of the output's scale), and the name of the kernel cuBLAS runs for ``F.linear`` is
-printed with it.
+sizes). Each configuration's output is checked against the row path's as the selection checks it
+(``!`` marks one that ``engine.disagreement`` finds off, which the selection would leave out), and
+the name of the kernel cuBLAS runs for ``F.linear`` is printed with it.
 
 ``--profile`` times nothing: it runs ``F.linear``, the row path and each kernel of the menu once
 (at its first tile order) between cudaProfilerStart and Stop, after a warm-up, for ncu::
@@ -160,6 +160,7 @@ def time_paths(paths: dict, repeats: int) -> dict[str, float]:
 
 def main(argv=None) -> int:
     import fxfuse.cuda as fxcuda
+    from fxfuse.cuda.engine import disagreement
     from programs import make_params
 
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -234,14 +235,13 @@ def main(argv=None) -> int:
                         for c in range(0, len(module.config_names), 6) if module.supports(m, n, k, c)])
                     continue
                 paths["row"] = run
-                expected = run(0).float()
-                scale = expected.abs().max().item() or 1.0
+                expected = run(0)
                 wrong = set()
                 for module in modules[name]:
                     for config, cname in enumerate(module.config_names):
                         if module.supports(m, n, k, config):
                             paths[cname] = lambda i, c=config, g=module: run(i, c, g)
-                            if (run(0, config, module).float() - expected).abs().max().item() > 2e-2 * scale:
+                            if disagreement(run(0, config, module), expected) is not None:
                                 wrong.add(cname)
                 times = time_paths(paths, args.repeats)
                 base = times["F.linear"]
