@@ -13,8 +13,9 @@ and 1-element paths, many chunks of rows, a column parameter, group norms by lan
 over several warps, row maps over 256 threads and normalize's, reductions with std's), and the
 rotary embedding (partners by lane shuffles and through shared memory); on Hopper, each kernel of
 the in-GEMM modules of a pointwise chain, an eval BatchNorm folded into it, an operand of the
-output's shape, the gated pair, a row reduction, GroupNorm in the tile and a training BatchNorm
-(its moments, finalize and normalizing pass). Prints one line per call and exits non-zero on a
+output's shape, the gated pair, a row reduction, GroupNorm in the tile, a training BatchNorm
+(its moments, finalize and normalizing pass) and the row maps (LayerNorm, RMSNorm, softmax: their
+(row, subtile) partials and the pass a row). Prints one line per call and exits non-zero on a
 mismatch with the reference.
 """
 
