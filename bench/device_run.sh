@@ -10,9 +10,8 @@
 # (compute-sanitizer over one run of each kernel template; SANITIZE_TOOLS picks the tools),
 # gradients (every suite model's gradients and the training example on CUDA), train
 # (bench/train_bench.py; TRAIN_ARGS), compile (bench/compile_time.py: cold and warm compiles),
-# timing (BENCHMARKS.md section 28's open questions, side by side on the host's GPUs: S01's models
-# over one and four input sets and after sustained load, with clocks; the stream-K kernel on the
-# decode rows that miss their target, against F.linear and the row pass; softmax, LayerNorm and
+# timing (BENCHMARKS.md section 30's open questions, side by side on the host's GPUs: S01's models
+# over one and four input sets and after sustained load, with clocks; softmax, LayerNorm and
 # RMSNorm inside the GEMM against their row pass).
 set -uo pipefail
 stages=${1:-tests,profile,bench}; shift || true
@@ -98,8 +97,6 @@ fi
 if has timing; then
   gpus=$(nvidia-smi -L | wc -l) runs=(
     "python3 bench/timing_order.py --row ${TIMING_ROW:-S01} --csv $OUT/timing_order.csv"
-    "python3 bench/gemm_configs.py --rows S10,S02 --kernels 128x128/1x1/streamk,128x64/1x1/streamk --shape 1,8192,8192;16,8192,8192"
-    "python3 bench/gemm_configs.py --rows S01,S04 --kernels 128x128/1x1/streamk,128x64/1x1/streamk --shape 1,8192,8192;16,8192,8192"
     "python3 bench/gemm_configs.py --rows S11,S20,S21 --shape 1024,8192,8192;4096,4096,4096")
   for i in "${!runs[@]}"; do
     CUDA_VISIBLE_DEVICES=$((i % gpus)) timeout 540 ${runs[$i]} >"$OUT/timing_$i.log" 2>&1 &

@@ -14,8 +14,7 @@ measured against both GEMMs' ``F.linear``.
 
 ``--kernels wide`` builds the modules with ``wide_menu()`` instead of the production menu
 (gemm_codegen.KERNELS): how the menu is chosen; ``--kernels 256x128/2x1,128x128/2x1/pingpong``
-builds the kernels listed (``128x128/1x1/streamk``: CTAs share a tile's K loop, for decode
-sizes). Each configuration's output is checked against the row path's as the selection checks it
+builds the kernels listed. Each configuration's output is checked against the row path's as the selection checks it
 (``!`` marks one that ``engine.disagreement`` finds off, which the selection would leave out), and
 the name of the kernel cuBLAS runs for ``F.linear`` is printed with it.
 
@@ -59,7 +58,7 @@ def wide_menu() -> tuple:
 
 
 def parse_kernels(text: str) -> tuple:
-    """Kernels from "TMxTN[xTK]/CMxCN[/pingpong|/streamk]" separated by commas (TK: for 16-bit
+    """Kernels from "TMxTN[xTK]/CMxCN[/pingpong]" separated by commas (TK: for 16-bit
     elements)."""
     from fxfuse.cuda.gemm_codegen import Kernel
 
@@ -68,8 +67,7 @@ def parse_kernels(text: str) -> tuple:
         tile, cluster, *schedule = item.strip().split("/")
         tm, tn, *tk = (int(v) for v in tile.split("x"))
         cm, cn = (int(v) for v in cluster.split("x"))
-        kernels.append(Kernel(tm, tn, *(tk or [64]), cluster_m=cm, cluster_n=cn, pingpong=schedule == ["pingpong"],
-                              stream_k=schedule == ["streamk"]))
+        kernels.append(Kernel(tm, tn, *(tk or [64]), cluster_m=cm, cluster_n=cn, pingpong=schedule == ["pingpong"]))
     return tuple(kernels)
 
 

@@ -54,15 +54,11 @@ using namespace cute;
 
 // -- configurations --------------------------------------------------------------------------------
 
-// A GEMM configuration: CTA tile (M, N, K), cluster shape, mainloop and epilogue schedules, tile
-// scheduler. TK is the tile's K for 16-bit elements; 32-bit ones (float32 as TF32) take half as
-// many, so that a pipeline stage holds the same bytes. StreamK: where there are fewer tiles than
-// SMs (decode sizes: M of 1-16 makes one row of tiles), CTAs share a tile's K loop; the CTA that
-// ends a tile adds its partners' accumulators, in a fixed order, and runs the epilogue on the sum,
-// so the epilogue still sees each tile once (CUTLASS's stream-K scheduler: cooperative only).
-template <int TM, int TN, int TK, int CM, int CN, bool Pingpong, bool StreamK = false>
+// A GEMM configuration: CTA tile (M, N, K), cluster shape, mainloop and epilogue schedules. TK is the tile's K for 16-bit elements; 32-bit ones (float32 as TF32) take half as
+// many, so that a pipeline stage holds the same bytes. (CUTLASS's stream-K scheduler, CTAs sharing
+// a tile's K loop at decode sizes, measured 1.8-2.0x cuBLAS there: BENCHMARKS.md section 30.)
+template <int TM, int TN, int TK, int CM, int CN, bool Pingpong>
 struct Config {
-  static_assert(!(Pingpong && StreamK), "CUTLASS's stream-K scheduler runs the cooperative kernel only");
   static constexpr bool kPingpong = Pingpong;
   template <class T> static constexpr int kTileK = TK * 2 / static_cast<int>(sizeof(T));
   template <class T> using TileFor = Shape<Int<TM>, Int<TN>, Int<kTileK<T>>>;
@@ -71,12 +67,10 @@ struct Config {
                                                cutlass::gemm::KernelTmaWarpSpecializedCooperative>;
   using EpilogueSchedule = cute::conditional_t<Pingpong, cutlass::epilogue::TmaWarpSpecialized,
                                                cutlass::epilogue::TmaWarpSpecializedCooperative>;
-  using TileScheduler = cute::conditional_t<StreamK, cutlass::gemm::StreamKScheduler, cutlass::gemm::PersistentScheduler>;
 
   // "cooperative 128x256x64 cluster 2x1": the schedule, the tile for elements of T, the cluster
   template <class T> static void name(char* out, size_t size) {
-    snprintf(out, size, "%s %dx%dx%d cluster %dx%d%s", Pingpong ? "pingpong" : "cooperative", TM, TN, kTileK<T>, CM,
-             CN, StreamK ? " stream-K" : "");
+    snprintf(out, size, "%s %dx%dx%d cluster %dx%d", Pingpong ? "pingpong" : "cooperative", TM, TN, kTileK<T>, CM, CN);
   }
 };
 
@@ -180,7 +174,7 @@ struct GemmFor {
       cutlass::gemm::collective::StageCountAutoCarveout<static_cast<int>(sizeof(typename Epilogue::SharedStorage))>,
       typename Cfg::MainloopSchedule>::CollectiveOp;
   using Kernel = cutlass::gemm::kernel::GemmUniversal<Shape<int, int, int, int>, Mainloop, Epilogue,
-                                                      typename Cfg::TileScheduler>;
+                                                      cutlass::gemm::PersistentScheduler>;
   using Gemm = cutlass::gemm::device::GemmUniversalAdapter<Kernel>;
 
   // A row reduction's partials, after CUTLASS's workspace: [parts][M][N-tiles] float32; a

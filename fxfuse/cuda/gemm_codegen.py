@@ -63,9 +63,8 @@ GEMM_CODEGEN_VERSION = "9"
 @dataclass(frozen=True)
 class Kernel:
     """One GEMM kernel of a module's menu (csrc/gemm_epilogue.cuh's fxg::Config): the CTA tile (its
-    K for 16-bit elements; 32-bit ones take half), the cluster, the schedule and whether CTAs share
-    a tile's K loop (stream-K: cooperative kernels only). Each runs under the tile orders of
-    fxg::kSchedules, chosen at launch."""
+    K for 16-bit elements; 32-bit ones take half), the cluster and the schedule. Each runs under
+    the tile orders of fxg::kSchedules, chosen at launch."""
 
     tile_m: int
     tile_n: int
@@ -73,17 +72,11 @@ class Kernel:
     cluster_m: int = 1
     cluster_n: int = 1
     pingpong: bool = False
-    stream_k: bool = False
-
-    def __post_init__(self) -> None:
-        if self.pingpong and self.stream_k:
-            raise ValueError("CUTLASS's stream-K scheduler runs the cooperative kernel only")
 
     @property
     def cpp(self) -> str:
-        stream_k = ", true" if self.stream_k else ""  # the default keeps the other kernels' module keys
         return (f"fxg::Config<{self.tile_m}, {self.tile_n}, {self.tile_k}, {self.cluster_m}, {self.cluster_n}, "
-                f"{'true' if self.pingpong else 'false'}{stream_k}>")
+                f"{'true' if self.pingpong else 'false'}>")
 
 
 # The kernels every GEMM module compiles, one unit each, chosen by `bench/gemm_configs.py --kernels

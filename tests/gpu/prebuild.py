@@ -34,7 +34,7 @@ def main() -> int:
     import test_gemm_batch_norm
     import test_gemm_epilogue
     import test_gemm_group_norm
-    from gemm_harness import build_menu_modules, param_dtypes
+    from gemm_harness import param_dtypes
 
     # the in-GEMM tests' modules: a row module and a GEMM module per (program, dtype), as
     # gemm_harness.build_modules builds them
@@ -46,18 +46,11 @@ def main() -> int:
     gemms = [(program, dtype, param_dtypes(program, dtype)) for program, dtype in in_gemm]
     start = time.time()
     failed = fxcuda.prepare_many(pairs, workers=args.workers, gemm_items=gemms)
-    unique = len({(p.to_string(), d) for p, d in pairs}) + len(in_gemm)
+    unique = len({(p.to_string(), d) for p, d in pairs}) + len({(p.to_string(), d) for p, d in in_gemm})
     device = torch.device("cuda", torch.cuda.current_device())
     for program, dtype, params in gemms:
         if fxcuda.engine.prepare_gemm(program, dtype, params, device) is None:
             failed[(program.to_string(), dtype)] = fxcuda.engine.gemm_error(program, dtype, params, device)
-    # the stream-K kernel's modules (not the production menu: test_gemm_epilogue builds them itself)
-    stream_k = {name: test_gemm_epilogue.PROGRAMS[name] for name in test_gemm_epilogue.STREAM_K}
-    try:
-        build_menu_modules(stream_k, torch.bfloat16, test_gemm_epilogue.STREAM_K_MENU)
-    except Exception as error:  # noqa: BLE001 - reported with the others
-        failed[("stream-K modules", torch.bfloat16)] = error
-    unique += len(stream_k)
     print(f"{unique} modules ready in {time.time() - start:.0f} s on {torch.cuda.get_device_name()}, {len(failed)} failed")
     for (program, dtype), error in failed.items():
         print(f"FAILED {program} [{dtype}]\n{error}\n")

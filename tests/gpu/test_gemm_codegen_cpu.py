@@ -160,17 +160,6 @@ def test_a_module_built_with_another_menu_has_a_unit_per_kernel():
             in sources["gemm_program.cuh"])
 
 
-def test_a_stream_k_kernel_is_a_cooperative_one_whose_ctas_share_a_tiles_k_loop():
-    """Stream-K (decode sizes: too few tiles for the SMs) names its scheduler in the Config; the
-    menu's other kernels keep their text, and so their modules' keys."""
-    sources = gemm_codegen.generate(S01_BF16, torch.bfloat16, (), "fxg_t", "fx_gemm_info_t",
-                                    (Kernel(128, 128, stream_k=True), Kernel(256, 128, cluster_m=2)))
-    assert ("using Menu = fxg::Menu<fxg::Config<128, 128, 64, 1, 1, false, true>, "
-            "fxg::Config<256, 128, 64, 2, 1, false>>;") in sources["gemm_program.cuh"]
-    with pytest.raises(ValueError, match="cooperative kernel only"):
-        Kernel(128, 128, pingpong=True, stream_k=True)
-
-
 @pytest.mark.parametrize("name,dtype,reason", [
     ("s01_scale_leaky", torch.float32, "allow_tf32 is off"),
     ("s01_scale_leaky", torch.float64, "bfloat16, float16 and (as TF32) float32"),

@@ -21,7 +21,7 @@ import torch
 import fxfuse.cuda as fxcuda
 from fxfuse import expr as E
 from fxfuse import reference
-from fxfuse.cuda.gemm_codegen import KERNELS, Kernel, unsupported_reason
+from fxfuse.cuda.gemm_codegen import KERNELS, unsupported_reason
 from fxfuse.ir import Gemm, Pointwise, Program, Reduce
 from fxfuse.vocabulary import call
 from gemm_harness import (DEVICE, SCHEDULES, TOL, Modules, assert_every_kernel_computes, assert_under_rule, build_modules,
@@ -399,41 +399,6 @@ def test_by_default_the_selection_times_inductors_kernels_and_the_faster_runs(ho
         assert "than Inductor at this shape" in row.reason or "Inductor is faster at this shape" in row.reason
         assert "Inductor " in row.reason
     assert_under_rule(out, eager, exact)
-
-
-STREAM_K = ["s01_scale_leaky", "s05_logsumexp_chain", "s22_batch_eval_relu", "s07_vec_batch_train", "full_residual"]
-STREAM_K_MENU = (Kernel(128, 128, stream_k=True),)  # also built by prebuild.py
-
-
-@pytest.fixture(scope="module")
-def stream_k_modules():
-    from gemm_harness import build_menu_modules
-
-    return build_menu_modules({name: PROGRAMS[name] for name in STREAM_K}, torch.bfloat16, STREAM_K_MENU)
-
-
-@pytest.mark.parametrize("name", STREAM_K)
-@pytest.mark.parametrize("m,n,k", [(1, 1032, 4104), (16, 2048, 8192), (7, 520, 264), (300, 1032, 520)])
-def test_a_stream_k_kernel_computes_the_program(stream_k_modules, name, m, n, k):
-    """CTAs that share a tile's K loop (decode sizes: one row of tiles for 132 SMs) add their
-    accumulators before the epilogue, which runs once a tile: the output, a row reduction's
-    partials and a training BatchNorm's column moments are those of the whole K. (A kernel for
-    gemm_configs.py's decode measurements; not in the production menu.)"""
-    from gemm_harness import run_config_outputs
-
-    program, module = PROGRAMS[name], stream_k_modules[name]
-    if program.batch_norm_training is not None and m < 2:  # no unbiased variance: eager raises
-        assert not any(module.supports(m, n, k, config) for config in range(len(module.config_names)))
-        return
-    x, w, b, values = draw(program, torch.bfloat16, m, n, k, seed=11)
-    eager = reference.op_forward(program, x, w, b, values, False)
-    exact = reference.op_forward(program, x.double(), w.double(), None if b is None else b.double(),
-                                 [v.double() for v in values], False)
-    for config in range(len(module.config_names)):  # every tile order
-        out = run_config_outputs(module, program, x, w, b, values, config)
-        assert_under_rule(out[0], eager[0], truth(program, x, w, b, values))
-        if program.batch_norm_training is not None:  # its batch statistics
-            assert_under_rule(out[1], eager[1], exact[1].to(out[1].dtype))
 
 
 def test_a_weight_read_transposed_is_timed_as_the_calls_read_it(hopper):
