@@ -14,9 +14,9 @@ measured against both GEMMs' ``F.linear``.
 
 ``--kernels wide`` builds the modules with ``wide_menu()`` instead of the production menu
 (gemm_codegen.KERNELS): how the menu is chosen; ``--kernels 256x128/2x1,128x128/2x1/pingpong``
-builds the kernels listed. Each configuration's output is checked against the row path's as the selection checks it
-(``!`` marks one that ``engine.disagreement`` finds off, which the selection would leave out), and
-the name of the kernel cuBLAS runs for ``F.linear`` is printed with it.
+builds the kernels listed. Each configuration's output is checked against the row path's as the
+selection checks it (``!`` marks one that ``engine.disagreement`` finds off, which the selection
+would leave out), and the name of the kernel cuBLAS runs for ``F.linear`` is printed with it.
 
 ``--profile`` times nothing: it runs ``F.linear``, the row path and each kernel of the menu once
 (at its first tile order) between cudaProfilerStart and Stop, after a warm-up, for ncu::

@@ -54,9 +54,10 @@ using namespace cute;
 
 // -- configurations --------------------------------------------------------------------------------
 
-// A GEMM configuration: CTA tile (M, N, K), cluster shape, mainloop and epilogue schedules. TK is the tile's K for 16-bit elements; 32-bit ones (float32 as TF32) take half as
-// many, so that a pipeline stage holds the same bytes. (CUTLASS's stream-K scheduler, CTAs sharing
-// a tile's K loop at decode sizes, measured 1.8-2.0x cuBLAS there: BENCHMARKS.md section 30.)
+// A GEMM configuration: CTA tile (M, N, K), cluster shape, mainloop and epilogue schedules. TK is
+// the tile's K for 16-bit elements; 32-bit ones (float32 as TF32) take half as many, so that a
+// pipeline stage holds the same bytes. (CUTLASS's stream-K scheduler, CTAs sharing a tile's K loop
+// at decode sizes, measured 1.8-2.0x cuBLAS there: BENCHMARKS.md section 30.)
 template <int TM, int TN, int TK, int CM, int CN, bool Pingpong>
 struct Config {
   static constexpr bool kPingpong = Pingpong;
