@@ -12,7 +12,9 @@
 # (bench/train_bench.py; TRAIN_ARGS), compile (bench/compile_time.py: cold and warm compiles),
 # timing (BENCHMARKS.md section 30's open questions, side by side on the host's GPUs: S01's models
 # over one and four input sets and after sustained load, with clocks; softmax, LayerNorm and
-# RMSNorm inside the GEMM against their row pass).
+# RMSNorm inside the GEMM against their row pass; whether launching the GEMM and the kernels after
+# it as programmatic dependents closes the bare CUTLASS kernel's gap to cuBLAS in replay, at
+# M = 1024 and at decode).
 set -uo pipefail
 stages=${1:-tests,profile,bench}; shift || true
 source "$(dirname "$0")/device_setup.sh"
@@ -97,7 +99,8 @@ fi
 if has timing; then
   gpus=$(nvidia-smi -L | wc -l) runs=(
     "python3 bench/timing_order.py --row ${TIMING_ROW:-S01} --csv $OUT/timing_order.csv"
-    "python3 bench/gemm_configs.py --rows S11,S20,S21 --shape 1024,8192,8192;4096,4096,4096")
+    "python3 bench/gemm_configs.py --rows S11,S20,S21 --shape 1024,8192,8192;4096,4096,4096"
+    "python3 bench/gemm_configs.py --rows identity,S01,S05,S21 --kernels 256x128/2x1,256x128/2x1/pdl --shape 1024,8192,8192;16,8192,8192")
   for i in "${!runs[@]}"; do
     CUDA_VISIBLE_DEVICES=$((i % gpus)) timeout 540 ${runs[$i]} >"$OUT/timing_$i.log" 2>&1 &
     [ "$gpus" -gt 1 ] || wait  # one GPU: one at a time

@@ -14,7 +14,8 @@ measured against both GEMMs' ``F.linear``.
 
 ``--kernels wide`` builds the modules with ``wide_menu()`` instead of the production menu
 (gemm_codegen.KERNELS): how the menu is chosen; ``--kernels 256x128/2x1,128x128/2x1/pingpong``
-builds the kernels listed. Each configuration's output is checked against the row path's as the
+builds the kernels listed (``/pdl``: the kernel, and those after it, launched as programmatic
+dependents: csrc/gemm_launch.cuh). Each configuration's output is checked against the row path's as the
 selection checks it (``!`` marks one that ``engine.disagreement`` finds off, which the selection
 would leave out), and the name of the kernel cuBLAS runs for ``F.linear`` is printed with it.
 
@@ -58,8 +59,8 @@ def wide_menu() -> tuple:
 
 
 def parse_kernels(text: str) -> tuple:
-    """Kernels from "TMxTN[xTK]/CMxCN[/pingpong]" separated by commas (TK: for 16-bit
-    elements)."""
+    """Kernels from "TMxTN[xTK]/CMxCN[/pingpong][/pdl]" separated by commas (TK: for 16-bit
+    elements; pdl: launched as programmatic dependents)."""
     from fxfuse.cuda.gemm_codegen import Kernel
 
     kernels = []
@@ -67,7 +68,10 @@ def parse_kernels(text: str) -> tuple:
         tile, cluster, *schedule = item.strip().split("/")
         tm, tn, *tk = (int(v) for v in tile.split("x"))
         cm, cn = (int(v) for v in cluster.split("x"))
-        kernels.append(Kernel(tm, tn, *(tk or [64]), cluster_m=cm, cluster_n=cn, pingpong=schedule == ["pingpong"]))
+        if not set(schedule) <= {"pingpong", "pdl"}:
+            raise ValueError(f"{item}: a kernel's options are pingpong and pdl")
+        kernels.append(Kernel(tm, tn, *(tk or [64]), cluster_m=cm, cluster_n=cn, pingpong="pingpong" in schedule,
+                              pdl="pdl" in schedule))
     return tuple(kernels)
 
 

@@ -18,6 +18,7 @@
 #pragma once
 
 #include "column_moments.cuh"
+#include "gemm_launch.cuh"
 #include "gemm_stages.cuh"
 
 namespace fxg {
@@ -165,6 +166,7 @@ __global__ void __launch_bounds__(fx::kCombineBlock) finalize_columns(const floa
                                                                       float eps, float* stats, float* columns,
                                                                       typename Affine::Arguments args) {
   __shared__ fx::Moments parts[fx::kCombineBlock];
+  wait_for_prior_grid();
   const fx::Thread t;
   const int64_t strips = moment_strips(m);
   fx::Moments total;
@@ -196,6 +198,7 @@ __global__ void __launch_bounds__(kNormalizeThreads, kNormalizeBlocksPerSm)
   using D = DeviationOf<Out>;
   static_assert(sizeof(D) == sizeof(Out), "D is stored where the output goes");
   constexpr int kVec = 16 / static_cast<int>(sizeof(Out));
+  wait_for_prior_grid();
   const int64_t col = (static_cast<int64_t>(blockIdx.x) * kNormalizeThreads + threadIdx.x) * kVec;
   if (col >= n) return;
   const int64_t strips = moment_strips(m);
@@ -244,19 +247,22 @@ __global__ void __launch_bounds__(kNormalizeThreads, kNormalizeBlocksPerSm)
 // mean, scale and bias
 CUTLASS_HOST_DEVICE int64_t batch_norm_floats(int64_t m, int64_t n) { return (2 * moment_strips(m) + 3) * n; }
 
-// The launches after the GEMM. Affine, After (generated): the norm's weight and bias, and the
-// stages after the norm (fxg::finalize_columns, fxg::normalize_columns); their Arguments are one.
+// The launches after the GEMM (`dependent`: fxg::launch_after's). Affine, After (generated): the
+// norm's weight and bias, and the stages after the norm (fxg::finalize_columns,
+// fxg::normalize_columns); their Arguments are one.
 template <class Affine, class After, class Out>
 inline void launch_batch_norm(float* partials, Out* out, float* stats, int64_t m, int64_t n, float eps,
-                              typename After::Arguments args, cudaStream_t stream) {
+                              typename After::Arguments args, cudaStream_t stream, bool dependent) {
   const int64_t strips = moment_strips(m);
   float* columns = partials + 2 * strips * n;
-  finalize_columns<Affine><<<static_cast<unsigned>((n + fx::kCombineColumns - 1) / fx::kCombineColumns),
-                              fx::combine_block(strips), 0, stream>>>(partials, m, n, eps, stats, columns, args);
+  launch_after(dependent, finalize_columns<Affine>,
+               dim3(static_cast<unsigned>((n + fx::kCombineColumns - 1) / fx::kCombineColumns)),
+               dim3(fx::combine_block(strips)), 0, stream, partials, m, n, eps, stats, columns, args);
   constexpr int64_t kBlockCols = kNormalizeThreads * (16 / static_cast<int64_t>(sizeof(Out)));
   const dim3 grid(static_cast<unsigned>((n + kBlockCols - 1) / kBlockCols),
                   static_cast<unsigned>(strips < 65535 ? strips : 65535));
-  normalize_columns<After, Out><<<grid, kNormalizeThreads, 0, stream>>>(out, partials, columns, m, n, args);
+  launch_after(dependent, normalize_columns<After, Out>, grid, dim3(kNormalizeThreads), 0, stream, out,
+               static_cast<const float*>(partials), static_cast<const float*>(columns), m, n, args);
 }
 
 }  // namespace fxg

@@ -44,6 +44,7 @@
 #include "gemm_batch_norm.cuh"
 #include "gemm_gated.cuh"
 #include "gemm_group_norm.cuh"
+#include "gemm_launch.cuh"
 #include "gemm_row_reduce.cuh"
 #include "gemm_row_statistics.cuh"
 #include "gemm_stages.cuh"
@@ -56,11 +57,14 @@ using namespace cute;
 
 // A GEMM configuration: CTA tile (M, N, K), cluster shape, mainloop and epilogue schedules. TK is
 // the tile's K for 16-bit elements; 32-bit ones (float32 as TF32) take half as many, so that a
-// pipeline stage holds the same bytes. (CUTLASS's stream-K scheduler, CTAs sharing a tile's K loop
-// at decode sizes, measured 1.8-2.0x cuBLAS there: BENCHMARKS.md section 30.)
-template <int TM, int TN, int TK, int CM, int CN, bool Pingpong>
+// pipeline stage holds the same bytes. Pdl: the kernel and those after it are launched as
+// programmatic dependents (gemm_launch.cuh; its unit defines CUTLASS_ENABLE_GDC_FOR_SM90). (CUTLASS's
+// stream-K scheduler, CTAs sharing a tile's K loop at decode sizes, measured 1.8-2.0x cuBLAS there:
+// BENCHMARKS.md section 30.)
+template <int TM, int TN, int TK, int CM, int CN, bool Pingpong, bool Pdl = false>
 struct Config {
   static constexpr bool kPingpong = Pingpong;
+  static constexpr bool kPdl = Pdl;
   template <class T> static constexpr int kTileK = TK * 2 / static_cast<int>(sizeof(T));
   template <class T> using TileFor = Shape<Int<TM>, Int<TN>, Int<kTileK<T>>>;
   using Cluster = Shape<Int<CM>, Int<CN>, _1>;
@@ -71,7 +75,8 @@ struct Config {
 
   // "cooperative 128x256x64 cluster 2x1": the schedule, the tile for elements of T, the cluster
   template <class T> static void name(char* out, size_t size) {
-    snprintf(out, size, "%s %dx%dx%d cluster %dx%d", Pingpong ? "pingpong" : "cooperative", TM, TN, kTileK<T>, CM, CN);
+    snprintf(out, size, "%s %dx%dx%d cluster %dx%d%s", Pingpong ? "pingpong" : "cooperative", TM, TN, kTileK<T>, CM,
+             CN, Pdl ? " PDL" : "");
   }
 };
 
@@ -244,25 +249,25 @@ struct GemmFor {
     Gemm gemm;
     cutlass::Status status = gemm.initialize(args, a.workspace, static_cast<cudaStream_t>(stream));
     if (status != cutlass::Status::kSuccess) return cutlassGetStatusString(status);
-    status = gemm.run(static_cast<cudaStream_t>(stream));
+    status = gemm.run(static_cast<cudaStream_t>(stream), nullptr, Cfg::kPdl);
     if (status != cutlass::Status::kSuccess) return cutlassGetStatusString(status);
     if constexpr (kReduces) {
       constexpr int kRowsABlock = kFinalizeThreads / 32;
-      finalize_rows<typename Prog::Finalize, Prog::kReduceKind>
-          <<<static_cast<unsigned>((a.m + kRowsABlock - 1) / kRowsABlock), kFinalizeThreads, 0,
-             static_cast<cudaStream_t>(stream)>>>(
-              partials, static_cast<Out*>(a.out), a.m, a.n, row_tiles<kTileN>(a.n), Prog::Finalize::args(a));
+      launch_after(Cfg::kPdl, finalize_rows<typename Prog::Finalize, Prog::kReduceKind, Out>,
+                   dim3(static_cast<unsigned>((a.m + kRowsABlock - 1) / kRowsABlock)), dim3(kFinalizeThreads), 0,
+                   static_cast<cudaStream_t>(stream), static_cast<const float*>(partials), static_cast<Out*>(a.out),
+                   a.m, a.n, row_tiles<kTileN>(a.n), Prog::Finalize::args(a));
     }
     if constexpr (kRowMap) {
       launch_row_statistics<typename Prog::NormAffine, typename Prog::NormPost, Out, Prog::kRowStatistic,
                             Prog::kEpilogueN>(
           partials, static_cast<Out*>(a.out), a.m, a.n, Prog::kNormEps, Prog::NormPost::args(a),
-          static_cast<cudaStream_t>(stream));
+          static_cast<cudaStream_t>(stream), Cfg::kPdl);
     }
     if constexpr (kBatchTrain) {
       launch_batch_norm<typename Prog::NormAffine, typename Prog::NormPost>(
           partials, static_cast<Out*>(a.out), a.stats, a.m, a.n, Prog::kNormEps, Prog::NormPost::args(a),
-          static_cast<cudaStream_t>(stream));
+          static_cast<cudaStream_t>(stream), Cfg::kPdl);
     }
     const cudaError_t error = cudaGetLastError();
     return error == cudaSuccess ? nullptr : cudaGetErrorString(error);

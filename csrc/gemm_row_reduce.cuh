@@ -5,6 +5,7 @@
 // output is never written (see gemm_stages.cuh for the tree it is part of).
 #pragma once
 
+#include "gemm_launch.cuh"
 #include "gemm_stages.cuh"
 #include "row_args.cuh"
 #include "row_statistics.cuh"
@@ -186,6 +187,7 @@ template <class Finalize, int Kind, class Out>
 __global__ void __launch_bounds__(kFinalizeThreads) finalize_rows(const float* partials, Out* out, int64_t m,
                                                                     int64_t n, int64_t tiles,
                                                                     typename Finalize::Arguments args) {
+  wait_for_prior_grid();
   const int64_t row = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) / 32;
   const int lane = threadIdx.x & 31;
   if (row >= m) return;  // warp-uniform

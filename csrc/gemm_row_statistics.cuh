@@ -24,6 +24,7 @@
 #pragma once
 
 #include "gemm_batch_norm.cuh"
+#include "gemm_launch.cuh"
 #include "gemm_row_reduce.cuh"
 #include "gemm_stages.cuh"
 #include "row_statistics.cuh"
@@ -131,18 +132,19 @@ __global__ void __launch_bounds__(fx::kRowNormThreads)
     normalize_rows(Out* out, const float* partials, int64_t m, int64_t n, float eps, typename After::Arguments args) {
   extern __shared__ float scale_shift[];
   __shared__ fx::Moments parts[fx::kRowNormThreads];
+  wait_for_prior_grid();
   fx::normalize_rows_body<Affine, After, Out, RowStoredOf<Out, Kind>, Kind, EpiN>(fx::Thread{}, out, partials, m, n,
                                                                               eps, args, scale_shift, parts);
 }
 
-// The launch after the GEMM: a block a row. Affine, After (generated): the norm's weight and
-// bias, and the stages after the map; their Arguments are one.
+// The launch after the GEMM: a block a row (`dependent`: fxg::launch_after's). Affine, After
+// (generated): the norm's weight and bias, and the stages after the map; their Arguments are one.
 template <class Affine, class After, class Out, int Kind, int EpiN>
 inline void launch_row_statistics(const float* partials, Out* out, int64_t m, int64_t n, float eps,
-                                  typename After::Arguments args, cudaStream_t stream) {
+                                  typename After::Arguments args, cudaStream_t stream, bool dependent) {
   const size_t smem = kScalesBySquares<Kind> ? 0 : 2 * static_cast<size_t>(row_subtiles<EpiN>(n)) * sizeof(float);
-  normalize_rows<Affine, After, Out, Kind, EpiN>
-      <<<static_cast<unsigned>(m), fx::kRowNormThreads, smem, stream>>>(out, partials, m, n, eps, args);
+  launch_after(dependent, normalize_rows<Affine, After, Out, Kind, EpiN>, dim3(static_cast<unsigned>(m)),
+               dim3(fx::kRowNormThreads), smem, stream, out, partials, m, n, eps, args);
 }
 
 }  // namespace fxg

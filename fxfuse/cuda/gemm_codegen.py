@@ -63,8 +63,10 @@ GEMM_CODEGEN_VERSION = "9"
 @dataclass(frozen=True)
 class Kernel:
     """One GEMM kernel of a module's menu (csrc/gemm_epilogue.cuh's fxg::Config): the CTA tile (its
-    K for 16-bit elements; 32-bit ones take half), the cluster and the schedule. Each runs under
-    the tile orders of fxg::kSchedules, chosen at launch."""
+    K for 16-bit elements; 32-bit ones take half), the cluster, the schedule, and whether it and
+    the kernels after it are launched as programmatic dependents (``pdl``: each may start while the
+    kernel before it drains; csrc/gemm_launch.cuh). Each runs under the tile orders of
+    fxg::kSchedules, chosen at launch."""
 
     tile_m: int
     tile_n: int
@@ -72,11 +74,13 @@ class Kernel:
     cluster_m: int = 1
     cluster_n: int = 1
     pingpong: bool = False
+    pdl: bool = False
 
     @property
     def cpp(self) -> str:
+        pdl = ", true" if self.pdl else ""  # the default keeps the other kernels' text, and so module keys
         return (f"fxg::Config<{self.tile_m}, {self.tile_n}, {self.tile_k}, {self.cluster_m}, {self.cluster_n}, "
-                f"{'true' if self.pingpong else 'false'}>")
+                f"{'true' if self.pingpong else 'false'}{pdl}>")
 
 
 # The kernels every GEMM module compiles, one unit each, chosen by `bench/gemm_configs.py --kernels
@@ -287,8 +291,11 @@ def generate(program: Program, dtype: torch.dtype, param_dtypes: tuple[torch.dty
     if gated:
         units += [(f"gated_{i}", "GatedProg", f"gated_{i}", i) for i in range(len(kernels))]
 
-    def unit_file(*lines: str) -> str:
-        return "\n".join([header, '#include "gemm_program.cuh"', "", f"namespace {namespace} {{", *lines,
+    def unit_file(*lines: str, pdl: bool = False) -> str:
+        # CUTLASS's kernels wait for and release their neighbours in the stream only where this is
+        # defined before its headers (gemm_launch.cuh)
+        gdc = ["#define CUTLASS_ENABLE_GDC_FOR_SM90"] if pdl else []
+        return "\n".join([header, *gdc, '#include "gemm_program.cuh"', "", f"namespace {namespace} {{", *lines,
                           f"}}  // namespace {namespace}", ""])
 
     sources["main.cu"] = unit_file(
@@ -296,7 +303,8 @@ def generate(program: Program, dtype: torch.dtype, param_dtypes: tuple[torch.dty
         f"const fxg::Unit kUnits[] = {{{', '.join(f'FX_GEMM_UNIT({name})' for _, _, name, _ in units)}}};",
         f"FX_DEFINE_GEMM_INFO(Prog, {entry}, {'GatedProg::kGatedBlock' if gated else 0})")
     for file, prog, name, index in units:
-        sources[f"{file}.cu"] = unit_file(f"FX_DEFINE_GEMM_UNIT({prog}, Menu::At<{index}>, {name})")
+        sources[f"{file}.cu"] = unit_file(f"FX_DEFINE_GEMM_UNIT({prog}, Menu::At<{index}>, {name})",
+                                          pdl=kernels[index].pdl)
     return sources
 
 

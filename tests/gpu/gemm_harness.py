@@ -52,6 +52,28 @@ def build_modules(cases: dict[str, tuple[Program, torch.dtype]]) -> dict:
     return built
 
 
+def build_menu_modules(programs: dict[str, Program], dtype: torch.dtype, menu: tuple) -> dict:
+    """The GEMM module of each named program with the kernels of ``menu`` (not the production
+    menu), built in parallel worker processes (build.build_in_subprocess, as prepare_many's), then
+    loaded from the cache (skips as build_modules)."""
+    import concurrent.futures
+    import multiprocessing
+
+    from fxfuse.cuda import build
+
+    build_modules({})
+    target = cuda_target(torch.device(DEVICE))
+    texts = [program.to_string() for program in programs.values()]
+    params = [param_dtypes(program, dtype) for program in programs.values()]
+    n = len(texts)
+    with concurrent.futures.ProcessPoolExecutor(n, mp_context=multiprocessing.get_context("spawn")) as pool:
+        errors = list(pool.map(build.build_in_subprocess, texts, [dtype] * n, [target] * n, [2] * n, params,
+                               [menu] * n))
+    assert not any(errors), [error for error in errors if error]
+    return {name: build.build_gemm(program, dtype, param_dtypes(program, dtype), target, kernels=menu)
+            for name, program in programs.items()}
+
+
 class Modules(dict):
     """A test file's GEMM modules by (name, dtype): those its selected tests name (their ``name``
     and ``dtype`` parameters) are built at once, in parallel; any other on first use. So

@@ -34,7 +34,7 @@ def main() -> int:
     import test_gemm_batch_norm
     import test_gemm_epilogue
     import test_gemm_group_norm
-    from gemm_harness import param_dtypes
+    from gemm_harness import build_menu_modules, param_dtypes
 
     # the in-GEMM tests' modules: a row module and a GEMM module per (program, dtype), as
     # gemm_harness.build_modules builds them
@@ -51,6 +51,13 @@ def main() -> int:
     for program, dtype, params in gemms:
         if fxcuda.engine.prepare_gemm(program, dtype, params, device) is None:
             failed[(program.to_string(), dtype)] = fxcuda.engine.gemm_error(program, dtype, params, device)
+    # the programmatic-dependent kernel's modules (not the production menu: test_gemm_epilogue builds them itself)
+    pdl = {name: test_gemm_epilogue.PROGRAMS[name] for name in test_gemm_epilogue.PDL}
+    try:
+        build_menu_modules(pdl, torch.bfloat16, test_gemm_epilogue.PDL_MENU)
+    except Exception as error:  # noqa: BLE001 - reported with the others
+        failed[("programmatic-dependent modules", torch.bfloat16)] = error
+    unique += len(pdl)
     print(f"{unique} modules ready in {time.time() - start:.0f} s on {torch.cuda.get_device_name()}, {len(failed)} failed")
     for (program, dtype), error in failed.items():
         print(f"FAILED {program} [{dtype}]\n{error}\n")

@@ -160,6 +160,19 @@ def test_a_module_built_with_another_menu_has_a_unit_per_kernel():
             in sources["gemm_program.cuh"])
 
 
+def test_a_kernel_launched_as_a_programmatic_dependent_alone_enables_cutlass_grid_control():
+    """pdl (a kernel that may start while the one before it drains, and lets the kernels after it
+    start early) is named in its Config; only its unit defines CUTLASS_ENABLE_GDC_FOR_SM90, before
+    CUTLASS's headers, and the menu's other kernels keep their text, and so their modules' keys."""
+    sources = gemm_codegen.generate(S01_BF16, torch.bfloat16, (), "fxg_t", "fx_gemm_info_t",
+                                    (Kernel(256, 128, cluster_m=2, pdl=True), Kernel(128, 128, cluster_m=2, pingpong=True)))
+    assert ("using Menu = fxg::Menu<fxg::Config<256, 128, 64, 2, 1, false, true>, "
+            "fxg::Config<128, 128, 64, 2, 1, true>>;") in sources["gemm_program.cuh"]
+    unit = sources["config_0.cu"]
+    assert unit.index("#define CUTLASS_ENABLE_GDC_FOR_SM90") < unit.index('#include "gemm_program.cuh"')
+    assert "CUTLASS_ENABLE_GDC_FOR_SM90" not in sources["config_1.cu"] + sources["main.cu"]
+
+
 @pytest.mark.parametrize("name,dtype,reason", [
     ("s01_scale_leaky", torch.float32, "allow_tf32 is off"),
     ("s01_scale_leaky", torch.float64, "bfloat16, float16 and (as TF32) float32"),

@@ -21,7 +21,7 @@ import torch
 import fxfuse.cuda as fxcuda
 from fxfuse import expr as E
 from fxfuse import reference
-from fxfuse.cuda.gemm_codegen import KERNELS, unsupported_reason
+from fxfuse.cuda.gemm_codegen import KERNELS, Kernel, unsupported_reason
 from fxfuse.ir import Gemm, Pointwise, Program, Reduce
 from fxfuse.vocabulary import call
 from gemm_harness import (DEVICE, SCHEDULES, TOL, Modules, assert_every_kernel_computes, assert_under_rule, build_modules,
@@ -399,6 +399,53 @@ def test_by_default_the_selection_times_inductors_kernels_and_the_faster_runs(ho
         assert "than Inductor at this shape" in row.reason or "Inductor is faster at this shape" in row.reason
         assert "Inductor " in row.reason
     assert_under_rule(out, eager, exact)
+
+
+# a program of each kind of kernel after the GEMM: none, a row reduction's finalize, a row map's
+# pass, a training BatchNorm's finalize and normalize
+PDL = ["s01_scale_leaky", "s05_logsumexp_chain", "s21_rms_silu", "s07_vec_batch_train"]
+PDL_MENU = (Kernel(256, 128, cluster_m=2, pdl=True),)  # also built by prebuild.py
+
+
+@pytest.fixture(scope="module")
+def pdl_modules():
+    from gemm_harness import build_menu_modules
+
+    return build_menu_modules({name: PROGRAMS[name] for name in PDL}, torch.bfloat16, PDL_MENU)
+
+
+@pytest.mark.parametrize("name", PDL)
+def test_kernels_launched_as_programmatic_dependents_compute_the_program_back_to_back(pdl_modules, name):
+    """A GEMM that may start while the kernel before it drains, and kernels after it that may start
+    while its last tiles run, each wait for what they read: three calls captured back to back in
+    one CUDA graph (each on its own inputs; a call's workspace may be the one the call before it
+    freed) give every call's output, and a training BatchNorm's batch statistics, under the rule.
+    (A kernel for gemm_configs.py's measurements; not in the production menu.)"""
+    from gemm_harness import run_config_outputs
+
+    program, module = PROGRAMS[name], pdl_modules[name]
+    draws = [draw(program, torch.bfloat16, 300, 1032, 520, seed=20 + i) for i in range(3)]
+    for config in range(len(module.config_names)):  # every tile order
+        stream = torch.cuda.Stream()
+        with torch.cuda.stream(stream):
+            run_config_outputs(module, program, *draws[0], config)  # warm up outside the capture
+        torch.cuda.current_stream().wait_stream(stream)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            results = [run_config_outputs(module, program, *values, config) for values in draws]
+        for result in results:
+            for tensor in result[:2]:
+                if tensor is not None:
+                    tensor.fill_(math.nan)  # the replay writes every element again
+        graph.replay()
+        torch.cuda.synchronize()
+        for (x, w, b, values), result in zip(draws, results):
+            eager = reference.op_forward(program, x, w, b, values, False)
+            assert_under_rule(result[0], eager[0], truth(program, x, w, b, values))
+            if program.batch_norm_training is not None:  # its batch statistics
+                exact = reference.op_forward(program, x.double(), w.double(), None if b is None else b.double(),
+                                             [v.double() for v in values], False)
+                assert_under_rule(result[1], eager[1], exact[1].to(result[1].dtype))
 
 
 def test_a_weight_read_transposed_is_timed_as_the_calls_read_it(hopper):
