@@ -39,6 +39,20 @@ FX_HOST_DEVICE void merge_exp_sums(float& max, float& sum, float mb, float sb) {
   max = merged;
 }
 
+// acc += (nb, mb, m2b), a partial of the map's kind (Moments holds a softmax's (max, sum) in
+// (mean, m2), a sum of squares in mean); order-dependent for a LayerNorm (fx::merge), so callers
+// merge in a fixed order
+template <int Kind>
+FX_DEVICE void merge_row_partial(Moments& acc, int64_t nb, float mb, float m2b) {
+  if constexpr (kScalesBySquares<Kind>) {
+    acc.mean += mb;
+  } else if constexpr (Kind == kRowLayerNorm) {
+    merge(acc, nb, mb, m2b);
+  } else {
+    merge_exp_sums(acc.mean, acc.m2, mb, m2b);
+  }
+}
+
 constexpr int kRowNormThreads = 256;  // a block: a row
 constexpr int kRowNormLoads = 4;      // 16-byte loads a thread has in flight
 // The largest N the pass takes: its scales and shifts within 48 KiB of shared memory
@@ -69,26 +83,14 @@ FX_DEVICE void normalize_rows_body(const Thread& t, Out* out, const float* parti
   // a softmax's (max, sum) in Moments' (mean, m2); a sum of squares in its mean
   Moments acc{0, kSoftmax ? -INFINITY : 0.f, 0.f};
   for (int64_t s = tid; s < subtiles; s += kRowNormThreads) {
-    if constexpr (kScalesBySquares<Kind>) {
-      acc.mean += first_parts[s];
-    } else if constexpr (Kind == kRowLayerNorm) {
-      merge(acc, valid(s), first_parts[s], second_parts[s]);
-    } else {
-      merge_exp_sums(acc.mean, acc.m2, first_parts[s], second_parts[s]);
-    }
+    merge_row_partial<Kind>(acc, valid(s), first_parts[s], kScalesBySquares<Kind> ? 0.f : second_parts[s]);
   }
   parts[tid] = acc;
   t.sync();
   for (int stride = kRowNormThreads / 2; stride > 0; stride /= 2) {
     if (tid < stride) {
       const Moments other = parts[tid + stride];
-      if constexpr (kScalesBySquares<Kind>) {
-        parts[tid].mean += other.mean;
-      } else if constexpr (Kind == kRowLayerNorm) {
-        merge(parts[tid], other.n, other.mean, other.m2);
-      } else {
-        merge_exp_sums(parts[tid].mean, parts[tid].m2, other.mean, other.m2);
-      }
+      merge_row_partial<Kind>(parts[tid], other.n, other.mean, other.m2);
     }
     t.sync();
   }

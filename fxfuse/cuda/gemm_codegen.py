@@ -132,7 +132,7 @@ class Epilogue:
         pass after the GEMM), else None."""
         if self.norm is not None:
             return NORMS[self.norm.kind].row_statistic
-        if self.reduce is not None and not REDUCTIONS[self.reduce.kind].changes_shape:
+        if self.reduce is not None and not self.reduces_rows:
             return REDUCTIONS[self.reduce.kind].in_gemm
         return None
 

@@ -116,6 +116,13 @@ def truth(program: Program, x, w, b, params) -> torch.Tensor:
                                 [p.double() for p in params], False)[0]
 
 
+def truth_statistics(program: Program, x, w, b, params) -> torch.Tensor:
+    """A training BatchNorm program's batch statistics, as the op returns them beside its output,
+    in float64."""
+    return reference.op_forward(program, x.double(), w.double(), None if b is None else b.double(),
+                                [p.double() for p in params], False)[1]
+
+
 def assert_under_rule(out: torch.Tensor, eager: torch.Tensor, exact: torch.Tensor) -> None:
     """The correctness rule at the low-precision tolerance (tests/support.py)."""
     rule(out, eager, exact, TOL)

@@ -35,7 +35,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 import fxfuse.cuda as fxcuda  # noqa: E402
 from fxfuse import reference  # noqa: E402
 from fxfuse.cuda.build import cuda_target, gemm_target_reason  # noqa: E402
-from gemm_harness import assert_under_rule, draw, kernels, param_dtypes, run_config_outputs, truth  # noqa: E402
+from gemm_harness import (assert_under_rule, draw, kernels, param_dtypes, run_config_outputs, truth,  # noqa: E402
+                          truth_statistics)
 from programs import PROGRAMS, assert_backward_close, make_params  # noqa: E402
 
 CALLS = [  # (program, dtype, M, N, K)
@@ -159,15 +160,15 @@ def run_gemm_calls(gemm_items: list) -> int:
         module = fxcuda.engine.prepare_gemm(program, dtype, params, device)
         x, w, b, values = draw(program, dtype, m, n, k, seed=0)
         eager = reference.op_forward(program, x, w, b, values, False)
-        exact = reference.op_forward(program, x.double(), w.double(), None if b is None else b.double(),
-                                     [v.double() for v in values], False)
+        exact = truth(program, x, w, b, values)
+        stats = truth_statistics(program, x, w, b, values) if program.batch_norm_training is not None else None
         for config in kernels(module) if module is not None else ():
             got = run_config_outputs(module, program, x, w, b, values, config)
             torch.cuda.synchronize()
             try:
-                assert_under_rule(got[0], eager[0], truth(program, x, w, b, values))
-                if program.batch_norm_training is not None:  # its batch statistics
-                    assert_under_rule(got[1], eager[1], exact[1].to(got[1].dtype))
+                assert_under_rule(got[0], eager[0], exact)
+                if stats is not None:  # a training BatchNorm's batch statistics
+                    assert_under_rule(got[1], eager[1], stats.to(got[1].dtype))
                 ok = True
             except AssertionError:
                 ok = False

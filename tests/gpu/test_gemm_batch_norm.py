@@ -24,7 +24,7 @@ import torch
 import fxfuse.cuda as fxcuda
 from fxfuse import reference
 from fxfuse.ir import Gemm, Norm, Program
-from gemm_harness import Modules, assert_under_rule, draw, kernels, run_config_outputs, truth
+from gemm_harness import Modules, assert_under_rule, draw, kernels, run_config_outputs, truth, truth_statistics
 from programs import PROGRAMS
 
 PROGRAMS_BN = {
@@ -62,8 +62,7 @@ def assert_kernels_compute(module, program: Program, x, w, b, params, configs=No
     obey the rule against eager's and the truth's."""
     eager_out, eager_stats = reference.op_forward(program, x, w, b, params, False)[:2]
     exact_out = truth(program, x, w, b, params)
-    exact_stats = reference.op_forward(program, x.double(), w.double(), None if b is None else b.double(),
-                                       [p.double() for p in params], False)[1]
+    exact_stats = truth_statistics(program, x, w, b, params)
     for config in kernels(module) if configs is None else configs:
         out, stats = run_config_outputs(module, program, x, w, b, params, config)[:2]
         assert_under_rule(out, eager_out, exact_out)

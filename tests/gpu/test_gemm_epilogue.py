@@ -421,7 +421,7 @@ def test_kernels_launched_as_programmatic_dependents_compute_the_program_back_to
     one CUDA graph (each on its own inputs; a call's workspace may be the one the call before it
     freed) give every call's output, and a training BatchNorm's batch statistics, under the rule.
     (A kernel for gemm_configs.py's measurements; not in the production menu.)"""
-    from gemm_harness import run_config_outputs
+    from gemm_harness import run_config_outputs, truth_statistics
 
     program, module = PROGRAMS[name], pdl_modules[name]
     draws = [draw(program, torch.bfloat16, 300, 1032, 520, seed=20 + i) for i in range(3)]
@@ -443,9 +443,8 @@ def test_kernels_launched_as_programmatic_dependents_compute_the_program_back_to
             eager = reference.op_forward(program, x, w, b, values, False)
             assert_under_rule(result[0], eager[0], truth(program, x, w, b, values))
             if program.batch_norm_training is not None:  # its batch statistics
-                exact = reference.op_forward(program, x.double(), w.double(), None if b is None else b.double(),
-                                             [v.double() for v in values], False)
-                assert_under_rule(result[1], eager[1], exact[1].to(result[1].dtype))
+                stats = truth_statistics(program, x, w, b, values)
+                assert_under_rule(result[1], eager[1], stats.to(result[1].dtype))
 
 
 def test_a_weight_read_transposed_is_timed_as_the_calls_read_it(hopper):
