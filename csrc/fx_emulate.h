@@ -136,6 +136,7 @@ inline void run_block(Block& b, const std::function<void(int)>& body) {
 // One emulated CUDA thread, as the kernel bodies see it.
 struct Thread {
   int tid_, bid_, bdim_, gdim_;
+  mutable int red_set = 0;  // the set of slots Row::allreduce takes next (it alternates)
   int tid() const { return tid_; }
   int bid() const { return bid_; }
   int bdim() const { return bdim_; }

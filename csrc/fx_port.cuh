@@ -22,8 +22,10 @@
 #define FX_HOST_DEVICE inline
 #endif
 
-// Shared-memory floats a block has for cross-warp reductions (16 warps x 16 items at most)
-#define FX_RED_FLOATS 256
+// Shared-memory floats a block has for cross-warp reductions: 16 warps x 16 items at most
+// (group sums), then two sets of a slot a warp (Row::allreduce's, alternating)
+#define FX_RED_ITEMS_FLOATS 256
+#define FX_RED_FLOATS (FX_RED_ITEMS_FLOATS + 2 * 16)
 
 namespace fx {
 
@@ -85,6 +87,7 @@ struct Thread {
   FX_DEVICE int gdim() const { return gridDim.x; }
   FX_DEVICE void sync() const { __syncthreads(); }
   FX_DEVICE float shfl_xor(float v, int mask) const { return __shfl_xor_sync(0xffffffffu, v, mask); }
+  mutable int red_set = 0;  // the set of slots Row::allreduce takes next (it alternates)
 };
 
 #endif

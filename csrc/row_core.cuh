@@ -11,7 +11,11 @@ namespace fx {
 // ---------------------------------------------------------------------------------------------
 // One row in registers, and the stages a program applies to it
 
-template <class Prog, typename T, int ITEMS, bool ALIGNED>
+// PARAMS_T: every column and full parameter of the call is of T's dtype (the apply kernel's launch
+// checks), so they are read by typed loads; otherwise each is converted by its dtype, read at run
+// time, by selects: about five instructions a value a parameter more (on an H200, S20's LayerNorm
+// weight and bias: its pass 9 % slower, S21's RMSNorm weight 7 %).
+template <class Prog, typename T, int ITEMS, bool ALIGNED, bool PARAMS_T = false>
 struct Row {
   static constexpr int VEC = chunk_elements<Prog, T>();
   using A = Args<Prog::kParamSlots>;
@@ -122,7 +126,38 @@ struct Row {
   // two 16-byte loads when the row is aligned (the runtime aligns parameters to 16 bytes).
   template <int K>
   FX_DEVICE void col_chunk(int i, float (&p)[VEC]) const {
-    chunk_of(a.pptr[K], a.pdtype[K], i, p);
+    const int c0 = col(i, 0);
+    if constexpr (ALIGNED) {
+      param_vec_at<K>(c0 < a.n ? c0 : a.n - VEC, p);
+    } else {
+#pragma unroll
+      for (int e = 0; e < VEC; ++e) {
+        const int c = c0 + e;
+        p[e] = param_at<K>(c < a.n ? c : a.n - 1);
+      }
+    }
+  }
+
+  // Parameter K's element `at`, and its VEC elements from `at` on (a multiple of VEC; parameters
+  // are 16-byte aligned): typed loads where PARAMS_T, else converted by the parameter's dtype
+  template <int K>
+  FX_DEVICE float param_at(int64_t at) const {
+    if constexpr (PARAMS_T) {
+      return Mem<T>::load(a.pptr[K], at);
+    } else {
+      return load_param(a.pptr[K], a.pdtype[K], at);
+    }
+  }
+
+  template <int K>
+  FX_DEVICE void param_vec_at(int64_t at, float (&p)[VEC]) const {
+    if constexpr (!PARAMS_T) {
+      load_param_vec<VEC>(a.pptr[K], a.pdtype[K], at, p);
+    } else if constexpr (VEC == DType<T>::kVec) {
+      Mem<T>::load_vec(a.pptr[K], at, p);
+    } else {
+      Mem<T>::load_vec4(a.pptr[K], at, p);
+    }
   }
 
   // Full parameter K (M x N, the output's shape: a residual, a gate; or P x N broadcast along the
@@ -136,7 +171,7 @@ struct Row {
     const int c0 = col(i, 0);
     if constexpr (ALIGNED) {
       if (active && c0 < a.n) {
-        load_param_vec<VEC>(a.pptr[K], a.pdtype[K], base + c0, p);
+        param_vec_at<K>(base + c0, p);
       } else {
 #pragma unroll
         for (int e = 0; e < VEC; ++e) p[e] = 0.0f;
@@ -144,7 +179,7 @@ struct Row {
     } else {
 #pragma unroll
       for (int e = 0; e < VEC; ++e)
-        p[e] = (active && c0 + e < a.n) ? load_param(a.pptr[K], a.pdtype[K], base + c0 + e) : 0.0f;
+        p[e] = (active && c0 + e < a.n) ? param_at<K>(base + c0 + e) : 0.0f;
     }
   }
 
@@ -183,31 +218,46 @@ struct Row {
       }
   }
 
-  // op over the row, the same value in every thread of the row
+  // op over the row, the same value in every thread of the row: shuffles, then across warps a slot
+  // a warp and one barrier. Consecutive reductions take alternate sets of slots (Thread::red_set,
+  // counted alike in every thread of the block, as every thread reaches every reduction), so a
+  // reduction's writes never meet the reads of the one before it, which the barrier of the
+  // one between has waited out: none waits for the slowest warp's reads before going on.
   template <class Op>
   FX_DEVICE float allreduce(float x, Op op) const {
     const int width = a.rt < 32 ? a.rt : 32;
     for (int off = width >> 1; off > 0; off >>= 1) x = op(x, t.shfl_xor(x, off));
     if (a.rt <= 32) return x;
     const int wpr = a.rt >> 5;
-    if ((t.tid() & 31) == 0) red[t.tid() >> 5] = x;
+    float* slots = red + FX_RED_ITEMS_FLOATS + 16 * t.red_set;
+    t.red_set ^= 1;
+    if ((t.tid() & 31) == 0) slots[t.tid() >> 5] = x;
     t.sync();
     const int first = lr * wpr;
-    float r = red[first];
-    for (int w = 1; w < wpr; ++w) r = op(r, red[first + w]);
-    t.sync();
+    float r = slots[first];
+    for (int w = 1; w < wpr; ++w) r = op(r, slots[first + w]);
     return r;
   }
 
-  // op over f(element) of the row, from `init`
+  // op over f(element) of the row, from `init`. Slots past the row's end are left out a chunk at a
+  // time where rows are whole chunks (ALIGNED), one compare a chunk, not one a value; an inactive
+  // row's result is never used (its stores are skipped), so it is not masked at all.
   template <class Op, class F>
   FX_DEVICE float reduce(float init, Op op, F f) const {
     float acc = init;
 #pragma unroll
-    for (int i = 0; i < ITEMS; ++i)
+    for (int i = 0; i < ITEMS; ++i) {
+      const int c0 = col(i, 0);
+      if constexpr (ALIGNED) {
+        if (c0 < n)
 #pragma unroll
-      for (int e = 0; e < VEC; ++e)
-        if (active && col(i, e) < n) acc = op(acc, f(v[i][e]));
+          for (int e = 0; e < VEC; ++e) acc = op(acc, f(v[i][e]));
+      } else {
+#pragma unroll
+        for (int e = 0; e < VEC; ++e)
+          if (c0 + e < n) acc = op(acc, f(v[i][e]));
+      }
+    }
     return allreduce(acc, op);
   }
 
@@ -267,7 +317,8 @@ struct Row {
   }
 
   // Every norm ends here: v = (v - shift) * scale * w + b (the last two as one fma, as eager's CUDA
-  // norms compile), rounded to U as eager's norm of a U input returns it. U, every norm's first
+  // norms compile), its output for U (norm_output: rounded to U as eager's norm of a U input
+  // returns it, or under the rule float32 until the store). U, every norm's first
   // template argument, is the dtype the norm computes for: T, or float once the chain widened
   // (a float32 norm of autocast or type promotion). `shift_scale(i, shift, scale)` fills chunk
   // i's VEC shifts and scales.
@@ -289,7 +340,7 @@ struct Row {
         } else if constexpr (B >= 0) {
           y = y + b[e];
         }
-        v[i][e] = round_to<U>(y);
+        v[i][e] = norm_output<U>(y);
       }
     }
   }
@@ -759,7 +810,7 @@ struct Row {
 #pragma unroll
       for (int e = 0; e < VEC; ++e) {
         const float y = B >= 0 ? fx_fma(v[i][e] - m[e], s[e], b[e]) : (v[i][e] - m[e]) * s[e];
-        v[i][e] = round_to<U>(y);
+        v[i][e] = norm_output<U>(y);
       }
     }
   }

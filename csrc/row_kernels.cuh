@@ -13,9 +13,9 @@ namespace fx {
 // Walks this block's units (one segment of rpc consecutive rows, lane lr taking row lr: plans
 // with segments have one row a block, others one segment a row); `f(row)` sees every slot,
 // active or not.
-template <class Prog, typename T, int ITEMS, bool ALIGNED, class F>
+template <class Prog, typename T, int ITEMS, bool ALIGNED, bool PARAMS_T, class F>
 FX_DEVICE void for_each_row(const Args<Prog::kParamSlots>& a, const Thread& t, float* dyn, float* red, F f) {
-  using R = Row<Prog, T, ITEMS, ALIGNED>;
+  using R = Row<Prog, T, ITEMS, ALIGNED, PARAMS_T>;
   const int lt = t.tid() % a.rt;
   const int lr = t.tid() / a.rt;
   float* scratch = dyn + static_cast<int64_t>(lr) * a.scratch_stride;
@@ -28,9 +28,9 @@ FX_DEVICE void for_each_row(const Args<Prog::kParamSlots>& a, const Thread& t, f
   }
 }
 
-template <class Prog, typename T, int ITEMS, bool ALIGNED>
+template <class Prog, typename T, int ITEMS, bool ALIGNED, bool PARAMS_T>
 FX_DEVICE void apply_body(const Args<Prog::kParamSlots>& a, const Thread& t, float* dyn, float* red) {
-  for_each_row<Prog, T, ITEMS, ALIGNED>(a, t, dyn, red, [](Row<Prog, T, ITEMS, ALIGNED>& r) {
+  for_each_row<Prog, T, ITEMS, ALIGNED, PARAMS_T>(a, t, dyn, red, [](Row<Prog, T, ITEMS, ALIGNED, PARAMS_T>& r) {
     Prog::prefix(r);
     Prog::rest(r);
   });
