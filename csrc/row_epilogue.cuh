@@ -40,6 +40,23 @@ namespace fx {
 // thread); the bound gives the compiler 128 registers a thread.
 constexpr int kMaxBlock = 512;
 
+// Whether the program has column or full parameters (the ones its rows read a chunk at a time)
+template <class Prog>
+constexpr bool has_vector_params() {
+  for (int k = 0; k < Prog::kNumParams; ++k)
+    if (Prog::kParamKinds[k] == FX_PARAM_COL || Prog::kParamKinds[k] == FX_PARAM_FULL) return true;
+  return false;
+}
+
+// Full parameters of a program (operands of the output's shape: a residual), whose chunks a row
+// holds beside its own values
+template <class Prog>
+constexpr int full_params() {
+  int count = 0;
+  for (int k = 0; k < Prog::kNumParams; ++k) count += Prog::kParamKinds[k] == FX_PARAM_FULL;
+  return count;
+}
+
 #if !defined(FX_EMULATE)
 extern __shared__ float fx_dynamic_smem[];
 
@@ -48,15 +65,22 @@ extern __shared__ float fx_dynamic_smem[];
 template <int ITEMS, int VEC>
 constexpr int min_blocks() { return ITEMS * VEC <= 8 ? 2 : 1; }
 
-// The apply kernel's: two up to 16 values a thread. A row of 4096 bf16 values (16 a thread in 256
-// threads) then runs four blocks an SM, not two: the pass is latency-bound, one row a block waiting
-// on its loads and its reductions' barriers, and more rows in flight hide it (on an H200, S20's
-// LayerNorm and SiLU at 4096 x 4096: 96 registers and 43.5 us as it was, 64 and 38.2 this way).
-template <int ITEMS, int VEC>
-constexpr int apply_min_blocks() { return ITEMS * VEC <= 16 ? 2 : 1; }
+// The apply kernel's blocks of kMaxBlock threads an SM must fit, by the values a thread holds (its
+// row's, and its full parameters'): three up to 16 where its parameters are read by typed loads
+// (42 registers a thread), two up to 16 of its row (64), one above (128). The pass is
+// latency-bound, one row a block waiting on its loads and its reductions' barrier, and more rows
+// in flight hide it. On an H200 at 4096 x 4096, 16 values a thread in 256 threads: S20's
+// LayerNorm + SiLU took 96 registers and 43.4 us, 31.2 at 40; S21's RMSNorm + SiLU 30.5 us, 23.0
+// at 40; a residual + LayerNorm (32 values) 39.1 us at 64, 40.5 at 40 (spills); parameters
+// converted by their dtype at run time spill at 40 (BENCHMARKS.md section 31).
+template <class Prog, int ITEMS, int VEC, bool PARAMS_T>
+constexpr int apply_min_blocks() {
+  const bool typed = PARAMS_T || !has_vector_params<Prog>();
+  return typed && ITEMS * VEC * (1 + full_params<Prog>()) <= 16 ? 3 : ITEMS * VEC <= 16 ? 2 : 1;
+}
 
 template <class Prog, typename T, int ITEMS, bool ALIGNED, bool PARAMS_T>
-__global__ void __launch_bounds__(kMaxBlock, apply_min_blocks<ITEMS, chunk_elements<Prog, T>()>())
+__global__ void __launch_bounds__(kMaxBlock, apply_min_blocks<Prog, ITEMS, chunk_elements<Prog, T>(), PARAMS_T>())
     apply_kernel(const __grid_constant__ Args<Prog::kParamSlots> a) {
   __shared__ float red[FX_RED_FLOATS];
   const Thread t;
@@ -115,14 +139,6 @@ inline const char* emulate_kernel(int64_t grid, int block, size_t smem, const Bo
 #include "row_grad.cuh"
 
 namespace fx {
-
-// Whether the program has column or full parameters (the ones its rows read a chunk at a time)
-template <class Prog>
-constexpr bool has_vector_params() {
-  for (int k = 0; k < Prog::kNumParams; ++k)
-    if (Prog::kParamKinds[k] == FX_PARAM_COL || Prog::kParamKinds[k] == FX_PARAM_FULL) return true;
-  return false;
-}
 
 // Whether every column and full parameter of a call is of dtype `code` (Row's PARAMS_T)
 template <class Prog>
