@@ -151,6 +151,23 @@ def test_a_chain_that_widens_writes_float32(engine, name, dtype, n):
     assert out.dtype == torch.float32
 
 
+@pytest.mark.parametrize("name,n", [("s20_layer_silu", 256), ("s20_layer_silu", 260), ("full_residual_layer", 256),
+                                    ("full_residual_layer", 260), ("s04_group_silu_vec_silu", 256)])
+def test_parameters_of_the_modules_dtype_and_of_float32_give_the_same_rows(engine, name, n):
+    """Where every column and full parameter of a call is of the module's dtype the kernels read
+    them by typed loads; where one is float32 (here the same values) they convert each by its
+    dtype. Both compute on the same float values: the same output to the bit (rows of whole
+    16-byte chunks, N = 256, and not, N = 260)."""
+    program = PROGRAMS[name]
+    text = program.to_string()
+    x, w, b, params = inputs(program, torch.bfloat16, 5, n, 16, 4)
+    assert all(p.dtype == torch.bfloat16 for p in params)
+    typed = engine.forward_kernels(text, x, w, b, params)
+    converted = engine.forward_kernels(text, x, w, b, [params[0].float(), *params[1:]])
+    assert typed is not None and converted is not None, "the kernels do not cover the call"
+    assert torch.equal(typed[0], converted[0])
+
+
 @pytest.mark.parametrize("name", EXTRA)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_widest_rows(engine, name, dtype):
