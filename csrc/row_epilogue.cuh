@@ -40,11 +40,13 @@ namespace fx {
 // thread); the bound gives the compiler 128 registers a thread.
 constexpr int kMaxBlock = 512;
 
-// Whether the program has column or full parameters (the ones its rows read a chunk at a time)
+// Column and full parameters: the ones a row reads a chunk at a time (Row::col_chunk, full_chunk)
+constexpr bool is_vector_param(int32_t kind) { return kind == FX_PARAM_COL || kind == FX_PARAM_FULL; }
+
 template <class Prog>
 constexpr bool has_vector_params() {
   for (int k = 0; k < Prog::kNumParams; ++k)
-    if (Prog::kParamKinds[k] == FX_PARAM_COL || Prog::kParamKinds[k] == FX_PARAM_FULL) return true;
+    if (is_vector_param(Prog::kParamKinds[k])) return true;
   return false;
 }
 
@@ -143,10 +145,8 @@ namespace fx {
 // Whether every column and full parameter of a call is of dtype `code` (Row's PARAMS_T)
 template <class Prog>
 inline bool vector_params_of(const FxParam* params, int32_t code) {
-  for (int k = 0; k < Prog::kNumParams; ++k) {
-    const int32_t kind = Prog::kParamKinds[k];
-    if ((kind == FX_PARAM_COL || kind == FX_PARAM_FULL) && params[k].dtype != code) return false;
-  }
+  for (int k = 0; k < Prog::kNumParams; ++k)
+    if (is_vector_param(Prog::kParamKinds[k]) && params[k].dtype != code) return false;
   return true;
 }
 
