@@ -1,6 +1,8 @@
-// One row in registers (fx::Row) and the stages a program applies to it: pointwise stages,
-// norms (group, layer, RMS, batch), row reductions and row maps, each reading and writing the
-// register-resident row; statistics in float32 by shuffles and a fixed-order shared-memory sum.
+// One row in registers (fx::Row) and the stages a program applies to it, each reading and writing
+// the register-resident row: here the row's layout, loads and stores, parameters, pointwise maps,
+// dropout, the reductions' primitives (statistics in float32 by shuffles and a fixed-order
+// shared-memory sum) and the end every norm shares; the stages of each kind in a file of their own
+// (row_norms.cuh, row_reductions.cuh, row_pooling.cuh, row_rotary.cuh), declared in the class.
 #pragma once
 
 #include "row_args.cuh"
@@ -266,55 +268,16 @@ struct Row {
   FX_DEVICE float reduce_max() const { return reduce(-INFINITY, OpMax(), [](float x) { return x; }); }
   FX_DEVICE float reduce_min() const { return reduce(INFINITY, OpMin(), [](float x) { return x; }); }
 
-  // torch.logsumexp: the max is replaced by 0 where it is infinite
-  FX_DEVICE float reduce_logsumexp() const {
-    float m = reduce_max();
-    if (fabsf(m) == INFINITY) m = 0.0f;
-    const float s = reduce(0.0f, OpAdd(), [m](float x) { return fx_expf(x - m); });
-    return logf(s) + m;
-  }
-
-  // torch.linalg.vector_norm(ord=2): the square root of the row's sum of squares
-  FX_DEVICE float reduce_vector_norm() const { return sqrtf(reduce(0.0f, OpAdd(), [](float x) { return x * x; })); }
-
-  // exp(x - m) <= 1: the rule's exponential (fx_expf) cannot overflow where libm's does not;
-  // under the rule one reciprocal a row and a product a value, in place of an IEEE division each
-  FX_DEVICE void softmax() {
-    const float m = reduce_max();
-    map([m](float x, int) { return fx_expf(x - m); });
-    const float s = reduce_sum();
-#if defined(FX_RULE_MATH)
-    const float r = 1.0f / s;
-    map([r](float x, int) { return x * r; });
-#else
-    map([s](float x, int) { return x / s; });
-#endif
-  }
-
-  // torch.var / torch.std: the squared deviations from the row's mean m over max(0, n - correction)
-  FX_DEVICE float reduce_var_about(float m, float correction) const {
-    const float d = fmaxf(0.0f, static_cast<float>(n) - correction);
-    return reduce(0.0f, OpAdd(), [m](float x) { return (x - m) * (x - m); }) / d;
-  }
-
-  FX_DEVICE float reduce_var(float correction) const { return reduce_var_about(reduce_mean(), correction); }
-
-  FX_DEVICE float reduce_std(float correction) const { return sqrtf(reduce_var(correction)); }
-
-  // F.normalize(p=2): the row over clamp_min(its norm, eps) (a NaN norm stays NaN, as clamp_min's)
-  FX_DEVICE static float normalize_divisor(float norm, float eps) { return norm < eps ? eps : norm; }
-
-  FX_DEVICE void normalize(float eps) {
-    const float d = normalize_divisor(reduce_vector_norm(), eps);
-    map([d](float x, int) { return x / d; });
-  }
-
-  FX_DEVICE void log_softmax() {
-    const float m = reduce_max();
-    const float s = reduce(0.0f, OpAdd(), [m](float x) { return fx_expf(x - m); });
-    const float log_s = logf(s);
-    map([m, log_s](float x, int) { return (x - m) - log_s; });
-  }
+  // Row reductions and row maps (row_reductions.cuh)
+  FX_DEVICE float reduce_logsumexp() const;
+  FX_DEVICE float reduce_vector_norm() const;
+  FX_DEVICE void softmax();
+  FX_DEVICE float reduce_var_about(float m, float correction) const;
+  FX_DEVICE float reduce_var(float correction) const;
+  FX_DEVICE float reduce_std(float correction) const;
+  FX_DEVICE static float normalize_divisor(float norm, float eps);
+  FX_DEVICE void normalize(float eps);
+  FX_DEVICE void log_softmax();
 
   // Every norm ends here: v = (v - shift) * scale * w + b (the last two as one fma, as eager's CUDA
   // norms compile), its output for U (norm_output: rounded to U as eager's norm of a U input
@@ -372,113 +335,23 @@ struct Row {
     t.sync();
   }
 
-  // Pooling along the features (a Pool stage): windows of K values, S apart, every one inside the
-  // row; the row narrows to (n - K) / S + 1 values, the mean of each window (Max: its max, NaN where
-  // it holds one, as eager's), which later stages and the store see. Through the row's scratch
-  // (n floats: Prog::scratch_floats); whole rows a segment (Prog::row_local is false).
+  // Pooling along the features (row_pooling.cuh)
   template <bool Max, int K, int S>
-  FX_DEVICE void pool() {
-    to_scratch();
-    const int width = (n - K) / S + 1;
-#pragma unroll
-    for (int i = 0; i < ITEMS; ++i)
-#pragma unroll
-      for (int e = 0; e < VEC; ++e) {
-        const int c = col(i, e);
-        if (!active || c >= width) {
-          v[i][e] = 0.0f;  // past the narrowed row: never stored or reduced
-          continue;
-        }
-        const float* w = scratch + c * S;
-        float acc = Max ? -INFINITY : 0.0f;
-        for (int k = 0; k < K; ++k) {
-          if constexpr (Max) {
-            if (w[k] > acc || w[k] != w[k]) acc = w[k];  // eager's max pooling: a NaN wins
-          } else {
-            acc += w[k];
-          }
-        }
-        v[i][e] = Max ? acc : acc / static_cast<float>(K);
-      }
-    t.sync();  // the scratch is free again (a later stage, the next row)
-    n = width;
-  }
+  FX_DEVICE void pool();
   template <int K, int S>
-  FX_DEVICE void pool_avg() { pool<false, K, S>(); }
+  FX_DEVICE void pool_avg();
   template <int K, int S>
-  FX_DEVICE void pool_max() { pool<true, K, S>(); }
+  FX_DEVICE void pool_max();
 
-  // Attention's rotary embedding (a Rotary stage) of every head of D columns: y * cos + rot(y) *
-  // sin, rot(y)[j] = -y[j + D/2] for j < D/2 and y[j - D/2] after, cos and sin the head tables C and
-  // S (P rows of D values; row r reads table row r mod P). Each product and the sum rounded to U as
-  // eager's three ops round them. Row-local where the heads pair by lanes (rotary_in_lanes), else
-  // whole rows a segment.
+  // Attention's rotary embedding (row_rotary.cuh)
   template <typename U, int D, int C, int S>
-  FX_DEVICE void rotary() {
-    static_assert(D % 2 == 0, "heads of an even width");
-    if constexpr (rotary_in_lanes(D, D, VEC)) {
-      if (a.rt % (D / VEC) == 0) {  // the same for the whole block: no lane skips the shuffles
-        rotary_by_lanes<U, D, C, S>();
-        return;
-      }
-    }
-    rotary_by_scratch<U, D, C, S>();
-  }
-
-  // One rotated value: y * cos + partner * sin (the partner signed), each product and the sum
-  // rounded to U as eager's three ops round them
+  FX_DEVICE void rotary();
   template <typename U>
-  FX_DEVICE static float rotated(float y, float partner, float cs, float sn) {
-    return round_to<U>(round_to<U>(y * cs) + round_to<U>(partner * sn));
-  }
-
-  // A head is HEAD_CHUNKS whole chunks on consecutive lanes of one item (rt a multiple of them), so
-  // the partner chunk of lane l is lane l ^ HEAD_CHUNKS / 2's: one shuffle a value, the tables read
-  // a chunk at a time (their rows start 16-byte aligned: D a multiple of VEC).
+  FX_DEVICE static float rotated(float y, float partner, float cs, float sn);
   template <typename U, int D, int C, int S>
-  FX_DEVICE void rotary_by_lanes() {
-    constexpr int HALF_CHUNKS = D / VEC / 2;
-    const int64_t table_row = active ? (row % a.prows[C]) * D : 0;
-#pragma unroll
-    for (int i = 0; i < ITEMS; ++i) {
-      float partner[VEC];
-#pragma unroll
-      for (int e = 0; e < VEC; ++e) partner[e] = t.shfl_xor(v[i][e], HALF_CHUNKS);
-      const int c0 = col(i, 0);
-      if (!active || c0 >= n) continue;  // (after the shuffles: every lane takes part)
-      const int j0 = c0 % D;
-      float cs[VEC], sn[VEC];
-      load_param_vec<VEC>(a.pptr[C], a.pdtype[C], table_row + j0, cs);
-      load_param_vec<VEC>(a.pptr[S], a.pdtype[S], table_row + j0, sn);
-      const float sign = j0 < D / 2 ? -1.0f : 1.0f;
-#pragma unroll
-      for (int e = 0; e < VEC; ++e)
-        v[i][e] = rotated<U>(v[i][e], sign * partner[e], cs[e], sn[e]);
-    }
-  }
-
-  // Any other layout: the partner through the row's scratch (n floats), the tables an element at a
-  // time.
+  FX_DEVICE void rotary_by_lanes();
   template <typename U, int D, int C, int S>
-  FX_DEVICE void rotary_by_scratch() {
-    to_scratch();
-    if (active) {
-      const int64_t table_row = (row % a.prows[C]) * D;
-#pragma unroll
-      for (int i = 0; i < ITEMS; ++i)
-#pragma unroll
-        for (int e = 0; e < VEC; ++e) {
-          const int c = col(i, e);
-          if (c >= n) continue;
-          const int j = c % D;
-          const float partner = j < D / 2 ? -scratch[c + D / 2] : scratch[c - D / 2];
-          const float cs = load_param(a.pptr[C], a.pdtype[C], table_row + j);
-          const float sn = load_param(a.pptr[S], a.pdtype[S], table_row + j);
-          v[i][e] = rotated<U>(v[i][e], partner, cs, sn);
-        }
-    }
-    t.sync();  // the scratch is free again (a later stage, the next row)
-  }
+  FX_DEVICE void rotary_by_scratch();
 
   // Dropout in training: v / (1 - p) where the mask keeps the element, v * 0 elsewhere (NaN and
   // Inf become NaN, as in eager's product); the mask is a hash of (seed parameter K, row, column)
@@ -495,325 +368,52 @@ struct Row {
     if constexpr (DType<T>::kCode != FX_F32) map([](float x, int) { return round_to<T>(x); });
   }
 
-  // The row's mean and 1/sqrt(biased variance + eps), two passes (layer_norm and its backward)
-  FX_DEVICE void layer_moments(float eps, float& mean, float& rstd) const {
-    const float n = static_cast<float>(a.n);
-    mean = reduce_sum() / n;
-    const float m = mean;
-    const float var = reduce(0.0f, OpAdd(), [m](float x) { return (x - m) * (x - m); }) / n;
-    rstd = fx_rsqrt(var + eps);
-  }
-
-  // 1/sqrt(mean(x^2) + eps) of the row (rms_norm and its backward)
-  FX_DEVICE float rms_scale(float eps) const {
-    const float ms = reduce(0.0f, OpAdd(), [](float x) { return x * x; }) / static_cast<float>(a.n);
-    return fx_rsqrt(ms + eps);
-  }
-
-  // F.layer_norm over the row: biased variance (two-pass), (x - mean) * rstd * w + b
+  // Norms: layer, RMS, group, batch in eval and training (row_norms.cuh)
+  FX_DEVICE void layer_moments(float eps, float& mean, float& rstd) const;
+  FX_DEVICE float rms_scale(float eps) const;
   template <typename U, int W, int B>
-  FX_DEVICE void layer_norm(float eps) {
-    float mean, rstd;
-    layer_moments(eps, mean, rstd);
-    normalise_by_chunk<U, W, B>([mean, rstd](int, float& sh, float& sc) {
-      sh = mean;
-      sc = rstd;
-    });
-  }
-
-  // F.rms_norm: x * rsqrt(mean(x^2) + eps) * w
+  FX_DEVICE void layer_norm(float eps);
   template <typename U, int W>
-  FX_DEVICE void rms_norm(float eps) {
-    const float r = rms_scale(eps);
-    normalise_by_chunk<U, W, -1>([r](int, float& sh, float& sc) {
-      sh = 0.0f;
-      sc = r;
-    });
-  }
-
-  // Group norm over groups of n/G consecutive columns of the row, two passes (mean, then the mean
-  // of squared deviations) in fp32 like eager's CUDA kernel, whose eps is a T and which (up to
-  // torch 2.11) normalises with mean and 1/std rounded to T: FX_GROUP_NORM_ROUNDS_STATS.
-  //  - a group of `lanes` whole chunks held by consecutive threads (lanes a power of two dividing
-  //    the row's threads; every suite shape): shuffle sums, no shared memory;
-  //  - other whole-chunk groups: per-chunk partial sums in shared memory, one thread a group;
-  //  - a group size that is not a multiple of 16 bytes of T: the row staged in shared memory.
+  FX_DEVICE void rms_norm(float eps);
   template <typename U, int G, int W, int B>
-  FX_DEVICE void group_norm(float eps) {
-    const float eps_t = round_to<U>(eps);
-    const int gs = a.n / G;
-    const int lanes = gs / VEC;
-    if (group_in_lanes(a.n, G, VEC) || (gs % VEC == 0 && (lanes & (lanes - 1)) == 0 && a.rt % lanes == 0)) {
-      group_norm_by_lanes<U, W, B>(eps_t, gs, lanes);
-    } else if (gs % VEC == 0) {
-      group_norm_by_chunk<U, G, W, B>(eps_t, gs);
-    } else {
-      group_norm_staged<U, G, W, B>(eps_t, gs);
-    }
-  }
-
+  FX_DEVICE void group_norm(float eps);
   template <typename U>
-  FX_DEVICE void group_stats(float& mean, float& rstd) const {
-    if (a.flags & FX_GROUP_NORM_ROUNDS_STATS) {
-      mean = round_to<U>(mean);
-      rstd = round_to<U>(rstd);
-    }
-  }
-
-  // s[i] = the sum of s[i] over the `lanes` consecutive threads holding chunk i's group (lanes a
-  // power of two; above 32, whole warps through shared memory), in a fixed order.
-  FX_DEVICE void group_sums(float (&s)[ITEMS], int lanes) const {
-    const int width = lanes < 32 ? lanes : 32;
-    for (int off = width >> 1; off > 0; off >>= 1)
-#pragma unroll
-      for (int i = 0; i < ITEMS; ++i) s[i] += t.shfl_xor(s[i], off);
-    if (lanes <= 32) return;
-    const int warps = t.bdim() >> 5;
-    const int warp = t.tid() >> 5;
-    if ((t.tid() & 31) == 0)
-#pragma unroll
-      for (int i = 0; i < ITEMS; ++i) red[i * warps + warp] = s[i];
-    t.sync();
-    const int per = lanes >> 5;
-    const int first = warp / per * per;
-#pragma unroll
-    for (int i = 0; i < ITEMS; ++i) {
-      float r = red[i * warps + first];
-      for (int w = 1; w < per; ++w) r += red[i * warps + first + w];
-      s[i] = r;
-    }
-    t.sync();
-  }
-
+  FX_DEVICE void group_stats(float& mean, float& rstd) const;
+  FX_DEVICE void group_sums(float (&s)[ITEMS], int lanes) const;
   template <typename U, int W, int B>
-  FX_DEVICE void group_norm_by_lanes(float eps, int gs, int lanes) {
-    float mean[ITEMS], rstd[ITEMS];
-    group_moments_by_lanes<U>(eps, gs, lanes, mean, rstd);
-    normalise_by_chunk<U, W, B>([&](int i, float& sh, float& sc) {
-      sh = mean[i];
-      sc = rstd[i];
-    });
-  }
-
-  // mean[i] and rstd[i] of chunk i's group, the group's chunks held by `lanes` consecutive
-  // threads (group_norm and its backward): eager's Welford tree for groups of up to 32 values,
-  // else two shuffle-summed passes; rounded where eager rounds them (group_stats).
+  FX_DEVICE void group_norm_by_lanes(float eps, int gs, int lanes);
   template <typename U>
-  FX_DEVICE void group_moments_by_lanes(float eps, int gs, int lanes, float (&mean)[ITEMS], float (&rstd)[ITEMS]) const {
-    if (gs <= 32) {
-      group_moments_as_eager_warp<U>(eps, gs, lanes, mean, rstd);
-      return;
-    }
-    const float count = static_cast<float>(gs);
-#pragma unroll
-    for (int i = 0; i < ITEMS; ++i) {
-      float s = 0.0f;
-#pragma unroll
-      for (int e = 0; e < VEC; ++e) s += v[i][e];
-      mean[i] = col(i, 0) < a.n ? s : 0.0f;  // whole groups lie past the end (n % gs == 0)
-    }
-    group_sums(mean, lanes);
-#pragma unroll
-    for (int i = 0; i < ITEMS; ++i) {
-      mean[i] /= count;
-      float s = 0.0f;
-#pragma unroll
-      for (int e = 0; e < VEC; ++e) s += (v[i][e] - mean[i]) * (v[i][e] - mean[i]);
-      rstd[i] = col(i, 0) < a.n ? s : 0.0f;
-    }
-    group_sums(rstd, lanes);
-#pragma unroll
-    for (int i = 0; i < ITEMS; ++i) {
-      rstd[i] = fx_rsqrt(rstd[i] / count + eps);
-      group_stats<U>(mean[i], rstd[i]);
-    }
-  }
-
-  // Eager's own statistics for a group of at most 32 values (torch's CUDA group norm, a group of
-  // fewer than 512 values: one warp, value j in lane j, lanes past the group empty): Welford
-  // states combined by a shuffle-down tree, offsets 16 ... 1, lane 0's result. Here value j of a
-  // group sits in thread j / VEC, slot j % VEC: the tree's levels of offset >= VEC are butterflies
-  // between threads, the rest run in registers, and every thread of the group ends with lane 0's
-  // state bit for bit (the lower side of each pair is combined first, as lane 0 combines). Levels
-  // at or above the group size only meet empty lanes (no-ops). A one-ulp difference in a statistic
-  // rounded to bf16 can grow past 1e-2 through a bf16 chain (S04), so the order is eager's.
+  FX_DEVICE void group_moments_by_lanes(float eps, int gs, int lanes, float (&mean)[ITEMS], float (&rstd)[ITEMS]) const;
   template <typename U>
   FX_DEVICE void group_moments_as_eager_warp(float eps, int gs, int lanes, float (&mean)[ITEMS],
-                                             float (&rstd)[ITEMS]) const {
-    const int r = lt % lanes;  // this thread's place in its group
-#pragma unroll
-    for (int i = 0; i < ITEMS; ++i) {
-      float m[VEC], s[VEC];
-#pragma unroll
-      for (int e = 0; e < VEC; ++e) welford_leaf(v[i][e], m[e], s[e]);
-      float count = 1.0f;  // values behind each side of the next combine (a power of two)
-      for (int lx = lanes >> 1; lx >= 1; lx >>= 1, count *= 2.0f) {
-        const bool lower = (r & lx) == 0;
-#pragma unroll
-        for (int e = 0; e < VEC; ++e) {  // selects, not branches: the pair's halves differ
-          const float om = t.shfl_xor(m[e], lx);
-          const float os = t.shfl_xor(s[e], lx);
-          float am = lower ? m[e] : om, as = lower ? s[e] : os;
-          welford_combine(am, as, lower ? om : m[e], lower ? os : s[e], count);
-          m[e] = am;
-          s[e] = as;
-        }
-      }
-#pragma unroll
-      for (int off = VEC >> 1; off >= 1; off >>= 1, count *= 2.0f)
-#pragma unroll
-        for (int e = 0; e < off; ++e) welford_combine(m[e], s[e], m[e + off], s[e + off], count);
-      mean[i] = m[0];
-      rstd[i] = fx_rsqrt(s[0] / static_cast<float>(gs) + eps);
-      group_stats<U>(mean[i], rstd[i]);
-    }
-  }
-
-  // WelfordOps::reduce of one value into the empty state, as torch compiles it
-  static FX_DEVICE void welford_leaf(float x, float& mean, float& m2) {
-    mean = 0.0f + x;
-    m2 = fx_fma(x, x - mean, 0.0f);
-  }
-
-  // WelfordOps::combine of (mean, m2) with (mb, m2b), both sides holding `count` values, as torch
-  // compiles it: nb / n is exactly 0.5 and a.nf a power of two, so the two contracted
-  // multiply-adds are  mean + delta * 0.5  and  (m2 + m2b) + (delta * delta * count) * 0.5.
-  static FX_DEVICE void welford_combine(float& mean, float& m2, float mb, float m2b, float count) {
-    const float delta = mb - mean;
-    m2 = fx_fma(delta * delta * count, 0.5f, m2 + m2b);
-    mean = fx_fma(delta, 0.5f, mean);
-  }
-
+                                             float (&rstd)[ITEMS]) const;
+  static FX_DEVICE void welford_leaf(float x, float& mean, float& m2);
+  static FX_DEVICE void welford_combine(float& mean, float& m2, float mb, float m2b, float count);
   template <typename U, int G, int W, int B>
-  FX_DEVICE void group_norm_by_chunk(float eps, int gs) {
-    const int per_group = gs / VEC;
-    const float count = static_cast<float>(gs);
-    float mean[ITEMS], rstd[ITEMS];
-    chunk_partials([](float x, int) { return x; });
-    t.sync();
-    chunk_combine<G>(per_group, [count](float s) { return s / count; });
-    t.sync();
-    chunk_group_values(gs, per_group, mean);
-    t.sync();
-    chunk_partials([&mean](float x, int i) { return (x - mean[i]) * (x - mean[i]); });
-    t.sync();
-    chunk_combine<G>(per_group, [count, eps](float s) { return fx_rsqrt(s / count + eps); });
-    t.sync();
-    chunk_group_values(gs, per_group, rstd);
-    t.sync();
-#pragma unroll
-    for (int i = 0; i < ITEMS; ++i) group_stats<U>(mean[i], rstd[i]);
-    normalise_by_chunk<U, W, B>([&](int i, float& sh, float& sc) {
-      sh = mean[i];
-      sc = rstd[i];
-    });
-  }
-
+  FX_DEVICE void group_norm_by_chunk(float eps, int gs);
   template <class F>
-  FX_DEVICE void chunk_partials(F f) {
-    if (!active) return;
-#pragma unroll
-    for (int i = 0; i < ITEMS; ++i) {
-      const int c0 = col(i, 0);
-      if (c0 < a.n) {
-        float s = 0.0f;
-#pragma unroll
-        for (int e = 0; e < VEC; ++e) s += f(v[i][e], i);
-        scratch[c0 / VEC] = s;
-      }
-    }
-  }
-
+  FX_DEVICE void chunk_partials(F f);
   template <int G, class F>
-  FX_DEVICE void chunk_combine(int per_group, F finish) {
-    if (!active) return;
-    for (int g = lt; g < G; g += a.rt) {
-      float s = 0.0f;
-      for (int k = 0; k < per_group; ++k) s += scratch[g * per_group + k];
-      scratch[g * per_group] = finish(s);
-    }
-  }
-
-  // out[i] = the value chunk_combine left for chunk i's group; chunks past the end use the last
-  // chunk's group (n % VEC == 0 here), as map() clamps columns
-  FX_DEVICE void chunk_group_values(int gs, int per_group, float (&out)[ITEMS]) const {
-#pragma unroll
-    for (int i = 0; i < ITEMS; ++i) {
-      const int c0 = col(i, 0) < a.n ? col(i, 0) : a.n - VEC;
-      out[i] = scratch[(c0 / gs) * per_group];
-    }
-  }
-
+  FX_DEVICE void chunk_combine(int per_group, F finish);
+  FX_DEVICE void chunk_group_values(int gs, int per_group, float (&out)[ITEMS]) const;
   template <typename U, int G, int W, int B>
-  FX_DEVICE void group_norm_staged(float eps, int gs) {
-    if (active) {
-#pragma unroll
-      for (int i = 0; i < ITEMS; ++i)
-#pragma unroll
-        for (int e = 0; e < VEC; ++e)
-          if (col(i, e) < a.n) scratch[col(i, e)] = v[i][e];
-    }
-    t.sync();
-    if (active) {
-      const float count = static_cast<float>(gs);
-      for (int g = lt; g < G; g += a.rt) {
-        float* x = scratch + g * gs;
-        float s = 0.0f;
-        for (int k = 0; k < gs; ++k) s += x[k];
-        float mean = s / count;
-        float ss = 0.0f;
-        for (int k = 0; k < gs; ++k) ss += (x[k] - mean) * (x[k] - mean);
-        float rstd = fx_rsqrt(ss / count + eps);
-        group_stats<U>(mean, rstd);
-        for (int k = 0; k < gs; ++k) x[k] = (x[k] - mean) * rstd;
-      }
-    }
-    t.sync();
-    map([this](float, int c) { return scratch[c]; });
-    t.sync();
-    normalise_by_chunk<U, W, B>([](int, float& sh, float& sc) {
-      sh = 0.0f;
-      sc = 1.0f;
-    });
-  }
-
-  // BatchNorm with running statistics: (x - rm) / sqrt(rv + eps) * w + b
+  FX_DEVICE void group_norm_staged(float eps, int gs);
   template <typename U, int W, int B, int RM, int RV>
-  FX_DEVICE void batch_norm_eval(float eps) {
-    normalise<U, W, B>([this, eps](int i, auto& shift, auto& scale) {
-      running_shift_scale<RM, RV>(i, eps, shift, scale);
-    });
-  }
-
-  // An eval BatchNorm's shift and scale at chunk i: the running mean and 1 / sqrt(rv + eps)
-  // (the forward's, and the backward's: row_grad.cuh's norm_dv)
+  FX_DEVICE void batch_norm_eval(float eps);
   template <int RM, int RV>
-  FX_DEVICE void running_shift_scale(int i, float eps, float (&shift)[VEC], float (&scale)[VEC]) const {
-    float rv[VEC];
-    col_chunk<RM>(i, shift);
-    col_chunk<RV>(i, rv);
-#pragma unroll
-    for (int e = 0; e < VEC; ++e) scale[e] = 1.0f / sqrtf(rv[e] + eps);
-  }
-
-  // BatchNorm with the batch statistics of the combine kernel: (x - mean) * scale + bias, the
-  // weight folded into the scale there (eager: (x - mean) * rstd * w + b, contracted)
+  FX_DEVICE void running_shift_scale(int i, float eps, float (&shift)[VEC], float (&scale)[VEC]) const;
   template <typename U, int W, int B>
-  FX_DEVICE void batch_norm_train() {
-    static_assert(W == Prog::kBatchWeight && B == Prog::kBatchBias, "the combine folds this stage's weight and bias");
-#pragma unroll
-    for (int i = 0; i < ITEMS; ++i) {
-      float m[VEC], s[VEC], b[VEC];
-      chunk_of(a.bn_mean, FX_F32, i, m);
-      chunk_of(a.bn_scale, FX_F32, i, s);
-      if constexpr (B >= 0) chunk_of(a.bn_bias, FX_F32, i, b);
-#pragma unroll
-      for (int e = 0; e < VEC; ++e) {
-        const float y = B >= 0 ? fx_fma(v[i][e] - m[e], s[e], b[e]) : (v[i][e] - m[e]) * s[e];
-        v[i][e] = norm_output<U>(y);
-      }
-    }
-  }
+  FX_DEVICE void batch_norm_train();
 };
 
 }  // namespace fx
+
+// The head of a Row member defined outside the class: the stages of a kind, each in a file of its
+// own, below
+#define FX_ROW_TEMPLATE template <class Prog, typename T, int ITEMS, bool ALIGNED, bool PARAMS_T>
+#define FX_ROW Row<Prog, T, ITEMS, ALIGNED, PARAMS_T>
+
+#include "row_norms.cuh"
+#include "row_pooling.cuh"
+#include "row_reductions.cuh"
+#include "row_rotary.cuh"

@@ -23,7 +23,8 @@
 // kernel.
 //
 // Files: row_memory.cuh (element types, memory access), row_args.cuh (kernel arguments),
-// row_core.cuh (the row and its stages), row_kernels.cuh (kernel bodies), this file (launch
+// row_core.cuh (the row; its stages there and in row_norms.cuh, row_reductions.cuh,
+// row_pooling.cuh, row_rotary.cuh), row_kernels.cuh (kernel bodies), this file (launch
 // plans, the kernels, the exported entry points), row_grad.cuh and grad_epilogue.cuh (backward).
 #pragma once
 

@@ -28,7 +28,7 @@ from . import spell
 @dataclass(frozen=True)
 class PoolFamily:
     """One pooling. ``torch_pool``: eager's 1-d pooling of a (rows, 1, n) value with a window and a
-    stride; ``row_stage``: the row kernels' member function (csrc/row_core.cuh)."""
+    stride; ``row_stage``: the row kernels' member function (csrc/row_pooling.cuh)."""
 
     kind: str
     torch_pool: Callable[[torch.Tensor, int, int], torch.Tensor]
