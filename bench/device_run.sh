@@ -10,6 +10,7 @@
 # (compute-sanitizer over one run of each kernel template; SANITIZE_TOOLS picks the tools),
 # gradients (every suite model's gradients and the training example on CUDA), train
 # (bench/train_bench.py; TRAIN_ARGS), compile (bench/compile_time.py: cold and warm compiles),
+# rowpass (bench/row_pass.py: the row pass alone against Inductor's kernels; ROWPASS_ARGS),
 # timing (BENCHMARKS.md section 30's open questions, side by side on the host's GPUs: S01's models
 # over one and four input sets and after sustained load, with clocks; softmax, LayerNorm and
 # RMSNorm inside the GEMM against their row pass; whether launching the GEMM and the kernels after
@@ -107,6 +108,9 @@ if has timing; then
   done
   wait
   tail -n 30 "$OUT"/timing_*.log
+fi
+if has rowpass; then  # the row pass alone (builds only row modules; Inductor compiles each chain)
+  python3 bench/row_pass.py ${ROWPASS_ARGS:-} 2>&1 | tee "$OUT/row_pass.log" || status=1
 fi
 if has compile; then  # cold and warm compile of a four-chain model, fxfuse against Inductor
   python3 bench/compile_time.py --json "$OUT/compile_time.json" 2>&1 | tee "$OUT/compile_time.log"
