@@ -141,7 +141,7 @@ class Epilogue:
         """The norm's eps, or a row map's (F.normalize's); 0 for those without one."""
         if self.norm is not None:
             return self.norm.eps
-        return getattr(self.reduce, "eps", None) or 0.0
+        return (self.reduce.eps if self.reduce is not None else None) or 0.0
 
     @property
     def reduces_rows(self) -> bool:
