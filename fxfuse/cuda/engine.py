@@ -29,7 +29,7 @@ import statistics
 import threading
 import time
 import warnings
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Callable
 
 import torch
@@ -57,9 +57,17 @@ LAUNCH_TIMING = "back-to-back launches"  # where a candidate could not be captur
 CALLS_PER_SAMPLE = 10  # calls of a candidate in one timing sample
 WARM_UP_S = 2.0  # untimed load before a measurement's first sample (warm_up)
 WARM_UP_RUNS = 1000  # at most this many runs in the warm-up (of microsecond candidates: a fraction of a second)
+# A run (a sample's CUDA-graph replay) at least this long keeps the card at its power limit, and a
+# block of it settles for its whole settling time; shorter runs, which do not heat the card, settle
+# for ten runs' time (blocked_medians)
+HEAVY_RUN_S = 1e-3
+# How long each finalist runs alone before its samples (Engine._measure's final): a CUTLASS kernel
+# draws more power than cuBLAS's and, run alone this long, settles on lower clocks; in blocks of
+# 20 ms it ran on the clocks the candidates before it left (BENCHMARKS.md section 32)
+FINAL_SETTLE_S = 0.3
 # How candidates are timed, in the selections' disk key (keyed on the modules, not on this file):
-# selections timed another way (round-robin; blocks without the warm-up) are measured again
-TIMING_METHOD = "blocks after a warm-up"
+# selections timed another way (round-robin; blocks without the warm-up; no final) are measured again
+TIMING_METHOD = "blocks after a warm-up; a final of the in-GEMM winner, the row path and Inductor, each alone 0.3 s"
 
 
 @dataclass(frozen=True)
@@ -73,18 +81,28 @@ class Selection:
     config: int
     times_us: dict[str, float]
     timing: str
+    # where an in-GEMM configuration won the screen (``times_us``): it, the row path and
+    # Inductor's kernels timed again, each alone for FINAL_SETTLE_S before its samples; ``path``
+    # is the faster of fxfuse's two finalists
+    final_us: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def deciding_us(self) -> dict[str, float]:
+        """The times the path was chosen by: the final's where there was one, else the screen's."""
+        return {**self.times_us, **self.final_us}
 
     def inductor_is_faster(self) -> bool | None:
         """Whether Inductor's kernels beat fxfuse's fastest path, or come within INDUCTOR_MARGIN of
         it (None: Inductor was not timed)."""
-        if INDUCTOR not in self.times_us:
+        times = self.deciding_us
+        if INDUCTOR not in times:
             return None
-        return self.times_us[INDUCTOR] < self.times_us[self.path] * (1 + INDUCTOR_MARGIN)
+        return times[INDUCTOR] < times[self.path] * (1 + INDUCTOR_MARGIN)
 
     def why_inductor(self) -> str:
         """Why the chain goes to Inductor, where ``inductor_is_faster``: Inductor measured faster,
         or fxfuse's fastest path won by less than the margin."""
-        fastest, inductor = self.times_us[self.path], self.times_us[INDUCTOR]
+        fastest, inductor = self.deciding_us[self.path], self.deciding_us[INDUCTOR]
         if inductor <= fastest:
             return "Inductor is faster at this shape"
         return (f"fxfuse's fastest is {inductor / fastest - 1:.1%} faster than Inductor at this shape, "
@@ -102,7 +120,11 @@ class Selection:
         times = ", ".join(f"{name} {t:.1f} us" for name, t in sorted(fastest.values(), key=lambda nt: nt[1]))
         orders = " (each kernel at its fastest tile order)" if len(fastest) < len(self.times_us) else ""
         where = "in-GEMM epilogue" if self.config >= 0 else "cuBLAS + row pass"
-        return f"{where} ({self.path}); measured ({self.timing}){orders}: {times}"
+        final = ""
+        if self.final_us:
+            alone = ", ".join(f"{name} {t:.1f} us" for name, t in sorted(self.final_us.items(), key=lambda nt: nt[1]))
+            final = f"; then each alone for {FINAL_SETTLE_S} s: {alone}"
+        return f"{where} ({self.path}); measured ({self.timing}){orders}: {times}{final}"
 
 
 class Engine:
@@ -280,8 +302,14 @@ class Engine:
                                     f"fxfuse: Inductor's kernels for a chain could not be timed "
                                     f"({type(error).__name__}: {error}); the policy's rules decide")
             times, timing = time_candidates(calls)
-        path = min(candidates.keys() & times.keys(), key=times.get)
-        return Selection(path, candidates[path], times, timing)
+            path = min(candidates.keys() & times.keys(), key=times.get)
+            final = {}
+            if candidates[path] >= 0:  # an in-GEMM configuration won: again against the cuBLAS paths
+                finalists = [name for name in (INDUCTOR, ROW_PATH, path) if name in times]
+                final, _ = time_candidates({name: calls[name] for name in finalists}, settle_s=FINAL_SETTLE_S,
+                                           warm_up_s=0.0)
+                path = min((ROW_PATH, path) if ROW_PATH in final else (path,), key=final.get)
+        return Selection(path, candidates[path], times, timing, final)
 
     def _agreeing(self, program: Program, calls: dict[str, Callable[[], tuple | None]]) -> dict:
         """``calls`` without the GEMM configurations whose output disagrees with the row pass's on
@@ -513,8 +541,8 @@ def blocked_medians(calls: dict[str, Callable[[], object]], time_once: Callable[
                     warm_up_s: float = WARM_UP_S) -> dict[str, float]:
     """The median of each call's timings, taken in blocks after ``warm_up_s`` of all of them
     untimed (``warm_up``): one candidate at a time runs untimed
-    for ``settle_s`` (at least once, at most ten times as long as its first untimed run took),
-    then is timed ``samples_per_block`` times; the candidates in order, then in reverse order,
+    for ``settle_s`` (at least once; a run shorter than HEAVY_RUN_S at most ten times as long as
+    its first untimed run took), then is timed ``samples_per_block`` times; the candidates in order, then in reverse order,
     ``passes`` passes in all.
 
     A big GEMM runs at the card's power limit, and a candidate timed right after another runs in
@@ -524,9 +552,13 @@ def blocked_medians(calls: dict[str, Callable[[], object]], time_once: Callable[
     order every pass gives each candidate the same mean position, so that a card whose clocks
     drift as it heats slows all of them alike; the candidate at each turn runs two blocks in a row,
     its second deeper into its own state. A selection times up to some fifty candidates, so
-    each settles for 0.05 s by default; the whole-graph check, two, settles longer. A short run
-    (microseconds: decode sizes, tests) settles for ten runs' time, so that the selections of a
-    model's small chains stay quick."""
+    each settles for 0.05 s by default; its final and the whole-graph check, two or three, settle
+    longer. A short run (microseconds: decode sizes, tests), which does not heat the card, settles
+    for ten runs' time, so that the selections of a model's small chains stay quick. A heavy one
+    settles for all of ``settle_s``: capped at ten runs, a 2 ms replay of a big GEMM settled for
+    20 ms, on the clocks the candidate before it left, and the whole-graph check read S01's fused
+    graph 6 % faster than Inductor's where bench.py, each graph alone for 0.2 s, read it 6 %
+    slower (BENCHMARKS.md section 32)."""
     warm_up([lambda call=call: time_once(call) for call in calls.values()], warm_up_s)
     samples: dict[str, list[float]] = {name: [] for name in calls}
     order = list(calls)
@@ -534,7 +566,8 @@ def blocked_medians(calls: dict[str, Callable[[], object]], time_once: Callable[
         for name in order if p % 2 == 0 else reversed(order):
             started = time.perf_counter()
             time_once(calls[name])
-            settled_at = started + min(settle_s, 10 * (time.perf_counter() - started))
+            run_s = time.perf_counter() - started
+            settled_at = started + (settle_s if run_s >= HEAVY_RUN_S else min(settle_s, 10 * run_s))
             while time.perf_counter() < settled_at:
                 time_once(calls[name])
             samples[name] += [time_once(calls[name]) for _ in range(samples_per_block)]
@@ -542,7 +575,7 @@ def blocked_medians(calls: dict[str, Callable[[], object]], time_once: Callable[
 
 
 def time_candidates(calls: dict[str, Callable[[], object]], settle_s: float = 0.05,
-                    passes: int = 2) -> tuple[dict[str, float], str]:
+                    passes: int = 2, warm_up_s: float = WARM_UP_S) -> tuple[dict[str, float], str]:
     """Median GPU time per call of each candidate, and how it was taken: from replays of a CUDA
     graph of ``CALLS_PER_SAMPLE`` calls each, as the benchmark measures a compiled model's GPU
     time (launches between CUDA events read the same within 2 % on S26, during the compile and
@@ -552,10 +585,10 @@ def time_candidates(calls: dict[str, Callable[[], object]], settle_s: float = 0.
         graphs = captured(calls, CALLS_PER_SAMPLE)
     except Exception:  # noqa: BLE001 - uncapturable (a host sync, an allocation that cannot be pooled)
         torch.cuda.synchronize()
-        return blocked_medians(calls, time_us, passes=passes, settle_s=settle_s), LAUNCH_TIMING
+        return blocked_medians(calls, time_us, passes=passes, settle_s=settle_s, warm_up_s=warm_up_s), LAUNCH_TIMING
     replays = {name: graph.replay for name, graph in graphs.items()}
     times = blocked_medians(replays, lambda replay: time_us(replay, 1) / CALLS_PER_SAMPLE, passes=passes,
-                            settle_s=settle_s)
+                            settle_s=settle_s, warm_up_s=warm_up_s)
     del graphs, replays  # their shared memory pool goes back to the allocator's cache
     return times, GRAPH_TIMING
 

@@ -500,21 +500,43 @@ def test_a_configuration_whose_output_disagrees_with_the_row_pass_is_never_timed
 
 
 def test_a_short_run_settles_for_ten_runs_time_not_the_whole_settling_time():
-    """A candidate of a few milliseconds (and a decode-size one of microseconds) settles for about
-    ten of its runs, so a selection of forty small candidates stays quick."""
+    """A candidate whose run takes less than HEAVY_RUN_S (a decode size's microseconds, the tests'
+    shapes) does not heat the card: it settles for about ten of its runs, so a selection of forty
+    small candidates stays quick."""
     import time
 
-    from fxfuse.cuda.engine import blocked_medians
+    from fxfuse.cuda.engine import HEAVY_RUN_S, blocked_medians
 
     runs = []
 
     def time_once(call):
-        time.sleep(0.002)
+        time.sleep(HEAVY_RUN_S / 4)
         runs.append(call())
         return 1.0
 
     blocked_medians({"row": lambda: "row"}, time_once, samples_per_block=1, passes=1, settle_s=60.0, warm_up_s=0.0)
     assert 3 <= len(runs) <= 13  # the first untimed run, about ten more, one sample
+
+
+def test_a_heavy_run_settles_for_the_whole_settling_time():
+    """A candidate whose run takes HEAVY_RUN_S or more (a big GEMM's CUDA-graph replay) keeps the
+    card at its power limit: it runs alone for all of ``settle_s`` before its samples, so that they
+    read the clocks its own power draw settles on, not those of the candidate before it."""
+    import time
+
+    from fxfuse.cuda.engine import HEAVY_RUN_S, blocked_medians
+
+    runs = []
+
+    def time_once(call):
+        time.sleep(HEAVY_RUN_S * 2)
+        runs.append(call())
+        return 1.0
+
+    started = time.perf_counter()
+    blocked_medians({"in-GEMM": lambda: "in-GEMM"}, time_once, samples_per_block=1, passes=1, settle_s=0.2,
+                    warm_up_s=0.0)
+    assert time.perf_counter() - started >= 0.2 and len(runs) > 13
 
 
 def test_the_selection_samples_the_card_after_its_clocks_have_settled():
@@ -650,6 +672,53 @@ def test_a_program_without_a_gemm_module_is_timed_row_path_against_inductor_and_
     engine.selections.clear()
     assert engine.select(*args, against_inductor=True, operands=operands) == selection and len(timed) == 1  # disk
     assert engine.select(*args) is None and len(timed) == 1  # policy "always": the row path, untimed
+
+
+def test_an_in_gemm_winner_is_timed_again_alone_against_the_row_path_and_inductor(tmp_path, monkeypatch):
+    """The screen's blocks are short (some fifty candidates), and a CUTLASS kernel, which draws
+    more power than cuBLAS's, reads faster there than when it runs alone: where an in-GEMM
+    configuration wins the screen, it, the row path and Inductor's kernels are timed again, each
+    alone for FINAL_SETTLE_S after the screen's warm-up. The chain takes the faster of fxfuse's two
+    finalists, routed so, and is held against Inductor by the final's times."""
+    import sys
+    from types import SimpleNamespace
+
+    from fxfuse.cuda.engine import FINAL_SETTLE_S, INDUCTOR, ROW_PATH, Engine
+
+    engine_module = sys.modules["fxfuse.cuda.engine"]
+    monkeypatch.setenv("FXFUSE_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "a GPU")
+    program = PROGRAMS["s01_scale_leaky"]
+    key = (program.to_string(), torch.bfloat16, 0)
+    screen = {INDUCTOR: 105.0, ROW_PATH: 104.0, "cooperative": 99.0, "pingpong": 97.0}
+    finals = {"loses alone": {INDUCTOR: 100.5, ROW_PATH: 101.0, "pingpong": 103.0},
+              "wins alone": {INDUCTOR: 105.0, ROW_PATH: 104.0, "pingpong": 95.0}}
+    timed, routed = [], []
+
+    def time_candidates(calls, settle_s=0.05, passes=2, warm_up_s=2.0):
+        timed.append((sorted(calls), settle_s, warm_up_s))
+        return (finals[case] if settle_s == FINAL_SETTLE_S else screen), GRAPH_TIMING
+
+    monkeypatch.setattr(engine_module, "time_candidates", time_candidates)
+    monkeypatch.setattr(engine_module, "inductor_chain", lambda *args: lambda: None)
+    module = SimpleNamespace(key="gemm module key", config_names=("cooperative", "pingpong"), info=0,
+                             supports=lambda m, n, k, config: True)
+    out = torch.zeros(4, 8)
+    operands = (torch.randn(64, 32), torch.randn(128, 32), torch.randn(128), [])
+    for case, path, to_inductor in (("loses alone", ROW_PATH, True), ("wins alone", "pingpong", False)):
+        engine = Engine(lambda device: None)
+        engine._runtime_module = SimpleNamespace(bucket_of=lambda m: m, run=lambda *args: (out, None),
+                                                 choose=lambda *args: routed.append(args[-1]))
+        engine._handles[key] = 7
+        monkeypatch.setattr(engine, "prepare_gemm", lambda *args, module=module: module)
+        monkeypatch.setenv("FXFUSE_CACHE_DIR", str(tmp_path / case))
+        selection = engine.select(program, torch.bfloat16, (), (64, 128, 32), torch.device("cuda", 0), True,
+                                  against_inductor=True, operands=operands)
+        assert timed[-1] == ([INDUCTOR, "pingpong", ROW_PATH], FINAL_SETTLE_S, 0.0)  # after the screen's warm-up
+        assert selection.path == path and routed[-1] == selection.config == (-1 if path == ROW_PATH else 1)
+        assert selection.times_us == screen and selection.final_us == finals[case]
+        assert selection.inductor_is_faster() is to_inductor
+        assert f"then each alone for {FINAL_SETTLE_S} s" in selection.describe()
 
 
 def test_the_sanitizers_in_gemm_calls_are_programs_the_generator_takes():
