@@ -525,10 +525,15 @@ def _build_generated(key: str, kind: str, label: str, name: str, entry: str, sou
     raise AssertionError("unreachable")
 
 
+def program_key(program: Program, dtype: torch.dtype, target: Target, csrc: Path = CSRC) -> str:
+    """The cache key of ``program``'s module for ``dtype``."""
+    return cache_key("program", f"{program.to_string()}\n{dtype}", target, csrc)
+
+
 def build_program(program: Program, dtype: torch.dtype, target: Target, csrc: Path = CSRC) -> ProgramModule:
     """Generate, compile (or find in the cache) and load ``program`` for ``dtype``."""
     text = program.to_string()
-    key = cache_key("program", f"{text}\n{dtype}", target, csrc)
+    key = program_key(program, dtype, target, csrc)
     short = key[:20]
     entry = f"fx_program_info_{short}"
     ext = ".cu" if target.mode == "cuda" else ".cpp"
@@ -589,6 +594,18 @@ def gemm_target_reason(target: Target) -> str | None:
     return None
 
 
+def gemm_key(program: Program, dtype: torch.dtype, param_dtypes: tuple[torch.dtype, ...], target: Target,
+             csrc: Path = CSRC, kernels: tuple | None = None) -> str:
+    """The cache key of ``program``'s GEMM module (build_gemm's; ``program`` as build_gemm keys it:
+    canonical where the generator takes it). Needs the CUTLASS headers (their version is in it)."""
+    from . import gemm_codegen
+
+    params = " ".join(str(d).removeprefix("torch.") for d in param_dtypes)
+    menu = " ".join(kernel.cpp for kernel in tuple(kernels or gemm_codegen.KERNELS))
+    payload = f"{program.to_string()}\n{dtype}\n{params}\ncutlass {cutlass_version(cutlass_include())}\n{menu}"
+    return cache_key("gemm", payload, target, csrc)
+
+
 def build_gemm(program: Program, dtype: torch.dtype, param_dtypes: tuple[torch.dtype, ...], target: Target,
                csrc: Path = CSRC, kernels: tuple | None = None) -> GemmModule:
     """Generate, compile (or find in the cache) and load the GEMM module of ``program`` for
@@ -603,11 +620,8 @@ def build_gemm(program: Program, dtype: torch.dtype, param_dtypes: tuple[torch.d
     if gemm_codegen.unsupported_reason(program, dtype) is None:
         program = gemm_codegen.canonical(program)  # modules are shared across rounding points
     text = program.to_string()
-    params = " ".join(str(d).removeprefix("torch.") for d in param_dtypes)
     kernels = tuple(kernels or gemm_codegen.KERNELS)
-    menu = " ".join(kernel.cpp for kernel in kernels)
-    payload = f"{text}\n{dtype}\n{params}\ncutlass {cutlass_version(include)}\n{menu}"
-    key = cache_key("gemm", payload, target, csrc)
+    key = gemm_key(program, dtype, param_dtypes, target, csrc, kernels)
     short = key[:20]
     entry = f"fx_gemm_info_{short}"
     try:
@@ -667,6 +681,27 @@ def cache_dir(path: str | os.PathLike):
             os.environ.pop("FXFUSE_CACHE_DIR", None)
         else:
             os.environ["FXFUSE_CACHE_DIR"] = old
+
+
+def is_built(program_text: str, dtype: torch.dtype, target: Target,
+             param_dtypes: tuple[torch.dtype, ...] | None = None) -> bool:
+    """Whether build_in_subprocess's module of these arguments has a finished cache entry (its
+    integrity is checked when it loads): a warm compile then starts no build worker, each of
+    which imports torch afresh."""
+    from . import gemm_codegen
+
+    if program_text == RUNTIME_SOURCE:
+        key = cache_key("runtime", RUNTIME_SOURCE, target)
+    elif param_dtypes is None:
+        key = program_key(Program.parse(program_text), dtype, target)
+    else:
+        if gemm_target_reason(target) is not None:
+            return False  # the worker reports why
+        program = Program.parse(program_text)
+        if gemm_codegen.unsupported_reason(program, dtype) is None:
+            program = gemm_codegen.canonical(program)
+        key = gemm_key(program, dtype, param_dtypes, target)
+    return (cache_root() / key / "ok").is_file()
 
 
 def build_in_subprocess(program_text: str, dtype: torch.dtype, target: Target, max_jobs: int,

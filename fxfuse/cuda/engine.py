@@ -194,7 +194,7 @@ class Engine:
         dtype, param dtypes) triples), in parallel processes, then load them; the failures of the
         pairs (a GEMM module that fails leaves its program on the row path)."""
         from . import gemm_codegen
-        from .build import RUNTIME_SOURCE, build_in_subprocess, gemm_target_reason
+        from .build import RUNTIME_SOURCE, build_in_subprocess, gemm_target_reason, is_built
 
         pairs = list(dict.fromkeys((program.to_string(), dtype) for program, dtype in items))
         target = self._target_for(device)
@@ -208,15 +208,20 @@ class Engine:
         # the GEMM modules first: each is several CUTLASS units of half a minute or more, the
         # program modules one short unit, so those fill the workers while the GEMM modules finish
         jobs = [(RUNTIME_SOURCE, torch.float32, None)] + triples + [(t, d, None) for t, d in pairs]
-        # a module's units compile in parallel too; on few cores a worker a core keeps them busy
-        # through each build's serial steps (ninja and cpp_extension start-up, the link)
-        workers = max(1, min(workers or (cpus if cpus < 4 else cpus // 2), len(jobs)))
-        context = multiprocessing.get_context("spawn")
-        with concurrent.futures.ProcessPoolExecutor(workers, mp_context=context) as pool:
-            texts, dtypes, params = zip(*jobs)
-            errors = list(pool.map(build_in_subprocess, texts, dtypes, [target] * len(jobs),
-                                   [max(1, cpus // workers)] * len(jobs), params))
-        failed = {pair: BuildError(error) for pair, error in zip(pairs, errors[1 + len(triples):]) if error is not None}
+        # only the modules not in the cache go to the workers (each worker imports torch afresh:
+        # seconds of a warm compile, for nothing)
+        todo = [(text, dtype, params) for text, dtype, params in jobs if not is_built(text, dtype, target, params)]
+        errors = dict.fromkeys(jobs)
+        if todo:
+            # a module's units compile in parallel too; on few cores a worker a core keeps them
+            # busy through each build's serial steps (ninja and cpp_extension start-up, the link)
+            workers = max(1, min(workers or (cpus if cpus < 4 else cpus // 2), len(todo)))
+            context = multiprocessing.get_context("spawn")
+            with concurrent.futures.ProcessPoolExecutor(workers, mp_context=context) as pool:
+                texts, dtypes, params = zip(*todo)
+                errors.update(zip(todo, pool.map(build_in_subprocess, texts, dtypes, [target] * len(todo),
+                                                 [max(1, cpus // workers)] * len(todo), params)))
+        failed = {(t, d): BuildError(errors[(t, d, None)]) for t, d in pairs if errors[(t, d, None)] is not None}
         for text, dtype in pairs:
             if (text, dtype) not in failed:
                 try:

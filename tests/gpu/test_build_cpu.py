@@ -253,6 +253,31 @@ def test_prepare_many_builds_in_worker_processes(emulate_target):
     assert engine.forward_kernels(PROGRAMS["s10_div_gelu"].to_string(), x, w, b, []) is not None
 
 
+def test_prepare_many_of_cached_modules_starts_no_build_worker(emulate_target, monkeypatch):
+    """A warm compile finds every module in the cache: prepare_many loads them without starting a
+    build worker (each would import torch afresh: seconds of the compile, for nothing)."""
+    import concurrent.futures
+
+    from fxfuse.cuda.engine import Engine
+
+    items = [(PROGRAMS["s13_sub_mul_relu"], torch.float32), (PROGRAMS["s10_div_gelu"], torch.float32)]
+    assert not Engine(lambda device: emulate_target).prepare_many(items, torch.device("cpu"), workers=2)
+    assert all(build.is_built(p.to_string(), d, emulate_target) for p, d in items)
+    assert build.is_built(build.RUNTIME_SOURCE, torch.float32, emulate_target)
+    assert not build.is_built("linear(bias=True) | pointwise(x * 3.25)", torch.float16, emulate_target)  # never built
+    # a GEMM module the target cannot build: its worker reports why
+    assert not build.is_built(PROGRAMS["s01_scale_leaky"].to_string(), torch.bfloat16, emulate_target, (torch.bfloat16,))
+
+    def no_worker(*args, **kwargs):
+        raise AssertionError("a build worker started")
+
+    monkeypatch.setattr(concurrent.futures, "ProcessPoolExecutor", no_worker)
+    warm = Engine(lambda device: emulate_target)
+    assert not warm.prepare_many(items, torch.device("cpu"), workers=2)
+    x, w, b = torch.randn(3, 8), torch.randn(16, 8), torch.randn(16)
+    assert warm.forward_kernels(PROGRAMS["s10_div_gelu"].to_string(), x, w, b, []) is not None
+
+
 # -- a cache that heals -------------------------------------------------------------------------------
 
 
