@@ -220,7 +220,8 @@ class Engine:
             with concurrent.futures.ProcessPoolExecutor(workers, mp_context=context) as pool:
                 texts, dtypes, params = zip(*todo)
                 errors.update(zip(todo, pool.map(build_in_subprocess, texts, dtypes, [target] * len(todo),
-                                                 [max(1, cpus // workers)] * len(todo), params)))
+                                                 unit_jobs(params, cpus, workers, len(gemm_codegen.KERNELS) + 1),
+                                                 params)))
         failed = {(t, d): BuildError(errors[(t, d, None)]) for t, d in pairs if errors[(t, d, None)] is not None}
         for text, dtype in pairs:
             if (text, dtype) not in failed:
@@ -518,6 +519,19 @@ def disagreement(out: torch.Tensor, expected: torch.Tensor) -> str | None:
     where = (~close).nonzero()[0].tolist()
     return (f"{int((~close).sum())} elements, the first at {tuple(where)}: {out[tuple(where)].item():.4g} "
             f"against {expected[tuple(where)].item():.4g}")
+
+
+def unit_jobs(param_dtypes: tuple, cpus: int, workers: int, gemm_units: int) -> list[int]:
+    """How many units each of prepare_many's builds compiles at once (its jobs' ``param_dtypes``:
+    None for the runtime and program modules, a tuple for a GEMM module of ``gemm_units`` units):
+    the cores a worker gets, and for GEMM modules, the long pole of a cold compile (a CUTLASS unit
+    takes a minute), the cores shared among the GEMM modules where they are few, up to a unit
+    each. Four GEMM modules on 16 cores compiled their units two at a time, in two rounds of a
+    minute, while the program modules' short units were long done."""
+    share = max(1, cpus // workers)
+    gemms = sum(params is not None for params in param_dtypes)
+    gemm_share = max(share, min(gemm_units, cpus // max(1, gemms)))
+    return [share if params is None else gemm_share for params in param_dtypes]
 
 
 def warm_up(runs: list[Callable[[], object]], seconds: float = WARM_UP_S, most: int = WARM_UP_RUNS) -> None:

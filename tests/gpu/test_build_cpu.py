@@ -278,6 +278,20 @@ def test_prepare_many_of_cached_modules_starts_no_build_worker(emulate_target, m
     assert warm.forward_kernels(PROGRAMS["s10_div_gelu"].to_string(), x, w, b, []) is not None
 
 
+def test_few_gemm_modules_share_the_cores_a_unit_each():
+    """A cold compile's long pole is its GEMM modules (a CUTLASS unit takes a minute): where they
+    are few, they share the cores up to a unit each at once; the runtime and program modules, and
+    many GEMM modules (a prebuild of the tests'), keep a worker's share."""
+    from fxfuse.cuda.engine import unit_jobs
+
+    gemm, other = (torch.bfloat16,), None
+    # four chains on 16 cores, 8 workers: the runtime, four GEMM modules of five units, four programs
+    assert unit_jobs([other] + [gemm] * 4 + [other] * 4, 16, 8, 5) == [2] + [4] * 4 + [2] * 4
+    assert unit_jobs([gemm], 16, 1, 5) == [16]  # a worker's share is never cut
+    assert unit_jobs([gemm, other], 16, 2, 5) == [8, 8]
+    assert unit_jobs([gemm] * 60, 64, 32, 5) == [2] * 60  # many: as many processes as before
+
+
 # -- a cache that heals -------------------------------------------------------------------------------
 
 
