@@ -277,7 +277,12 @@ def test_selection_routes_the_bucket_to_the_fastest_measured_path(modules):
     program = program_of("s10_div_gelu")
     selection = fxcuda.select(program, torch.bfloat16, (), (1024, 2048, 512), True)
     assert set(selection.times_us) == {"row", *modules[("s10_div_gelu", torch.bfloat16)].config_names}
-    assert selection.times_us[selection.path] == min(selection.times_us.values())
+    # the screen's fastest, or where an in-GEMM configuration won it, the faster of it and the row
+    # path each timed alone again (Selection.final_us)
+    decided = selection.final_us or selection.times_us
+    if selection.final_us:
+        assert set(decided) == {"row", min(selection.times_us, key=selection.times_us.get)}
+    assert decided[selection.path] == min(decided.values())
     x, w, b, params = draw(program, torch.bfloat16, 1000, 2048, 512, seed=2)  # same bucket of M
     out = torch.ops.fxfuse.linear_epilogue(program.to_string(), x, w, b, params, False)[0]
     eager = reference.op_forward(program, x, w, b, params, False)[0]
