@@ -594,10 +594,18 @@ def gemm_target_reason(target: Target) -> str | None:
     return None
 
 
+def gemm_program(program: Program, dtype: torch.dtype) -> Program:
+    """The program a GEMM module is generated and keyed from: canonical (rounding points dropped)
+    where the generator takes it, so that modules are shared across rounding points."""
+    from . import gemm_codegen
+
+    return gemm_codegen.canonical(program) if gemm_codegen.unsupported_reason(program, dtype) is None else program
+
+
 def gemm_key(program: Program, dtype: torch.dtype, param_dtypes: tuple[torch.dtype, ...], target: Target,
              csrc: Path = CSRC, kernels: tuple | None = None) -> str:
-    """The cache key of ``program``'s GEMM module (build_gemm's; ``program`` as build_gemm keys it:
-    canonical where the generator takes it). Needs the CUTLASS headers (their version is in it)."""
+    """The cache key of the GEMM module of ``program`` (as gemm_program gives it). Needs the
+    CUTLASS headers (their version is in it)."""
     from . import gemm_codegen
 
     params = " ".join(str(d).removeprefix("torch.") for d in param_dtypes)
@@ -617,8 +625,7 @@ def build_gemm(program: Program, dtype: torch.dtype, param_dtypes: tuple[torch.d
     if reason is not None:
         raise BuildError(reason)
     include = cutlass_include()
-    if gemm_codegen.unsupported_reason(program, dtype) is None:
-        program = gemm_codegen.canonical(program)  # modules are shared across rounding points
+    program = gemm_program(program, dtype)
     text = program.to_string()
     kernels = tuple(kernels or gemm_codegen.KERNELS)
     key = gemm_key(program, dtype, param_dtypes, target, csrc, kernels)
@@ -634,9 +641,14 @@ def build_gemm(program: Program, dtype: torch.dtype, param_dtypes: tuple[torch.d
     return GemmModule(library, info, path, key)
 
 
+def runtime_key(target: Target, csrc: Path = CSRC) -> str:
+    """The cache key of the runtime module for ``target``."""
+    return cache_key("runtime", RUNTIME_SOURCE, target, csrc)
+
+
 def build_runtime(target: Target, csrc: Path = CSRC) -> ModuleType:
     """Compile (or find in the cache) and import the runtime module for ``target``."""
-    key = cache_key("runtime", RUNTIME_SOURCE, target, csrc)
+    key = runtime_key(target, csrc)
     name = f"fxfuse_runtime_{key[:20]}"
 
     def compile_into(directory: Path):
@@ -688,19 +700,14 @@ def is_built(program_text: str, dtype: torch.dtype, target: Target,
     """Whether build_in_subprocess's module of these arguments has a finished cache entry (its
     integrity is checked when it loads): a warm compile then starts no build worker, each of
     which imports torch afresh."""
-    from . import gemm_codegen
-
     if program_text == RUNTIME_SOURCE:
-        key = cache_key("runtime", RUNTIME_SOURCE, target)
+        key = runtime_key(target)
     elif param_dtypes is None:
         key = program_key(Program.parse(program_text), dtype, target)
+    elif gemm_target_reason(target) is not None:
+        return False  # the worker reports why
     else:
-        if gemm_target_reason(target) is not None:
-            return False  # the worker reports why
-        program = Program.parse(program_text)
-        if gemm_codegen.unsupported_reason(program, dtype) is None:
-            program = gemm_codegen.canonical(program)
-        key = gemm_key(program, dtype, param_dtypes, target)
+        key = gemm_key(gemm_program(Program.parse(program_text), dtype), dtype, param_dtypes, target)
     return (cache_root() / key / "ok").is_file()
 
 

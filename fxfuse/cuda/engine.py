@@ -561,8 +561,8 @@ def blocked_medians(calls: dict[str, Callable[[], object]], time_once: Callable[
     """The median of each call's timings, taken in blocks after ``warm_up_s`` of all of them
     untimed (``warm_up``): one candidate at a time runs untimed
     for ``settle_s`` (at least once; a run shorter than HEAVY_RUN_S at most ten times as long as
-    its first untimed run took), then is timed ``samples_per_block`` times; the candidates in order, then in reverse order,
-    ``passes`` passes in all.
+    its first untimed run took), then is timed ``samples_per_block`` times; the candidates in
+    order, then in reverse order, ``passes`` passes in all.
 
     A big GEMM runs at the card's power limit, and a candidate timed right after another runs in
     the state that one left. Round-robin samples (every candidate once a round) timed S26's fused
