@@ -337,12 +337,12 @@ def in_blocks(
     in a row, deeper into its own state than the others (with more than two variants). At decode
     shapes, where a call is CPU-bound, that drift was as large as the differences measured.
     Before the first block all variants run in turn, untimed, for ``WARM_UP_S``
-    (``fxfuse.cuda.engine.warm_up``): the card's power limiter swings its clocks for seconds after a heavy
+    (``fxfuse.cuda.timing.warm_up``): the card's power limiter swings its clocks for seconds after a heavy
     load starts, and without the warm-up the fourth block, always fxfuse's first, ran 7.5 % slow
     on average. Python's GC is off meanwhile, as in timeit. A variant that raises is dropped; its
     error is returned.
     """
-    from fxfuse.cuda.engine import warm_up
+    from fxfuse.cuda.timing import warm_up
 
     names = list(fns)
     passes = passes or max(1, len(names))

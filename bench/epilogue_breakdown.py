@@ -64,11 +64,11 @@ def traced_calls(row, dtype):
 
 def gemm_and_fused_us(gemm, fused) -> tuple[float, float]:
     """GPU time per call of the bare GEMM and of the fused op, in µs, taken as the selection takes
-    them (``engine.time_candidates``: CUDA-graph replays in blocks, each settling first, in order
+    them (``timing.time_candidates``: CUDA-graph replays in blocks, each settling first, in order
     then in reverse). Timed apart, each after its own warm-up, the GEMM's time moved by up to
     10 % between two measurements on an H100 (the card's clock), which the epilogue's difference
     then carried whole."""
-    from fxfuse.cuda.engine import time_candidates
+    from fxfuse.cuda.timing import time_candidates
 
     times, _ = time_candidates({"gemm": gemm, "fused": fused}, settle_s=0.2, passes=4)
     return times["gemm"], times["fused"]

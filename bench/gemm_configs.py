@@ -145,9 +145,9 @@ def time_paths(paths: dict, repeats: int) -> dict[str, float]:
     """GPU time per call (us) of each path ``fn(i)`` (i: the input set), from replays of a CUDA graph
     of GRAPH_CALLS calls rotating over the sets, timed as the selection times its candidates:
     after a warm-up of all of them, in blocks, the order reversed every pass
-    (``engine.blocked_medians``). Timed one after another, the path timed first ran on the clocks
+    (``timing.blocked_medians``). Timed one after another, the path timed first ran on the clocks
     of a card that had been idle (BENCHMARKS.md section 28)."""
-    from fxfuse.cuda.engine import blocked_medians, captured, time_us
+    from fxfuse.cuda.timing import blocked_medians, captured, time_us
 
     def rotating(fn):
         count = itertools.count()

@@ -8,7 +8,7 @@ Each program of tests/gpu/programs.py runs on the GEMM output of ``x @ w.T + b``
 clearly: ``F.linear`` alone, fxfuse's row path (cuBLAS + the program's row pass) and Inductor's
 chain (its cuBLAS GEMM + the kernels it generates, as the selection compiles it:
 ``engine.inductor_chain``), all timed as the selection times (CUDA-graph replays, blocks after a
-warm-up: ``engine.time_candidates``). A pass's cost is its path less ``F.linear``; ``copy`` is
+warm-up: ``timing.time_candidates``). A pass's cost is its path less ``F.linear``; ``copy`` is
 ``y.clone()`` of the same output, a read and a write of every byte, the floor of a pass that
 writes an output of the GEMM's size.
 
@@ -37,7 +37,8 @@ DEFAULT_ROWS = "identity,s20_layer_silu,s21_rms_silu,s11_gelu_softmax"
 
 def main(argv=None) -> int:
     import fxfuse.cuda as fxcuda
-    from fxfuse.cuda.engine import inductor_chain, time_candidates
+    from fxfuse.cuda.engine import inductor_chain
+    from fxfuse.cuda.timing import time_candidates
     from fxfuse.ir import Gemm, Program
 
     from bench.gemm_configs import profile_once

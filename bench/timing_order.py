@@ -40,7 +40,7 @@ if __package__ in (None, ""):
 import torch
 
 from examples.suite import build, make_inputs
-from fxfuse.cuda.engine import CALLS_PER_SAMPLE, captured, time_us
+from fxfuse.cuda.timing import CALLS_PER_SAMPLE, captured, time_us
 
 Sample = tuple[str, str, float, float, float]  # method, model, start, end (epoch s), us per call
 

@@ -62,7 +62,7 @@ def main() -> None:
 def inductor_first(row: str) -> None:
     """Inductor's model timed before fxfuse's compile and after it, with what might explain a
     difference removed one at a time."""
-    from fxfuse.cuda.engine import time_candidates
+    from fxfuse.cuda.timing import time_candidates
 
     torch.manual_seed(0)
     model, inputs = build(row, device="cuda", dtype=torch.bfloat16)

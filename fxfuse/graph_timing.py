@@ -98,7 +98,7 @@ def _timing_file(traced: GraphModule, rewritten: GraphModule, example_inputs: Se
 def time_both(fused: Callable, inductor: Callable, example_inputs: Sequence) -> GraphTimes:
     """Both compiled graphs timed on ``example_inputs``, each alone for a while in turn
     (``blocked_medians``), with the random number generators' state restored afterwards."""
-    from .cuda.engine import blocked_medians, time_candidates, time_us
+    from .cuda.timing import blocked_medians, time_candidates, time_us
 
     calls = {"fused": _caller(fused, example_inputs), "inductor": _caller(inductor, example_inputs)}
     device = next(v.device for v in example_inputs if isinstance(v, torch.Tensor) and v.is_cuda)

@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 
 from bench.bench import format_report, in_blocks, merge, table_rows
-from fxfuse.cuda.engine import WARM_UP_RUNS
+from fxfuse.cuda.timing import WARM_UP_RUNS
 
 
 def test_each_variant_is_sampled_in_blocks_at_every_position_once():

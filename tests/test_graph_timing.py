@@ -10,7 +10,8 @@ import torch
 import torch.nn as nn
 
 from fxfuse import backend, graph_timing
-from fxfuse.cuda.engine import GRAPH_TIMING, INDUCTOR, Selection
+from fxfuse.cuda.engine import INDUCTOR, Selection
+from fxfuse.cuda.timing import GRAPH_TIMING
 from fxfuse.graph_timing import GraphTimes, worth_timing
 from fxfuse.match import Decision
 from support import captured

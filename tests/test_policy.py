@@ -187,7 +187,8 @@ def test_where_the_selection_timed_inductor_its_measurement_decides():
     fused, whatever the rules say of its kind) or won (the chain goes to Inductor, the report
     saying by how much)."""
     from fxfuse.backend import _unfused_if_slower
-    from fxfuse.cuda.engine import GRAPH_TIMING, INDUCTOR, Selection
+    from fxfuse.cuda.engine import INDUCTOR, Selection
+    from fxfuse.cuda.timing import GRAPH_TIMING
 
     won = Selection("row", -1, {"row": 100.0, INDUCTOR: 110.0}, GRAPH_TIMING)
     near = _unfused_if_slower(_residual_chain(Selection("row", -1, {"row": 100.0, INDUCTOR: 101.0}, GRAPH_TIMING)),
@@ -203,7 +204,8 @@ def test_where_the_selection_timed_inductor_its_measurement_decides():
 
 def test_without_an_inductor_timing_the_rules_decide_after_the_selection():
     from fxfuse.backend import _unfused_if_slower
-    from fxfuse.cuda.engine import GRAPH_TIMING, Selection
+    from fxfuse.cuda.engine import Selection
+    from fxfuse.cuda.timing import GRAPH_TIMING
 
     untimed = Selection("cooperative", 0, {"row": 120.0, "cooperative": 105.0}, GRAPH_TIMING)
     left = _unfused_if_slower(_residual_chain(untimed), after_selection=True)

@@ -16,7 +16,8 @@ import torch
 from fxfuse import expr as E
 from fxfuse.cuda import build, gemm_codegen
 from fxfuse.cuda.gemm_codegen import Kernel
-from fxfuse.cuda.engine import GRAPH_TIMING, Selection, read_measurement, write_measurement
+from fxfuse.cuda.engine import Selection, read_measurement, write_measurement
+from fxfuse.cuda.timing import GRAPH_TIMING
 from fxfuse.ir import Gemm, Norm, Pointwise, Program, Widen
 from fxfuse.report import Report, Row
 from fxfuse.vocabulary import call
@@ -448,7 +449,7 @@ def test_the_selection_times_each_candidate_alone_for_a_while():
     under its power limit): here the first call after the 1 % slower in-GEMM path runs 10 %
     slower. Timed in blocks, each candidate after settling on its own, the faster row path wins,
     where round-robin samples (every candidate once a round) would pick the slower one."""
-    from fxfuse.cuda.engine import blocked_medians
+    from fxfuse.cuda.timing import blocked_medians
 
     def card_with_memory():
         last = {"call": None}
@@ -505,7 +506,7 @@ def test_a_short_run_settles_for_ten_runs_time_not_the_whole_settling_time():
     small candidates stays quick."""
     import time
 
-    from fxfuse.cuda.engine import HEAVY_RUN_S, blocked_medians
+    from fxfuse.cuda.timing import HEAVY_RUN_S, blocked_medians
 
     runs = []
 
@@ -524,7 +525,7 @@ def test_a_heavy_run_settles_for_the_whole_settling_time():
     read the clocks its own power draw settles on, not those of the candidate before it."""
     import time
 
-    from fxfuse.cuda.engine import HEAVY_RUN_S, blocked_medians
+    from fxfuse.cuda.timing import HEAVY_RUN_S, blocked_medians
 
     runs = []
 
@@ -543,7 +544,7 @@ def test_the_selection_samples_the_card_after_its_clocks_have_settled():
     """A card that sat idle runs its first timings on boosted clocks (10 % faster here). The
     candidate timed first, Inductor, would take those and win against a 1 % faster in-GEMM path;
     after the warm-up, which the boosted timings fall in, the faster path wins."""
-    from fxfuse.cuda.engine import blocked_medians
+    from fxfuse.cuda.timing import blocked_medians
 
     def idle_card():
         timings = {"n": 0}
@@ -567,7 +568,7 @@ def test_the_warm_up_of_short_candidates_ends_after_a_bounded_number_of_runs():
     about the warm-up time."""
     import time
 
-    from fxfuse.cuda.engine import WARM_UP_RUNS, warm_up
+    from fxfuse.cuda.timing import WARM_UP_RUNS, warm_up
 
     runs = []
     warm_up([lambda: runs.append("in-GEMM"), lambda: runs.append("row")], seconds=60.0)
@@ -582,7 +583,7 @@ def test_the_selection_spreads_a_drifting_clock_over_all_candidates():
     """A card that slows as it heats (0.5 % a timing here) slows every candidate alike: blocks run
     in order, then in reverse order, so the 1 % faster path wins in either order, where timing
     one candidate after the other once would not."""
-    from fxfuse.cuda.engine import blocked_medians
+    from fxfuse.cuda.timing import blocked_medians
 
     def drifting_clock():
         timings = {"n": 0}
