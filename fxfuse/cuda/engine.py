@@ -57,7 +57,8 @@ INDUCTOR_MARGIN = 0.03
 FINAL_SETTLE_S = 0.3
 # How candidates are timed, in the selections' disk key (keyed on the modules, not on this file):
 # selections timed another way (round-robin; blocks without the warm-up; no final) are measured again
-TIMING_METHOD = "blocks after a warm-up; a final of the in-GEMM winner, the row path and Inductor, each alone 0.3 s"
+TIMING_METHOD = ("blocks after a warm-up; a final of the in-GEMM winner, the row path and Inductor, "
+                 f"each alone {FINAL_SETTLE_S} s")
 
 
 @dataclass(frozen=True)
