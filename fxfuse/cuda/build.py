@@ -695,6 +695,15 @@ def cache_dir(path: str | os.PathLike):
             os.environ["FXFUSE_CACHE_DIR"] = old
 
 
+def usable_cpus() -> int:
+    """The cores this process may run on: its CPU affinity (taskset, a cgroup's cpuset, a batch
+    scheduler's allocation), not the host's count, which oversubscribes a share of a large host."""
+    try:
+        return len(os.sched_getaffinity(0)) or 1
+    except AttributeError:  # no affinity on this platform
+        return os.cpu_count() or 2
+
+
 def is_built(program_text: str, dtype: torch.dtype, target: Target,
              param_dtypes: tuple[torch.dtype, ...] | None = None) -> bool:
     """Whether build_in_subprocess's module of these arguments has a finished cache entry (its

@@ -185,7 +185,7 @@ class Engine:
         dtype, param dtypes) triples), in parallel processes, then load them; the failures of the
         pairs (a GEMM module that fails leaves its program on the row path)."""
         from . import gemm_codegen
-        from .build import RUNTIME_SOURCE, build_in_subprocess, gemm_target_reason, is_built
+        from .build import RUNTIME_SOURCE, build_in_subprocess, gemm_target_reason, is_built, usable_cpus
 
         pairs = list(dict.fromkeys((program.to_string(), dtype) for program, dtype in items))
         target = self._target_for(device)
@@ -195,7 +195,7 @@ class Engine:
                 (program.to_string(), dtype, tuple(params)) for program, dtype, params in gemm_items
                 if gemm_codegen.unsupported_reason(program, dtype) is None
             ))
-        cpus = os.cpu_count() or 2
+        cpus = usable_cpus()
         # the GEMM modules first: each is several CUTLASS units of half a minute or more, the
         # program modules one short unit, so those fill the workers while the GEMM modules finish
         jobs = [(RUNTIME_SOURCE, torch.float32, None)] + triples + [(t, d, None) for t, d in pairs]
