@@ -89,7 +89,7 @@ def main() -> int:
     parser.add_argument("--std", default="c++20")
     parser.add_argument("--no-runtime", action="store_true")
     parser.add_argument("--registers", action="store_true", help="print every kernel's registers")
-    parser.add_argument("-j", type=int, default=os.cpu_count() or 2)
+    parser.add_argument("-j", type=int, default=build.usable_cpus())
     args = parser.parse_args()
     cuda_home = find_cuda_home(True)
     if cuda_home is None:
