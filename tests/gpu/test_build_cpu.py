@@ -292,7 +292,6 @@ def test_few_gemm_modules_share_the_cores_a_unit_each():
     assert unit_jobs([gemm] * 60, 64, 32, 5) == [2] * 60  # many: as many processes as before
 
 
-
 def test_builds_count_the_cores_the_process_may_run_on_not_the_hosts(monkeypatch):
     """A build given a share of a large host (taskset, a cgroup's cpuset, a batch scheduler) sizes
     its workers and units by that share, not by every core of the host."""
@@ -303,6 +302,7 @@ def test_builds_count_the_cores_the_process_may_run_on_not_the_hosts(monkeypatch
     assert build.usable_cpus() == 16
     monkeypatch.delattr(build.os, "sched_getaffinity")
     assert build.usable_cpus() == 64  # a platform without affinity: the host's count
+
 
 # -- a cache that heals -------------------------------------------------------------------------------
 
