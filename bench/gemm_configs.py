@@ -141,6 +141,18 @@ def programs() -> dict:
     }
 
 
+def problem(prog, m: int, n: int, k: int, dtype: torch.dtype, device: torch.device, seed: int) -> tuple:
+    """One input set (x, w, b, params) of ``prog`` at (m, n, k): uniform x, a weight scaled by
+    1/sqrt(k), the program's parameters as the GPU tests draw them."""
+    from programs import make_params
+
+    g = torch.Generator().manual_seed(seed)
+    x = torch.rand(m, k, generator=g).to(device, dtype)
+    w = (torch.rand(n, k, generator=g) * 2 - 1).div(k ** 0.5).to(device, dtype)
+    b = torch.rand(n, generator=g).to(device, dtype)
+    return x, w, b, make_params(prog, n, dtype=dtype, device=device, generator=g, lead=(m,), k=k)
+
+
 def time_paths(paths: dict, repeats: int) -> dict[str, float]:
     """GPU time per call (us) of each path ``fn(i)`` (i: the input set), from replays of a CUDA graph
     of GRAPH_CALLS calls rotating over the sets, timed as the selection times its candidates:
@@ -163,7 +175,6 @@ def time_paths(paths: dict, repeats: int) -> dict[str, float]:
 def main(argv=None) -> int:
     import fxfuse.cuda as fxcuda
     from fxfuse.cuda.engine import disagreement
-    from programs import make_params
 
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--rows", default=None, help="comma-separated program names (default: all)")
@@ -212,14 +223,7 @@ def main(argv=None) -> int:
         for m, n, k in shapes:
             for name, prog in chosen.items():
                 text = prog.to_string()
-                sets = []
-                for s in range(SETS):
-                    g = torch.Generator().manual_seed(s)
-                    x = torch.rand(m, k, generator=g).to(device, dtype)
-                    w = (torch.rand(n, k, generator=g) * 2 - 1).div(k ** 0.5).to(device, dtype)
-                    b = torch.rand(n, generator=g).to(device, dtype)
-                    sets.append((x, w, b, make_params(prog, n, dtype=dtype, device=device, generator=g, lead=(m,),
-                                                      k=k)))
+                sets = [problem(prog, m, n, k, dtype, device, seed) for seed in range(SETS)]
                 seconds = prog.second_gemms  # a gated pair's floor: both GEMMs
                 paths = {"F.linear": lambda i: [F.linear(sets[i][0], sets[i][1], sets[i][2])] + [
                     F.linear(sets[i][0], sets[i][3][j]) for j in seconds]}

@@ -41,8 +41,8 @@ def main(argv=None) -> int:
     from fxfuse.cuda.timing import time_candidates
     from fxfuse.ir import Gemm, Program
 
-    from bench.gemm_configs import profile_once
-    from programs import PROGRAMS, make_params
+    from bench.gemm_configs import problem, profile_once
+    from programs import PROGRAMS
 
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--rows", default=DEFAULT_ROWS, help="programs of tests/gpu/programs.py ('identity': none)")
@@ -62,11 +62,7 @@ def main(argv=None) -> int:
         for shape in args.shape.split(";"):
             m, n = (int(v) for v in shape.split(","))
             for name, prog in chosen.items():
-                g = torch.Generator().manual_seed(0)
-                x = torch.rand(m, args.k, generator=g).to(device, dtype)
-                w = (torch.rand(n, args.k, generator=g) * 2 - 1).div(args.k ** 0.5).to(device, dtype)
-                b = torch.rand(n, generator=g).to(device, dtype)
-                params = make_params(prog, n, dtype=dtype, device=device, generator=g, lead=(m,), k=args.k)
+                x, w, b, params = problem(prog, m, n, args.k, dtype, device, seed=0)
                 bias = b if prog.gemm.bias else None
                 y = F.linear(x, w, bias)
                 text = prog.to_string()
