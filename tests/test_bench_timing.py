@@ -149,3 +149,16 @@ def test_a_tf32_run_is_held_to_the_tf32_target_alone():
 
     lines = check(_report("tf32", {"S01": (1.0, 1.1, 1.06, True)}))
     assert [(ln["target"], ln["met"]) for ln in lines] == [("TF32 rows <= 1.05x bare GEMM", False)]
+
+
+def test_the_rule_model_finds_that_rounding_once_from_the_accumulator_never_breaks_the_rule():
+    """bench/rule_model.py on S04 at 16 rows: the in-GEMM numerics (the chain on the exact GEMM
+    output, rounded once) break the rule nowhere, where eager on a GEMM summed in another order
+    breaks it against itself."""
+    import torch
+
+    from bench.rule_model import rule_counts
+
+    counts = rule_counts("S04", batch=16, draws=2, dtype=torch.bfloat16)
+    assert counts["in-GEMM"] == 0
+    assert counts["eager, GEMM summed otherwise"] > 0
