@@ -10,10 +10,11 @@ within 1e-2 of eager's element, or no further from the float64 model than eager'
 - ``in-GEMM``: the chain in float64 on the exact ``y``, rounded once (the in-GEMM kernel's numerics);
 - ``row pass, rounded once``: the chain in float64 on ``y`` rounded to the dtype (a cuBLAS output),
   rounded once;
-- ``eager, GEMM summed otherwise``: eager itself on a ``y`` whose float32 sum ran in another
-  order (each element moved by up to 2^-10 of itself before rounding, as another split of K moves
-  it): how often the rule fails eager against itself;
-- ``row pass, GEMM summed otherwise``: the same ``y``, the chain rounded once.
+- ``eager, GEMM summed otherwise``: eager itself on a ``y`` summed in float32 in another order
+  (K in four slices, as a split-K GEMM sums it): how often the rule fails eager against itself;
+- ``row pass, GEMM summed otherwise``: the same ``y``, the chain rounded once;
+- ``eager`` and ``row pass, split-K added in the dtype``: the same on a ``y`` whose four slices
+  were added in the low dtype (cuBLAS's reduced-precision split-K reduction).
 
 Eager is this machine's (CPU) eager in the dtype; CUDA's eager rounds some statistics (group norm's
 mean and 1/std up to torch 2.11) that this model does not. Counts are elements breaking the rule over
@@ -52,13 +53,38 @@ def the_linear(model: torch.nn.Module) -> torch.nn.Linear | None:
 
 
 def on_gemm(model: torch.nn.Module, y: torch.Tensor) -> torch.Tensor:
-    """The model's chain after its Linear, on the GEMM output ``y``."""
+    """The model's chain after its Linear (``the_linear``), on the GEMM output ``y``."""
     gemm = the_linear(model)
     gemm.forward = lambda _x: y
     try:
-        return model(torch.empty(y.shape[0], gemm.in_features, dtype=y.dtype))
+        return model(torch.empty(y.shape[0], gemm.in_features, dtype=y.dtype, device=y.device))
     finally:
         del gemm.forward
+
+
+def split_k_sums(x: torch.Tensor, weight: torch.Tensor, parts: int = 4) -> list[torch.Tensor]:
+    """x @ weight.T in float32 as a split-K GEMM computes it: one sum per slice of K."""
+    k = x.shape[1] // parts
+    bounds = [(i * k, (i + 1) * k if i + 1 < parts else x.shape[1]) for i in range(parts)]
+    return [x.float()[:, a:b] @ weight.float()[:, a:b].T for a, b in bounds]
+
+
+def split_k_sum(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """x @ weight.T (+ bias) in float32, the slices' sums added in pairs, last first: a GEMM that
+    sums K in another order than the exact one."""
+    sums = split_k_sums(x, weight)[::-1]
+    while len(sums) > 1:
+        sums = [sums[i] + sums[i + 1] if i + 1 < len(sums) else sums[i] for i in range(0, len(sums), 2)]
+    return sums[0] if bias is None else sums[0] + bias.float()
+
+
+def split_k_reduced_in(dtype: torch.dtype, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None):
+    """The slices' sums added one by one in ``dtype`` (cuBLAS's reduced-precision split-K
+    reduction, which torch allows for bf16 and fp16 by default), the bias last."""
+    total = None
+    for part in split_k_sums(x, weight):
+        total = part.to(dtype) if total is None else (total.float() + part).to(dtype)
+    return total if bias is None else (total.float() + bias.float()).to(dtype)
 
 
 def rule_counts(row_id: str, batch: int, draws: int, dtype: torch.dtype, size: str = "full") -> dict[str, int]:
@@ -71,13 +97,13 @@ def rule_counts(row_id: str, batch: int, draws: int, dtype: torch.dtype, size: s
         raise ValueError(f"{row_id}: the model has not one Linear to start the chain at")
     exact_model = copy.deepcopy(model).double()
     weight, bias = the_linear(exact_model).weight, the_linear(exact_model).bias
-    noise = torch.Generator().manual_seed(1)
     counts: dict[str, int] = {}
     with torch.no_grad():
         for _ in range(draws):
             x = torch.rand(batch, weight.shape[1]).to(dtype).double()
             y = torch.nn.functional.linear(x, weight, bias)  # exact
-            y_other = y.float() * (1 + (torch.rand(y.shape, generator=noise) - 0.5) * 2.0 ** -10)
+            y_other = split_k_sum(x, weight, bias)
+            y_reduced = split_k_reduced_in(dtype, x, weight, bias)
             exact = exact_model(x)
             eager = on_gemm(model, y.to(dtype))
             results = {
@@ -85,6 +111,8 @@ def rule_counts(row_id: str, batch: int, draws: int, dtype: torch.dtype, size: s
                 "row pass, rounded once": on_gemm(exact_model, y.to(dtype).double()).to(dtype),
                 "eager, GEMM summed otherwise": on_gemm(model, y_other.to(dtype)),
                 "row pass, GEMM summed otherwise": on_gemm(exact_model, y_other.to(dtype).double()).to(dtype),
+                "eager, split-K added in the dtype": on_gemm(model, y_reduced),
+                "row pass, split-K added in the dtype": on_gemm(exact_model, y_reduced.double()).to(dtype),
             }
             for name, out in results.items():
                 counts[name] = counts.get(name, 0) + breaks(out, eager, exact)
@@ -107,7 +135,7 @@ def main() -> int:
     print(f"{args.row} at {args.batch} rows, {args.dtype}, {args.draws} draws ({elements} elements): "
           "elements breaking the rule")
     for name, count in counts.items():
-        print(f"  {name:34} {count}")
+        print(f"  {name:38} {count}")
     return 0
 
 

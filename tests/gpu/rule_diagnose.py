@@ -36,6 +36,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 import fxfuse  # noqa: E402
 import fxfuse.cuda as fxcuda  # noqa: E402
+from bench.rule_model import DTYPES, TOL, on_gemm, the_linear  # noqa: E402
 from examples import suite  # noqa: E402
 from fxfuse.accuracy import rule_breaks  # noqa: E402
 from fxfuse.canonicalize import canonicalize  # noqa: E402
@@ -44,8 +45,6 @@ from fxfuse.match import match_all  # noqa: E402
 from gemm_harness import SCHEDULES, param_dtypes  # noqa: E402
 from support import captured  # noqa: E402
 
-DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
-TOL = 1e-2
 
 
 def chain_operands(model: torch.nn.Module, x: torch.Tensor):
@@ -117,7 +116,7 @@ def with_statistics(model, norm: torch.nn.GroupNorm, y: torch.Tensor, mean: torc
 
     norm.forward = forward
     try:
-        return model_on_gemm(model, y)
+        return on_gemm(model, y)
     finally:
         del norm.forward
 
@@ -163,26 +162,12 @@ def main() -> int:
             got = fxcuda.engine.forward_kernels(program, x, weight, bias, params, gemm=module, config=config)
             describe(f"in-GEMM {module.config_names[config]}", got[0], eager, exact)
         with torch.no_grad():
-            control = model_on_gemm(model, other_order)
+            control = on_gemm(model, other_order) if the_linear(model) is not None else None
         if control is not None:
             describe("control: eager's chain on a GEMM summed otherwise", control, eager, exact)
         if row is not None:
             group_departures(model, y, row[0], eager)
     return 0
-
-
-def model_on_gemm(model: torch.nn.Module, y: torch.Tensor) -> torch.Tensor | None:
-    """Eager's chain after the model's Linear, on the GEMM output ``y`` (a model of one Linear
-    and then the chain: the suite's); None for another shape of model."""
-    linears = [m for m in model.modules() if isinstance(m, torch.nn.Linear)]
-    if len(linears) != 1:
-        return None
-    gemm = linears[0]
-    gemm.forward = lambda _x: y
-    try:
-        return model(torch.empty(y.shape[0], gemm.in_features, device=y.device, dtype=y.dtype))
-    finally:
-        del gemm.forward
 
 
 if __name__ == "__main__":
