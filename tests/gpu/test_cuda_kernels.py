@@ -14,11 +14,12 @@ import pytest
 import torch
 
 import fxfuse.cuda as fxcuda
+from fxfuse import expr as E
 from fxfuse import reference
 from fxfuse.cuda import codegen
 from fxfuse.ir import Gemm, Norm, Program, row_split
-from programs import (LOW_PRECISION, PROGRAMS, REDUCTION_EDGES, ZERO_ROW_NORMS, assert_backward_close, dtypes_of, fits,
-                      grad_cases, make_params, poison, reduction_edges, rows_of_zeros)
+from programs import (LOW_PRECISION, PROGRAMS, REDUCTION_EDGES, ZERO_ROW_NORMS, X, assert_backward_close, dtypes_of,
+                      fits, grad_cases, make_params, p, poison, pw, reduction_edges, rows_of_zeros)
 from selected import selected
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
@@ -378,27 +379,49 @@ SMALL_GROUPS_N = 4096
 
 
 def small_group_cases():
-    """(group size, dtype, program): group norms of up to 32 values in whole 16-byte chunks."""
+    """(group size, dtype, program): group norms of up to 32 values in whole 16-byte chunks, and
+    S04's shape of program for bf16 groups of 32 (the norm, then a per-column vector)."""
     for dtype in (torch.bfloat16, torch.float16, torch.float32):
         for size in (4, 8, 16, 32):
             if size * dtype.itemsize % 16 == 0:
                 norm = Norm("group", 1e-5, groups=SMALL_GROUPS_N // size, weight=0, bias=1)
                 yield size, dtype, Program(Gemm(True), (norm,), ("col", "col"))
+                if dtype == torch.bfloat16 and size == 32:
+                    yield size, dtype, Program(Gemm(True), (norm, pw(E.mul(X, p(2)))), ("col", "col", "col"))
 
 
+def _small_group_id(size, dtype, program) -> str:
+    return f"{size}-{str(dtype)[6:]}" + ("-then-a-vector" if len(program.stages) > 1 else "")
+
+
+@pytest.mark.parametrize("rows", [1, 16, 64])
 @pytest.mark.parametrize("group_size,dtype,program",
-                         [pytest.param(*c, id=f"{c[0]}-{str(c[1])[6:]}") for c in small_group_cases()])
-def test_group_norm_of_small_groups_is_eager_bit_for_bit(group_size, dtype, program):
+                         [pytest.param(*c, id=_small_group_id(*c)) for c in small_group_cases()])
+def test_group_norm_of_small_groups_is_eager_bit_for_bit(group_size, dtype, program, rows):
     """Groups of up to 32 values take eager's own Welford tree: the statistics, and so the output,
-    are eager's to the bit (in a bf16 chain one flipped statistic can grow past 1e-2: S04)."""
+    are eager's to the bit at any number of rows (in a bf16 chain one flipped statistic can grow
+    past 1e-2: S04), also where a pointwise stage follows the norm (here a vector of ones)."""
     n = SMALL_GROUPS_N
     for seed in range(DRAWS):
-        x, w, b, params = inputs(program, dtype, 64, n, 256, seed)
+        x, w, b, params = inputs(program, dtype, rows, n, 256, seed)
         x = x * 3 + 1  # an offset mean: the statistics' last bits matter
+        params = [*params[:2], *(torch.ones_like(v) for v in params[2:])]
         out, *_ = op(program.to_string(), x, w, b, params)
         y = torch.nn.functional.linear(x, w, b)
         expected = torch.nn.functional.group_norm(y, n // group_size, params[0], params[1], 1e-5)
         assert torch.equal(out, expected), (out.float() - expected.float()).abs().max()
+
+
+@pytest.mark.parametrize("rows", [1, 16, 1024])
+def test_the_row_path_runs_eagers_gemm_bit_for_bit(rows):
+    """The row path's GEMM is ``F.linear``'s call (cuBLAS, the bias in its epilogue) on S04's full
+    width and depth: the op's saved GEMM output is eager's to the bit, at decode and batch sizes
+    alike (a chain that rounds as eager does stays eager's only on eager's GEMM output)."""
+    program = PROGRAMS["s04_group_silu_vec_silu"]
+    for seed in range(2):
+        x, w, b, params = inputs(program, torch.bfloat16, rows, 8192, 8192, seed)
+        _, _, gemm, _ = op(program.to_string(), x, w, b, params, save_gemm=True)
+        assert torch.equal(gemm, torch.nn.functional.linear(x, w, b))
 
 
 def test_autograd_key_runs_in_cpp_and_records_gradients():
