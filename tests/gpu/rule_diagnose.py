@@ -128,6 +128,7 @@ def main() -> int:
     parser.add_argument("--draws", type=int, default=5)
     parser.add_argument("--dtype", choices=DTYPES, default="bf16")
     args = parser.parse_args()
+    torch.set_grad_enabled(False)  # forward calls only (the compiled model's guards see the same)
     dtype = DTYPES[args.dtype]
     mod = suite.load(suite.get_row(args.row))
     torch.manual_seed(0)
@@ -136,22 +137,20 @@ def main() -> int:
     fused = torch.compile(copy.deepcopy(model), backend="fxfuse", options={"policy": "always"})
     k = mod.get_init_inputs("full")[0]
     x = torch.rand(args.batch, k, device="cuda").to(dtype)
-    with torch.no_grad():
-        fused(x)
-        print(fxfuse.last_report())
-        program, weight, bias, params = chain_operands(model, x)
+    fused(x)
+    print(fxfuse.last_report())
+    program, weight, bias, params = chain_operands(model, x)
     parsed = Program.parse(program)
     module = fxcuda.engine.prepare_gemm(parsed, dtype, param_dtypes(parsed, dtype), x.device)
     configs = [] if module is None else [c for c in range(0, len(module.config_names), SCHEDULES)
                                          if module.supports(args.batch, weight.shape[0], k, c)]
     for draw in range(args.draws):
         x = torch.rand(args.batch, k, device="cuda").to(dtype)
-        with torch.no_grad():
-            eager, again, out = model(x), model(x), fused(x)
-            exact = exact_model(x.double())
-            y, y_again = F.linear(x, weight, bias), F.linear(x, weight, bias)
-            row = fxcuda.engine.forward_kernels(program, x, weight, bias, params, save_gemm=True)
-            other_order = F.linear(x.float(), weight.float(), None if bias is None else bias.float()).to(dtype)
+        eager, again, out = model(x), model(x), fused(x)
+        exact = exact_model(x.double())
+        y, y_again = F.linear(x, weight, bias), F.linear(x, weight, bias)
+        row = fxcuda.engine.forward_kernels(program, x, weight, bias, params, save_gemm=True)
+        other_order = F.linear(x.float(), weight.float(), None if bias is None else bias.float()).to(dtype)
         same_gemm = None if row is None else torch.equal(row[2], y)
         print(f"draw {draw}: eager repeats itself: F.linear {torch.equal(y, y_again)}, "
               f"the model {torch.equal(eager, again)}; the row path's GEMM output equals F.linear's: {same_gemm}")
@@ -161,8 +160,7 @@ def main() -> int:
         for config in configs:
             got = fxcuda.engine.forward_kernels(program, x, weight, bias, params, gemm=module, config=config)
             describe(f"in-GEMM {module.config_names[config]}", got[0], eager, exact)
-        with torch.no_grad():
-            control = on_gemm(model, other_order) if the_linear(model) is not None else None
+        control = on_gemm(model, other_order) if the_linear(model) is not None else None
         if control is not None:
             describe("control: eager's chain on a GEMM summed otherwise", control, eager, exact)
         if row is not None:
