@@ -34,7 +34,7 @@ def all_builds():
     pairs = [(PROGRAMS[name], dtype) for name, dtype, *_ in (c.values for c in cases())]
     pairs += [(PROGRAMS[n], d) for n in WIDE for d in (torch.float32, torch.bfloat16)]
     pairs += [(PROGRAMS["minus_and_negation"], torch.float16)]
-    pairs += [(program, dtype) for _, dtype, program in small_group_cases()]
+    pairs += [(program, dtype) for _, dtype, _, program in small_group_cases()]
     pairs += [(PROGRAMS[name], dtype) for name, dtype, *_ in grad_cases(GRAD_SHAPES)]
     pairs += [(PROGRAMS[n], d) for n in GRADIENT_PROGRAMS for d in (torch.float32, torch.bfloat16)]
     pairs += [(PROGRAMS[n], torch.float32) for n in dict.fromkeys(REDUCTION_EDGES + ZERO_ROW_NORMS)]
@@ -375,33 +375,34 @@ def test_comparisons_and_where_run_in_the_kernels_with_eagers_values_and_gradien
         assert row.status == "fused" and row.path, (model.__name__, row)  # a GPU path, not the reference
 
 
-SMALL_GROUPS_N = 4096
-
-
 def small_group_cases():
-    """(group size, dtype, program): group norms of up to 32 values in whole 16-byte chunks, and
-    S04's shape of program for bf16 groups of 32 (the norm, then a per-column vector)."""
+    """(group size, dtype, N, program): group norms of up to 32 values in whole 16-byte chunks over
+    4096 columns, and S04's (bf16 groups of 32 over 8192 columns) alone and followed by a
+    per-column vector (S04's shape of program)."""
     for dtype in (torch.bfloat16, torch.float16, torch.float32):
         for size in (4, 8, 16, 32):
             if size * dtype.itemsize % 16 == 0:
-                norm = Norm("group", 1e-5, groups=SMALL_GROUPS_N // size, weight=0, bias=1)
-                yield size, dtype, Program(Gemm(True), (norm,), ("col", "col"))
-                if dtype == torch.bfloat16 and size == 32:
-                    yield size, dtype, Program(Gemm(True), (norm, pw(E.mul(X, p(2)))), ("col", "col", "col"))
+                yield size, dtype, 4096, _group_norm_program(4096 // size)
+    yield 32, torch.bfloat16, 8192, _group_norm_program(256)
+    yield 32, torch.bfloat16, 8192, _group_norm_program(256, pw(E.mul(X, p(2))))
 
 
-def _small_group_id(size, dtype, program) -> str:
-    return f"{size}-{str(dtype)[6:]}" + ("-then-a-vector" if len(program.stages) > 1 else "")
+def _group_norm_program(groups: int, *after) -> Program:
+    norm = Norm("group", 1e-5, groups=groups, weight=0, bias=1)
+    return Program(Gemm(True), (norm, *after), ("col", "col") + ("col",) * len(after))
+
+
+def _small_group_id(size, dtype, n, program) -> str:
+    return f"{size}-{str(dtype)[6:]}-{n}" + ("-then-a-vector" if len(program.stages) > 1 else "")
 
 
 @pytest.mark.parametrize("rows", [1, 16, 64])
-@pytest.mark.parametrize("group_size,dtype,program",
+@pytest.mark.parametrize("group_size,dtype,n,program",
                          [pytest.param(*c, id=_small_group_id(*c)) for c in small_group_cases()])
-def test_group_norm_of_small_groups_is_eager_bit_for_bit(group_size, dtype, program, rows):
+def test_group_norm_of_small_groups_is_eager_bit_for_bit(group_size, dtype, n, program, rows):
     """Groups of up to 32 values take eager's own Welford tree: the statistics, and so the output,
     are eager's to the bit at any number of rows (in a bf16 chain one flipped statistic can grow
     past 1e-2: S04), also where a pointwise stage follows the norm (here a vector of ones)."""
-    n = SMALL_GROUPS_N
     for seed in range(DRAWS):
         x, w, b, params = inputs(program, dtype, rows, n, 256, seed)
         x = x * 3 + 1  # an offset mean: the statistics' last bits matter
