@@ -75,6 +75,8 @@ def main() -> int:
     start = time.time()
     pairs, gemms = suite_programs(rows, args.sizes.split(","), [DTYPES[d] for d in args.dtypes.split(",")])
     traced = time.time() - start
+    print(f"{len(pairs)} programs ({len(gemms)} with their parameters' dtypes) traced in {traced:.0f} s; building",
+          flush=True)  # a run stopped during the builds still says where its time went
     failed = fxcuda.prepare_many(sorted(pairs, key=str), workers=args.workers, gemm_items=sorted(gemms, key=str))
     print(f"{len(pairs)} suite programs' modules ready in {time.time() - start:.0f} s "
           f"(tracing {traced:.0f} s), {len(failed)} failed")
