@@ -62,20 +62,19 @@ def on_gemm(model: torch.nn.Module, y: torch.Tensor) -> torch.Tensor:
         del gemm.forward
 
 
-def split_k_sums(x: torch.Tensor, weight: torch.Tensor, parts: int = 4) -> list[torch.Tensor]:
-    """x @ weight.T in float32 as a split-K GEMM computes it: one sum per slice of K."""
-    k = x.shape[1] // parts
-    bounds = [(i * k, (i + 1) * k if i + 1 < parts else x.shape[1]) for i in range(parts)]
+def split_k_sums(x: torch.Tensor, weight: torch.Tensor) -> list[torch.Tensor]:
+    """x @ weight.T in float32 as a split-K GEMM computes it: one sum per quarter of K."""
+    k = x.shape[1] // 4
+    bounds = [(0, k), (k, 2 * k), (2 * k, 3 * k), (3 * k, x.shape[1])]
     return [x.float()[:, a:b] @ weight.float()[:, a:b].T for a, b in bounds]
 
 
 def split_k_sum(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-    """x @ weight.T (+ bias) in float32, the slices' sums added in pairs, last first: a GEMM that
+    """x @ weight.T (+ bias) in float32, the quarters' sums added in pairs, last first: a GEMM that
     sums K in another order than the exact one."""
-    sums = split_k_sums(x, weight)[::-1]
-    while len(sums) > 1:
-        sums = [sums[i] + sums[i + 1] if i + 1 < len(sums) else sums[i] for i in range(0, len(sums), 2)]
-    return sums[0] if bias is None else sums[0] + bias.float()
+    s0, s1, s2, s3 = split_k_sums(x, weight)
+    total = (s3 + s2) + (s1 + s0)
+    return total if bias is None else total + bias.float()
 
 
 def split_k_reduced_in(dtype: torch.dtype, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None):
@@ -119,13 +118,19 @@ def rule_counts(row_id: str, batch: int, draws: int, dtype: torch.dtype, size: s
     return counts
 
 
-def main() -> int:
+def row_arguments(draws: int) -> argparse.Namespace:
+    """A suite row's id and --batch (rows), --draws and --dtype (this script's and
+    tests/gpu/rule_diagnose.py's command line)."""
     parser = argparse.ArgumentParser()
     parser.add_argument("row")
     parser.add_argument("--batch", type=int, default=16)
-    parser.add_argument("--draws", type=int, default=6)
+    parser.add_argument("--draws", type=int, default=draws)
     parser.add_argument("--dtype", choices=DTYPES, default="bf16")
-    args = parser.parse_args()
+    return parser.parse_args()
+
+
+def main() -> int:
+    args = row_arguments(draws=6)
     try:
         counts = rule_counts(args.row, args.batch, args.draws, DTYPES[args.dtype])
     except ValueError as error:

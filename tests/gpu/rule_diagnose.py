@@ -22,7 +22,6 @@ rule cannot absorb (every path, eager's control included, as far from it as eage
 
 from __future__ import annotations
 
-import argparse
 import copy
 import sys
 from pathlib import Path
@@ -36,10 +35,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 import fxfuse  # noqa: E402
 import fxfuse.cuda as fxcuda  # noqa: E402
-from bench.rule_model import DTYPES, TOL, on_gemm, the_linear  # noqa: E402
+from bench.rule_model import DTYPES, TOL, on_gemm, row_arguments, the_linear  # noqa: E402
 from examples import suite  # noqa: E402
 from fxfuse.accuracy import rule_breaks  # noqa: E402
 from fxfuse.canonicalize import canonicalize  # noqa: E402
+from fxfuse.example_values import values_on_example_inputs  # noqa: E402
 from fxfuse.ir import Program  # noqa: E402
 from fxfuse.match import match_all  # noqa: E402
 from gemm_harness import SCHEDULES, param_dtypes  # noqa: E402
@@ -54,19 +54,10 @@ def chain_operands(model: torch.nn.Module, x: torch.Tensor):
     chains = [c for c in matched if c.program is not None]
     assert len(chains) == 1, f"{len(chains)} fused chains; this script takes models with one"
     fusion = chains[0].fusion
-    placeholders = {node: value for node, value in zip(gm.graph.find_nodes(op="placeholder"), inputs)}
-
-    def value(node):
-        if node is None:
-            return None
-        if node in placeholders:
-            return placeholders[node]
-        target = gm
-        for part in node.target.split("."):
-            target = getattr(target, part)
-        return target
-
-    return fusion.program.to_string(), value(fusion.weight), value(fusion.bias), [value(p) for p in fusion.params]
+    operands = [fusion.weight, fusion.bias, *fusion.params]
+    values = values_on_example_inputs(gm.graph, gm, inputs, {n for n in operands if n is not None})
+    weight, bias, *params = [None if n is None else values[n] for n in operands]
+    return fusion.program.to_string(), weight, bias, params
 
 
 def describe(name: str, out, eager, exact) -> None:
@@ -122,12 +113,7 @@ def with_statistics(model, norm: torch.nn.GroupNorm, y: torch.Tensor, mean: torc
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("row")
-    parser.add_argument("--batch", type=int, default=16)
-    parser.add_argument("--draws", type=int, default=5)
-    parser.add_argument("--dtype", choices=DTYPES, default="bf16")
-    args = parser.parse_args()
+    args = row_arguments(draws=5)
     torch.set_grad_enabled(False)  # forward calls only (the compiled model's guards see the same)
     dtype = DTYPES[args.dtype]
     mod = suite.load(suite.get_row(args.row))
