@@ -24,15 +24,16 @@
 
 FX_FN bool fx_isnan(float x) { return x != x; }
 
-// expf, or, in a build under the correctness rule (FX_RULE_MATH: the in-GEMM epilogue and the
-// row kernels of 16-bit outputs, whose results must be within 1e-2 of eager's, not equal to them),
-// __expf: 2 + 1.2 |x| ulp (2^-16 relative at |x| = 80, far finer than a 16-bit output's
-// rounding), in two instructions where libm's takes about 15. NaN and the infinities' limits are
-// kept. The functions below take it only where the exponential ends in a denominator or its
-// argument stays below 20 (an approximate exp overflows a hair before expf). Float32 row kernels,
-// held to 1e-4, and the host build (the tests against torch) use libm's. (tanh.approx.f32 was not
-// taken: 2^-11 relative is half precision, and x - tanh(x) would turn it into an absolute error of
-// that size.)
+// expf, or, in a build under the correctness rule (FX_RULE_MATH: the in-GEMM epilogue, which
+// computes in float32 from the accumulator and rounds once, so its results must be within 1e-2 of
+// eager's, not equal to them), __expf: 2 + 1.2 |x| ulp (2^-16 relative at |x| = 80, far finer
+// than a 16-bit output's rounding), in two instructions where libm's takes about 15. NaN and the
+// infinities' limits are kept. The functions below take it only where the exponential ends in a
+// denominator or its argument stays below 20 (an approximate exp overflows a hair before expf).
+// The row kernels, which round where eager rounds and so must compute eager's bits (an op a few
+// ulps off, rounded and carried through the chain, breaks the rule: fxfuse/cuda/build.py), and
+// the host build (the tests against torch) use libm's. (tanh.approx.f32 was not taken: 2^-11
+// relative is half precision, and x - tanh(x) would turn it into an absolute error of that size.)
 FX_FN float fx_expf(float x) {
 #if defined(FX_RULE_MATH) && defined(__CUDA_ARCH__)
   return __expf(x);
@@ -224,10 +225,8 @@ FX_FN float fx_round_fp16(float x) { return __half2float(__float2half_rn(x)); }
 // ---------------------------------------------------------------------------------------------
 // Derivatives: f_bwd(g, operand(s), y, attrs...) is the operand's gradient, as eager's CUDA
 // backward kernel for f computes it (float opmath). The generated backward kernel
-// (fxfuse/cuda/gradient.py) chains them in reverse order. Under the rule (FX_RULE_MATH: the row
-// kernels of 16-bit chains) they take the rule's exponential and division where the forward
-// functions do, and where the exponential's argument is at most 0 (the normal density, erf's,
-// logsigmoid's).
+// (fxfuse/cuda/gradient.py) chains them in reverse order, in the row modules, which build
+// without FX_RULE_MATH: fx_expf and fx_sigmoid are libm's exponential and IEEE division there.
 
 // threshold_backward(g, y, 0): NaN y passes the gradient
 FX_FN float fx_relu_bwd(float g, float x, float y) { (void)x; return y <= 0.0f ? 0.0f : g; }

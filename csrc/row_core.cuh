@@ -281,7 +281,7 @@ struct Row {
 
   // Every norm ends here: v = (v - shift) * scale * w + b (the last two as one fma, as eager's CUDA
   // norms compile), its output for U (norm_output: rounded to U as eager's norm of a U input
-  // returns it, or under the rule float32 until the store). U, every norm's first
+  // returns it). U, every norm's first
   // template argument, is the dtype the norm computes for: T, or float once the chain widened
   // (a float32 norm of autocast or type promotion). `shift_scale(i, shift, scale)` fills chunk
   // i's VEC shifts and scales.

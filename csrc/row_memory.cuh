@@ -51,19 +51,10 @@ FX_DEVICE float round_to(float x) {
   }
 }
 
-// A norm's output as the stages after it see it: under the correctness rule (FX_RULE_MATH: 16-bit
-// row modules) its float32 value, rounded once where the row is stored, as the in-GEMM epilogue
-// does; else rounded to U, as eager's norm of a U tensor returns it. One rounding fewer and two
-// instructions a value (on an H200, the passes of S20's LayerNorm and S21's RMSNorm, each then a
-// SiLU, at 4096 x 4096: 4 % and 7 % faster).
+// A norm's output as the stages after it see it: rounded to U, as eager's norm of a U tensor
+// returns it
 template <typename U>
-FX_DEVICE float norm_output(float y) {
-#if defined(FX_RULE_MATH)
-  return y;
-#else
-  return round_to<U>(y);
-#endif
-}
+FX_DEVICE float norm_output(float y) { return round_to<U>(y); }
 
 FX_DEVICE float bf16_bits_to_float(uint32_t h) { return bits_to_float(h << 16); }
 FX_DEVICE float f16_bits_to_float(uint32_t h) {

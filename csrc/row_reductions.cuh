@@ -12,7 +12,7 @@ FX_ROW_TEMPLATE
 FX_DEVICE float FX_ROW::reduce_logsumexp() const {
   float m = reduce_max();
   if (fabsf(m) == INFINITY) m = 0.0f;
-  const float s = reduce(0.0f, OpAdd(), [m](float x) { return fx_expf(x - m); });
+  const float s = reduce(0.0f, OpAdd(), [m](float x) { return expf(x - m); });
   return logf(s) + m;
 }
 
@@ -20,19 +20,12 @@ FX_DEVICE float FX_ROW::reduce_logsumexp() const {
 FX_ROW_TEMPLATE
 FX_DEVICE float FX_ROW::reduce_vector_norm() const { return sqrtf(reduce(0.0f, OpAdd(), [](float x) { return x * x; })); }
 
-// exp(x - m) <= 1: the rule's exponential (fx_expf) cannot overflow where libm's does not;
-// under the rule one reciprocal a row and a product a value, in place of an IEEE division each
 FX_ROW_TEMPLATE
 FX_DEVICE void FX_ROW::softmax() {
   const float m = reduce_max();
-  map([m](float x, int) { return fx_expf(x - m); });
+  map([m](float x, int) { return expf(x - m); });
   const float s = reduce_sum();
-#if defined(FX_RULE_MATH)
-  const float r = 1.0f / s;
-  map([r](float x, int) { return x * r; });
-#else
   map([s](float x, int) { return x / s; });
-#endif
 }
 
 // torch.var / torch.std: the squared deviations from the row's mean m over max(0, n - correction)
@@ -61,7 +54,7 @@ FX_DEVICE void FX_ROW::normalize(float eps) {
 FX_ROW_TEMPLATE
 FX_DEVICE void FX_ROW::log_softmax() {
   const float m = reduce_max();
-  const float s = reduce(0.0f, OpAdd(), [m](float x) { return fx_expf(x - m); });
+  const float s = reduce(0.0f, OpAdd(), [m](float x) { return expf(x - m); });
   const float log_s = logf(s);
   map([m, log_s](float x, int) { return (x - m) - log_s; });
 }

@@ -44,11 +44,10 @@ TORCH_NVCC_FLAGS = [
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
-def nvcc_unit(nvcc: str, unit: Path, include: Path, std: str, rule_math: bool) -> tuple[Path, int, str]:
-    """One unit with the flags fxfuse builds it with for sm_90a (build._compiler_flags: under the
-    rule for 16-bit row modules)."""
+def nvcc_unit(nvcc: str, unit: Path, include: Path, std: str) -> tuple[Path, int, str]:
+    """One unit with the flags fxfuse builds a row module's with for sm_90a (build._compiler_flags)."""
     target = build.Target("cuda", *build.arch_flags(9, 0))
-    flags = build._compiler_flags(target, rule_math=rule_math)["extra_cuda_cflags"]
+    flags = build._compiler_flags(target)["extra_cuda_cflags"]
     cmd = [nvcc, "-c", str(unit), "-o", str(unit.with_suffix(".o")), f"-std={std}", *flags, f"-I{include}",
            "-Xptxas", "-v", *TORCH_NVCC_FLAGS]
     proc = subprocess.run(cmd, capture_output=True, text=True)
@@ -113,9 +112,8 @@ def main() -> int:
                     (directory / ("include" if file.endswith(".cuh") else "") / file).write_text(text)
                 for file in sources:
                     if file.endswith(".cu"):
-                        rule_math = DTYPES[dname] in build.RULE_MATH_DTYPES
                         jobs.append((name, dname, pool.submit(nvcc_unit, nvcc, directory / file, directory / "include",
-                                                              args.std, rule_math)))
+                                                              args.std)))
         start = time.time()
         for name, dname, job in jobs:
             unit, rc, log = job.result()

@@ -50,18 +50,17 @@ def test_cache_key_changes_with_program_dtype_and_target():
     assert len(keys) == 5
 
 
-def test_sixteen_bit_row_modules_compute_under_the_rule_and_float32_ones_as_eager():
-    """bfloat16 and float16 row modules (results within 1e-2 of eager's) take the hardware's
-    exponential and reciprocal in their activations (FX_RULE_MATH); float32 ones (1e-4) keep libm's;
-    the norms' arithmetic stays eager's in both (no FMA contraction, IEEE division)."""
-    from fxfuse.cuda.build import RULE_MATH_DTYPES, _compiler_flags
+def test_row_modules_compute_eagers_formulas_and_gemm_modules_the_rules():
+    """A row module rounds where eager rounds, so it computes eager's formulas in every dtype: libm's
+    exponential, IEEE division, no FMA contraction (FX_RULE_MATH off). A GEMM module computes in
+    float32 from the accumulator and rounds once: the rule's exponential and 2-ulp division."""
+    from fxfuse.cuda.build import _compiler_flags
 
     cuda = Target("cuda", "sm_90a", ("-gencode=arch=compute_90a,code=sm_90a",), None)
-    assert RULE_MATH_DTYPES == (torch.bfloat16, torch.float16)
-    rule, exact = _compiler_flags(cuda, rule_math=True), _compiler_flags(cuda)
-    assert "-DFX_RULE_MATH" in rule["extra_cuda_cflags"] and "-DFX_RULE_MATH" not in exact["extra_cuda_cflags"]
-    assert "--fmad=false" in rule["extra_cuda_cflags"] and "-prec-div=false" not in rule["extra_cuda_cflags"]
-    assert "-DFX_RULE_MATH" in _compiler_flags(Target("emulate", "emulate"), rule_math=True)["extra_cflags"]
+    row, gemm = _compiler_flags(cuda)["extra_cuda_cflags"], _compiler_flags(cuda, Path("/cutlass"))["extra_cuda_cflags"]
+    assert "-DFX_RULE_MATH" not in row and "--fmad=false" in row and "-prec-div=false" not in row
+    assert "-DFX_RULE_MATH" in gemm and "-prec-div=false" in gemm and "--fmad=false" not in gemm
+    assert "-DFX_RULE_MATH" not in _compiler_flags(Target("emulate", "emulate"))["extra_cflags"]
 
 
 def test_arch_flags():
