@@ -42,18 +42,21 @@ def main(argv=None) -> int:
     from fxfuse.ir import Gemm, Program
 
     from bench.gemm_configs import problem, profile_once
-    from programs import PROGRAMS
+    import programs
 
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--rows", default=DEFAULT_ROWS, help="programs of tests/gpu/programs.py ('identity': none)")
+    p.add_argument("--rows", default=DEFAULT_ROWS,
+                   help="programs of tests/gpu/programs.py: PROGRAMS' names or its constants' ('identity': none)")
     p.add_argument("--dtype", default="bf16", choices=["bf16", "fp16"])
     p.add_argument("--shape", default="4096,4096;1024,8192", help="M,N (several: separated by ';')")
     p.add_argument("--k", type=int, default=64)
     p.add_argument("--profile", action="store_true", help="run each path once for ncu instead of timing")
     args = p.parse_args(argv)
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}[args.dtype]
-    chosen = {name: Program(Gemm(True), ()) if name == "identity" else PROGRAMS[name]
-              for name in args.rows.split(",")}
+    def program_named(name: str) -> Program:
+        return Program(Gemm(True), ()) if name == "identity" else programs.PROGRAMS.get(name) or getattr(programs, name)
+
+    chosen = {name: program_named(name) for name in args.rows.split(",")}
     failed = fxcuda.prepare_many([(prog, dtype) for prog in chosen.values()])
     assert not failed, failed
     device = torch.device("cuda", torch.cuda.current_device())
