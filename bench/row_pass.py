@@ -53,6 +53,7 @@ def main(argv=None) -> int:
     p.add_argument("--profile", action="store_true", help="run each path once for ncu instead of timing")
     args = p.parse_args(argv)
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}[args.dtype]
+
     def program_named(name: str) -> Program:
         return Program(Gemm(True), ()) if name == "identity" else programs.PROGRAMS.get(name) or getattr(programs, name)
 

@@ -283,8 +283,9 @@ PROGRAMS["s05_traced_bf16"] = Program.parse(
     "bf16(x), 0.01)), 0.01)))))))"
 )
 # S04 as a bf16 model traces it (the suite's chain, in 8 groups): a rounding point after every op.
-# Not among PROGRAMS: the generated backward's column sums of p2 exceed the test's bound (0.067
-# against 0.05 at 5 x 2048, in the emulator) under eager's bf16 gradient roundings.
+# Not among PROGRAMS: the generated backward's column sums of p2 exceed the backward test's bound
+# (0.067 against 0.05 at 5 x 2048, in the emulator), though its errors against the float64
+# derivative are the reference's size (BENCHMARKS.md section 35).
 S04_TRACED_BF16 = Program.parse(
     "linear(bias=True) | group_norm(eps=1e-05, groups=8, weight=p0, bias=p1) | pointwise(bf16(bf16(bf16(bf16(x) * "
     "bf16(sigmoid(bf16(x)))) * p2) * bf16(sigmoid(bf16(bf16(bf16(x) * bf16(sigmoid(bf16(x)))) * p2))))) || col col col")
