@@ -280,11 +280,10 @@ struct Row {
   FX_DEVICE void log_softmax();
 
   // Every norm ends here: v = (v - shift) * scale * w + b (the last two as one fma, as eager's CUDA
-  // norms compile), its output for U (norm_output: rounded to U as eager's norm of a U input
-  // returns it). U, every norm's first
-  // template argument, is the dtype the norm computes for: T, or float once the chain widened
-  // (a float32 norm of autocast or type promotion). `shift_scale(i, shift, scale)` fills chunk
-  // i's VEC shifts and scales.
+  // norms compile), its output rounded to U as eager's norm of a U input returns it. U, every
+  // norm's first template argument, is the dtype the norm computes for: T, or float once the
+  // chain widened (a float32 norm of autocast or type promotion). `shift_scale(i, shift, scale)`
+  // fills chunk i's VEC shifts and scales.
   template <typename U, int W, int B, class F>
   FX_DEVICE void normalise(F shift_scale) {
 #pragma unroll
@@ -303,7 +302,7 @@ struct Row {
         } else if constexpr (B >= 0) {
           y = y + b[e];
         }
-        v[i][e] = norm_output<U>(y);
+        v[i][e] = round_to<U>(y);
       }
     }
   }

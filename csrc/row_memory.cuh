@@ -51,11 +51,6 @@ FX_DEVICE float round_to(float x) {
   }
 }
 
-// A norm's output as the stages after it see it: rounded to U, as eager's norm of a U tensor
-// returns it
-template <typename U>
-FX_DEVICE float norm_output(float y) { return round_to<U>(y); }
-
 FX_DEVICE float bf16_bits_to_float(uint32_t h) { return bits_to_float(h << 16); }
 FX_DEVICE float f16_bits_to_float(uint32_t h) {
   return __half2float(__ushort_as_half(static_cast<unsigned short>(h)));

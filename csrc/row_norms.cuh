@@ -342,7 +342,7 @@ FX_DEVICE void FX_ROW::batch_norm_train() {
 #pragma unroll
     for (int e = 0; e < VEC; ++e) {
       const float y = B >= 0 ? fx_fma(v[i][e] - m[e], s[e], b[e]) : (v[i][e] - m[e]) * s[e];
-      v[i][e] = norm_output<U>(y);
+      v[i][e] = round_to<U>(y);
     }
   }
 }

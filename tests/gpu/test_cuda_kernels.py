@@ -418,10 +418,9 @@ def test_group_norm_of_small_groups_is_eager_bit_for_bit(group_size, dtype, n, p
 def test_the_row_path_is_eagers_chain_bit_for_bit(rows):
     """The row path's GEMM is ``F.linear``'s call (cuBLAS, the bias in its epilogue) and its kernel
     rounds where eager rounds to eager's bits, on S04 as a bf16 model traces it, at full width and
-    depth (a group norm, two sigmoids by their fast form, three products): the op's saved GEMM
-    output and its output are eager's to the bit, at decode and batch sizes alike. A kernel that
-    rounds as eager does but lands one op a few ulps off sees the ops after it carry that past the
-    correctness rule."""
+    depth (a group norm, two sigmoids, three products): the op's saved GEMM output and its output
+    are eager's to the bit, at decode and batch sizes alike. A kernel that rounds as eager does but
+    lands one op a few ulps off sees the ops after it carry that past the correctness rule."""
     program = S04_TRACED_BF16
     for seed in range(2):
         x, w, b, params = inputs(program, torch.bfloat16, rows, 8192, 8192, seed)
