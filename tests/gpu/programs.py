@@ -289,6 +289,9 @@ PROGRAMS["s05_traced_bf16"] = Program.parse(
 S04_TRACED_BF16 = Program.parse(
     "linear(bias=True) | group_norm(eps=1e-05, groups=8, weight=p0, bias=p1) | pointwise(bf16(bf16(bf16(bf16(x) * "
     "bf16(sigmoid(bf16(x)))) * p2) * bf16(sigmoid(bf16(bf16(bf16(x) * bf16(sigmoid(bf16(x)))) * p2))))) || col col col")
+# the same chain in the suite's own 256 groups (32 values a group at 8192 columns: the group norm
+# inside a warp's lanes), for timing and profiling the pass at the suite's shapes (bench/row_pass.py)
+S04_SUITE_BF16 = Program.parse(S04_TRACED_BF16.to_string().replace("groups=8,", "groups=256,"))
 # a row reduction's value broadcast back against per-column values: a row of N again
 PROGRAMS["reduce_sum_keep_broadcast"] = Program(
     Gemm(True), (pw(call("relu", X)), Reduce("sum", keepdim=True), pw(E.add(E.mul(X, p(0)), p(1)))), ("col", "scalar"))
