@@ -302,6 +302,22 @@ struct Launcher {
     return true;
   }
 
+  // A row-local plan whose grid leaves SMs idle (decode: 16 rows of 8192 bf16 columns take 16
+  // blocks of 256 threads at four chunks a thread, 64 at one, on 132 SMs): one chunk a thread and
+  // each row cut into more, smaller segments, one a block, halved down to a warp until the grid
+  // covers the SMs. Segments stay whole warps, so they keep whole groups and heads (power-of-two
+  // lanes, at most 32: group_in_lanes, rotary_in_lanes); a row of fewer than 64 chunks is not cut.
+  static void fill_device(int64_t m, int64_t n, int32_t sm_count, Plan* p) {
+    const int64_t chunks = ceil_div(n, VEC);
+    if (!Prog::row_local(n, VEC) || chunks < 64 || apply_grid(m, *p) >= sm_count) return;
+    for (int64_t most = 256; most >= 32; most /= 2) {
+      const int64_t segs = ceil_div(chunks, most);
+      const int64_t rt = threads_for(ceil_div(chunks, segs));
+      *p = Plan{1, static_cast<int>(rt), 1, static_cast<int>(rt), static_cast<int>(segs)};
+      if (m * segs >= sm_count) return;
+    }
+  }
+
   // Threads for `need` chunks of a row: a power of two up to a warp, else whole warps.
   static int64_t threads_for(int64_t need) {
     int64_t rt = 1;
@@ -406,6 +422,7 @@ struct Launcher {
       if (const char* err = combine(a, Launch{ceil_div(L->n, kCombineColumns), combine_block(a.chunks), 0, stream}))
         return err;
     }
+    fill_device(L->m, L->n, L->sm_count, &apply);
     with_plan(a, apply);
     const Launch l{apply_grid(L->m, apply), apply.block, smem_bytes(L->n, apply), stream};
     const bool params_t = vector_params_of<Prog>(L->params, DType<T>::kCode);
