@@ -141,6 +141,11 @@ def programs() -> dict:
     }
 
 
+def parse_shapes(text: str) -> list[tuple[int, ...]]:
+    """``--shape``'s value: shapes separated by ';', each its sizes separated by ','."""
+    return [tuple(int(v) for v in shape.split(",")) for shape in text.split(";")]
+
+
 def problem(prog, m: int, n: int, k: int, dtype: torch.dtype, device: torch.device, seed: int) -> tuple:
     """One input set (x, w, b, params) of ``prog`` at (m, n, k): uniform x, a weight scaled by
     1/sqrt(k), the program's parameters as the GPU tests draw them."""
@@ -190,7 +195,7 @@ def main(argv=None) -> int:
     chosen = programs()
     if args.rows:
         chosen = {k: v for k, v in chosen.items() if k in args.rows.split(",")}
-    shapes = [tuple(int(v) for v in s.split(",")) for s in args.shape.split(";")]
+    shapes = parse_shapes(args.shape)
     from fxfuse.cuda import build
 
     production = args.kernels == "menu"

@@ -41,7 +41,7 @@ def main(argv=None) -> int:
     from fxfuse.cuda.timing import time_candidates
     from fxfuse.ir import Gemm, Program
 
-    from bench.gemm_configs import problem, profile_once
+    from bench.gemm_configs import parse_shapes, problem, profile_once
     import programs
 
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -63,8 +63,7 @@ def main(argv=None) -> int:
     device = torch.device("cuda", torch.cuda.current_device())
     rows = []
     with torch.no_grad():
-        for shape in args.shape.split(";"):
-            m, n = (int(v) for v in shape.split(","))
+        for m, n in parse_shapes(args.shape):
             for name, prog in chosen.items():
                 x, w, b, params = problem(prog, m, n, args.k, dtype, device, seed=0)
                 bias = b if prog.gemm.bias else None
