@@ -282,16 +282,23 @@ PROGRAMS["s05_traced_bf16"] = Program.parse(
     "linear(bias=True) | logsumexp(keepdim=True) | pointwise(bf16(gelu(bf16(gelu(bf16(leaky_relu(bf16(leaky_relu("
     "bf16(x), 0.01)), 0.01)))))))"
 )
-# S04 as a bf16 model traces it (the suite's chain, in 8 groups): a rounding point after every op.
-# Not among PROGRAMS: the generated backward's column sums of p2 exceed the backward test's bound
-# (0.067 against 0.05 at 5 x 2048, in the emulator), though its errors against the float64
-# derivative are the reference's size (BENCHMARKS.md section 35).
-S04_TRACED_BF16 = Program.parse(
-    "linear(bias=True) | group_norm(eps=1e-05, groups=8, weight=p0, bias=p1) | pointwise(bf16(bf16(bf16(bf16(x) * "
-    "bf16(sigmoid(bf16(x)))) * p2) * bf16(sigmoid(bf16(bf16(bf16(x) * bf16(sigmoid(bf16(x)))) * p2))))) || col col col")
-# the same chain in the suite's own 256 groups (32 values a group at 8192 columns: the group norm
-# inside a warp's lanes), for timing and profiling the pass at the suite's shapes (bench/row_pass.py)
-S04_SUITE_BF16 = Program.parse(S04_TRACED_BF16.to_string().replace("groups=8,", "groups=256,"))
+
+
+def s04_traced_bf16(groups: int) -> Program:
+    """S04 as a bf16 model traces it, in ``groups`` groups: a rounding point after every op."""
+    return Program.parse(
+        f"linear(bias=True) | group_norm(eps=1e-05, groups={groups}, weight=p0, bias=p1) | pointwise(bf16(bf16(bf16("
+        "bf16(x) * bf16(sigmoid(bf16(x)))) * p2) * bf16(sigmoid(bf16(bf16(bf16(x) * bf16(sigmoid(bf16(x)))) * p2))))) "
+        "|| col col col")
+
+
+# The suite's chain in 8 groups. Not among PROGRAMS: the generated backward's column sums of p2
+# exceed the backward test's bound (0.067 against 0.05 at 5 x 2048, in the emulator), though its
+# errors against the float64 derivative are the reference's size (BENCHMARKS.md section 35).
+S04_TRACED_BF16 = s04_traced_bf16(8)
+# in the suite's own 256 groups (32 values a group at 8192 columns: the group norm inside a warp's
+# lanes), for timing and profiling the pass at the suite's shapes (bench/row_pass.py)
+S04_SUITE_BF16 = s04_traced_bf16(256)
 # a row reduction's value broadcast back against per-column values: a row of N again
 PROGRAMS["reduce_sum_keep_broadcast"] = Program(
     Gemm(True), (pw(call("relu", X)), Reduce("sum", keepdim=True), pw(E.add(E.mul(X, p(0)), p(1)))), ("col", "scalar"))

@@ -46,7 +46,6 @@ from gemm_harness import SCHEDULES, param_dtypes  # noqa: E402
 from support import captured  # noqa: E402
 
 
-
 def chain_operands(model: torch.nn.Module, x: torch.Tensor):
     """(program text, weight, bias, params) of the model's one fused chain, as the op receives them."""
     gm, inputs = captured(model, x)
