@@ -13,7 +13,7 @@ spells them; S08 is meant for its own shape, 32768,4096,1024; S20 and S21 for 40
 measured against both GEMMs' ``F.linear``.
 
 ``--kernels wide`` builds the modules with ``wide_menu()`` instead of the production menu
-(gemm_codegen.KERNELS): how the menu is chosen; ``--kernels 256x128/2x1,128x128/2x1/pingpong``
+(gemm_codegen.menu): how the menu is chosen; ``--kernels 256x128/2x1,128x128/2x1/pingpong``
 builds the kernels listed (``/pdl``: the kernel, and those after it, launched as programmatic
 dependents: csrc/gemm_launch.cuh). Each configuration's output is checked against the row path's as the
 selection checks it (``!`` marks one that ``engine.disagreement`` finds off, which the selection
@@ -59,8 +59,9 @@ def wide_menu() -> tuple:
 
 
 def parse_kernels(text: str) -> tuple:
-    """Kernels from "TMxTN[xTK]/CMxCN[/pingpong][/pdl]" separated by commas (TK: for 16-bit
-    elements; pdl: launched as programmatic dependents)."""
+    """Kernels from "TMxTN[xTK]/CMxCN[/pingpong][/pdl][/swapped]" separated by commas (TK: for
+    16-bit elements; pdl: launched as programmatic dependents; swapped: the few-rows kernel,
+    fxg::Swapped, cluster 1x1)."""
     from fxfuse.cuda.gemm_codegen import Kernel
 
     kernels = []
@@ -68,10 +69,10 @@ def parse_kernels(text: str) -> tuple:
         tile, cluster, *schedule = item.strip().split("/")
         tm, tn, *tk = (int(v) for v in tile.split("x"))
         cm, cn = (int(v) for v in cluster.split("x"))
-        if not set(schedule) <= {"pingpong", "pdl"}:
-            raise ValueError(f"{item}: a kernel's options are pingpong and pdl")
+        if not set(schedule) <= {"pingpong", "pdl", "swapped"}:
+            raise ValueError(f"{item}: a kernel's options are pingpong, pdl and swapped")
         kernels.append(Kernel(tm, tn, *(tk or [64]), cluster_m=cm, cluster_n=cn, pingpong="pingpong" in schedule,
-                              pdl="pdl" in schedule))
+                              pdl="pdl" in schedule, swapped="swapped" in schedule))
     return tuple(kernels)
 
 

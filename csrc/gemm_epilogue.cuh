@@ -65,6 +65,8 @@ template <int TM, int TN, int TK, int CM, int CN, bool Pingpong, bool Pdl = fals
 struct Config {
   static constexpr bool kPingpong = Pingpong;
   static constexpr bool kPdl = Pdl;
+  static constexpr bool kSwapped = false;
+  static constexpr int kTileOrders = 6;  // kSchedules: the persistent scheduler's orders
   template <class T> static constexpr int kTileK = TK * 2 / static_cast<int>(sizeof(T));
   template <class T> using TileFor = Shape<Int<TM>, Int<TN>, Int<kTileK<T>>>;
   using Cluster = Shape<Int<CM>, Int<CN>, _1>;
@@ -77,6 +79,30 @@ struct Config {
   template <class T> static void name(char* out, size_t size) {
     snprintf(out, size, "%s %dx%dx%d cluster %dx%d%s", Pingpong ? "pingpong" : "cooperative", TM, TN, kTileK<T>, CM,
              CN, Pdl ? " PDL" : "");
+  }
+};
+
+// A GEMM for few rows (decode): the operands swapped, out^T = weight . x^T, so that the weight's
+// rows (the output's columns) run along the tile's TM = 64 and x's few rows along its narrow TN.
+// With 128-row tiles over 1 or 16 rows the WGMMA computed mostly padding and the N/128 tiles
+// of the weight left SMs idle: 1.8-2.0x cuBLAS; this is at cuBLAS's speed (its own decode kernels
+// swap the same way: BENCHMARKS.md section 37). One CTA a tile, one consumer warp group (no
+// persistent scheduler: every tile is one wave's, so it has no tile orders).
+template <int TM, int TN, int TK>
+struct Swapped {
+  static constexpr bool kPingpong = false;
+  static constexpr bool kPdl = false;
+  static constexpr bool kSwapped = true;
+  static constexpr int kTileOrders = 1;
+  template <class T> static constexpr int kTileK = TK * 2 / static_cast<int>(sizeof(T));
+  template <class T> using TileFor = Shape<Int<TM>, Int<TN>, Int<kTileK<T>>>;
+  using Cluster = Shape<_1, _1, _1>;
+  using MainloopSchedule = cutlass::gemm::KernelTmaWarpSpecialized;
+  using EpilogueSchedule = cutlass::epilogue::TmaWarpSpecialized;
+
+  // "swapped 64x16x128": the output's columns by its rows by K, for elements of T
+  template <class T> static void name(char* out, size_t size) {
+    snprintf(out, size, "swapped %dx%dx%d", TM, TN, kTileK<T>);
   }
 };
 
@@ -97,6 +123,8 @@ constexpr Schedule kSchedules[kNumSchedules] = {
 // A module's kernels (fxfuse/cuda/gemm_codegen.py chooses them; one unit each). A configuration
 // index (FxGemmLaunch::config) is kernel * kNumSchedules + schedule; a module with a gated tree
 // beside its plain one has twice the configurations, the second half "gated <kernel>, <schedule>".
+// A kernel without tile orders (kTileOrders 1: fxg::Swapped) covers no call at schedules past its
+// first, named "one CTA a tile".
 template <class... Kernels>
 struct Menu {
   static constexpr int kNumKernels = static_cast<int>(sizeof...(Kernels));
@@ -111,9 +139,11 @@ struct Menu {
       char kernels[kNumKernels][64];
       int i = 0;
       ((Kernels::template name<T>(kernels[i], sizeof(kernels[i])), ++i), ...);
+      const int orders[kNumKernels] = {Kernels::kTileOrders...};
       for (int c = 0; c < 2 * kNumConfigs; ++c) {
-        snprintf(text[c], sizeof(text[c]), "%s%s, %s", c >= kNumConfigs ? "gated " : "",
-                 kernels[c / kNumSchedules % kNumKernels], kSchedules[c % kNumSchedules].name);
+        const int kernel = c / kNumSchedules % kNumKernels;
+        snprintf(text[c], sizeof(text[c]), "%s%s, %s", c >= kNumConfigs ? "gated " : "", kernels[kernel],
+                 orders[kernel] > 1 ? kSchedules[c % kNumSchedules].name : "one CTA a tile");
         names[c] = text[c];
       }
       return true;
@@ -125,6 +155,7 @@ struct Menu {
 
 // A kernel unit's entry points (each unit is compiled on its own)
 struct Unit {
+  int32_t tile_orders;  // schedules of kSchedules the kernel runs under (its first tile_orders)
   int32_t (*supports)(int64_t m, int64_t n, int64_t k);
   int64_t (*workspace)(int64_t m, int64_t n, int64_t k, int32_t sms);
   const char* (*launch)(const FxGemmLaunch* a, void* stream);
@@ -166,13 +197,18 @@ struct GemmFor {
   static int64_t gemm_columns(int64_t n) {
     return kGated ? 2 * ((n + Prog::kGatedBlock - 1) / Prog::kGatedBlock * Prog::kGatedBlock) : n;
   }
+  // a swapped GEMM (few rows) takes the trees of pointwise stages: the register nodes read the
+  // accumulators by the output's rows and columns
+  static_assert(!Cfg::kSwapped || !(kGated || kReduces || kBatchTrain || kRowMap || Prog::kEpilogueN),
+                "a swapped GEMM's tree is pointwise");
   using EpilogueFrame = Frame<Tile, EpilogueTileFor<Cfg, Prog::kEpilogueN>, Stored,
-                              typename Cfg::EpilogueSchedule>;
+                              typename Cfg::EpilogueSchedule, Cfg::kSwapped>;
   using EpilogueTree = typename Prog::template Tree<EpilogueFrame>;
+  using LayoutD = OutputLayout<EpilogueFrame>;
   // CUTLASS's TMA epilogue as its builder assembles it, with the Frame's dispatch policy
   using Epilogue = typename cutlass::epilogue::collective::detail::Sm90TmaBuilderImpl<
-      Tile, typename EpilogueFrame::Descriptor::EpilogueTile, float, float, void, cutlass::layout::RowMajor,
-      kAlign<Out>, OutD, cutlass::layout::RowMajor, kAlign<Out>, EpilogueTree,
+      Tile, typename EpilogueFrame::Descriptor::EpilogueTile, float, float, void, LayoutD,
+      kAlign<Out>, OutD, LayoutD, kAlign<Out>, EpilogueTree,
       typename EpilogueFrame::DispatchPolicy>::CollectiveOp;
   using Mainloop = typename cutlass::gemm::collective::CollectiveBuilder<
       cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, T, cutlass::layout::RowMajor, kAlign<T>, T,
@@ -203,23 +239,33 @@ struct GemmFor {
   static typename Gemm::Arguments arguments(const FxGemmLaunch& a, float* partials) {
     const Schedule& schedule = kSchedules[(a.config >= 0 ? a.config : 0) % kNumSchedules];
     const int m = static_cast<int>(a.m), n = static_cast<int>(gemm_columns(a.n)), k = static_cast<int>(a.k);
-    using StrideA = typename Gemm::GemmKernel::StrideA;
-    using StrideB = typename Gemm::GemmKernel::StrideB;
-    using StrideD = typename Gemm::GemmKernel::StrideD;
-    StrideA da = make_stride(int64_t(k), _1{}, int64_t(m) * k);
-    StrideB db = make_stride(int64_t(k), _1{}, int64_t(n) * k);
-    StrideD dd = make_stride(int64_t(n), _1{}, int64_t(m) * n);
+    // x (m, k) and the weight (n, k) are both K-major: A and B of the GEMM, or B and A where swapped
+    const T* x = static_cast<const T*>(a.x);
+    const T* weight = static_cast<const T*>(a.weight);
+    const auto x_stride = make_stride(int64_t(k), _1{}, int64_t(m) * k);
+    const auto weight_stride = make_stride(int64_t(k), _1{}, int64_t(n) * k);
+    typename Gemm::GemmKernel::StrideD dd{};
+    if constexpr (Cfg::kSwapped) {
+      dd = make_stride(_1{}, int64_t(n), int64_t(m) * n);  // out^T, (n, m) column-major
+    } else {
+      dd = make_stride(int64_t(n), _1{}, int64_t(m) * n);
+    }
     cutlass::KernelHardwareInfo hw{};
     hw.device_id = a.device;
     hw.sm_count = a.sm_count;
     typename Gemm::Arguments args{
         cutlass::gemm::GemmUniversalMode::kGemm,
         {m, n, k, 1},
-        {static_cast<const T*>(a.x), da, static_cast<const T*>(a.weight), db},
+        {x, x_stride, weight, weight_stride},
         {Prog::template args<EpilogueFrame>(a, partials), nullptr, dd, static_cast<OutD*>(kGated || kReduces ? nullptr : a.out), dd},
         hw};
-    args.scheduler.raster_order = schedule.raster;
-    args.scheduler.max_swizzle_size = schedule.swizzle;
+    if constexpr (Cfg::kSwapped) {
+      args.problem_shape = {n, m, k, 1};
+      args.mainloop = {weight, weight_stride, x, x_stride};
+    } else {
+      args.scheduler.raster_order = schedule.raster;
+      args.scheduler.max_swizzle_size = schedule.swizzle;
+    }
     return args;
   }
 
@@ -280,6 +326,7 @@ struct GemmFor {
 // `Menu` (an fxg::Menu) and, in main.cu, kUnits: FX_GEMM_UNIT(NAME) for each unit in index order.
 // One configuration's entry points (a unit of its own); NAME tells a module's trees apart.
 #define FX_DEFINE_GEMM_UNIT(PROG, KERNEL, NAME)                                                         \
+  extern const int32_t tile_orders_##NAME = KERNEL::kTileOrders;                                        \
   int32_t supports_##NAME(int64_t m, int64_t n, int64_t k) {                                            \
     return fxg::GemmFor<PROG, KERNEL>::supports(m, n, k) ? 1 : 0;                                       \
   }                                                                                                    \
@@ -291,10 +338,11 @@ struct GemmFor {
   }
 
 #define FX_DECLARE_GEMM_UNIT(NAME)                                                                     \
+  extern const int32_t tile_orders_##NAME;                                                             \
   int32_t supports_##NAME(int64_t, int64_t, int64_t);                                                  \
   int64_t workspace_##NAME(int64_t, int64_t, int64_t, int32_t);                                        \
   const char* launch_##NAME(const FxGemmLaunch*, void*);
-#define FX_GEMM_UNIT(NAME) fxg::Unit{&supports_##NAME, &workspace_##NAME, &launch_##NAME}
+#define FX_GEMM_UNIT(NAME) fxg::Unit{tile_orders_##NAME, &supports_##NAME, &workspace_##NAME, &launch_##NAME}
 
 // The module's FxGemmInfo, which dispatches a configuration to its unit (kUnits, in order):
 // GATED_BLOCK is 0, or the gated tree's block, its units after the plain tree's.
@@ -307,7 +355,9 @@ struct GemmFor {
   }                                                                                                     \
   int32_t supports(int64_t m, int64_t n, int64_t k, int32_t config) {                                   \
     const fxg::Unit* unit = unit_of(config);                                                            \
-    return m >= 1 && unit != nullptr && PROG::supports(n, k) ? unit->supports(m, n, k) : 0;             \
+    return m >= 1 && unit != nullptr && config % fxg::kNumSchedules < unit->tile_orders && PROG::supports(n, k) \
+               ? unit->supports(m, n, k)                                                                \
+               : 0;                                                                                     \
   }                                                                                                     \
   int64_t workspace(int64_t m, int64_t n, int64_t k, int32_t sms, int32_t config) {                     \
     const fxg::Unit* unit = unit_of(config);                                                            \

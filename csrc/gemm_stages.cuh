@@ -13,13 +13,18 @@
 //   fxg::SubtileCallbacks  where a thread's values of a subtile lie (the WGMMA layout), for the
 //                       callbacks of the register nodes (gemm_gated.cuh, gemm_row_reduce.cuh,
 //                       gemm_row_statistics.cuh)
-// Col and Full take the GEMM's Frame (its CTA tile and CUTLASS's epilogue descriptor: subtile and
-// load stages) as a template argument, so a program's tree is a template over it.
+// Col and Full take the GEMM's Frame (its CTA tile, CUTLASS's epilogue descriptor: subtile and
+// load stages, and whether the GEMM runs with its operands swapped) as a template argument, so a
+// program's tree is a template over it. A swapped GEMM (fxg::Swapped: out^T = weight . x^T, for few
+// rows) has the output's columns along its tile's M: there a column vector is CUTLASS's column
+// broadcast and an operand of the output's shape is read column-major; the pointwise stages are
+// the same.
 #pragma once
 
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <type_traits>
 
 #include <cute/tensor.hpp>
 #include <cutlass/cutlass.h>
@@ -54,9 +59,10 @@ using Acc = fusion::Sm90AccFetch;
 // stages of the load pipeline a Full operand's TMA loads use; C is void). CUTLASS's builder gives
 // that pipeline min(subtiles, 4) stages; two are kept: four subtiles of a Full operand beside D's
 // two took 48 KiB, which cost the cooperative 128 x 256 kernels a mainloop stage (three of four).
-template <class Tile_, class EpilogueTileType, class Out, class Schedule>
+template <class Tile_, class EpilogueTileType, class Out, class Schedule, bool Swapped = false>
 struct Frame {
   using Tile = Tile_;
+  static constexpr bool kSwapped = Swapped;
   using Builder = cutlass::epilogue::collective::detail::EpilogueDescriptor<Tile, EpilogueTileType, void, Out, Schedule>;
   using Built = typename Builder::DispatchPolicy;
   using DispatchPolicy = cutlass::epilogue::Sm90TmaWarpSpecialized<cute::min(Built::StagesC, 2), Built::StagesD,
@@ -69,15 +75,19 @@ struct Frame {
   };
 };
 
-using ColStride = Stride<_0, _1, int64_t>;
+// A vector of the output's N columns: along the tile's N, or along its M where the GEMM is swapped
 template <class F, class T>
-using Col = fusion::Sm90RowBroadcast<0, typename F::Tile, T, float, ColStride, kAlign<T>>;
+using Col = cute::conditional_t<F::kSwapped,
+                                fusion::Sm90ColBroadcast<0, typename F::Tile, T, float, Stride<_1, _0, int64_t>, kAlign<T>>,
+                                fusion::Sm90RowBroadcast<0, typename F::Tile, T, float, Stride<_0, _1, int64_t>, kAlign<T>>>;
 
-// An (M, N) row-major operand, read at each accumulator's position
-using FullLayout = cutlass::layout::RowMajor;
+// An (M, N) row-major operand, read at each accumulator's position (the layout of the GEMM's D: the
+// output itself, transposed where the GEMM is swapped)
+template <class F>
+using OutputLayout = cute::conditional_t<F::kSwapped, cutlass::layout::ColumnMajor, cutlass::layout::RowMajor>;
 template <class F, class T>
 struct FullOf {
-  using D = cutlass::epilogue::collective::detail::AuxLoadDescriptor<typename F::Descriptor, FullLayout, T>;
+  using D = cutlass::epilogue::collective::detail::AuxLoadDescriptor<typename F::Descriptor, OutputLayout<F>, T>;
   using type = fusion::Sm90AuxLoad<D::Stages, typename D::EpilogueTile, T, typename D::Stride,
                                    typename D::SmemLayoutAtom, typename D::CopyOpS2R, kAlign<T>>;
 };
@@ -226,17 +236,30 @@ struct SubtileCallbacks : fusion::EmptyConsumerStoreCallbacks {
 // Arguments of the leaves, from the launch's pointers
 inline typename Acc::Arguments acc_args() { return {}; }
 
+template <class Arguments, class = void> struct IsColumnBroadcast : std::false_type {};
+template <class Arguments>
+struct IsColumnBroadcast<Arguments, cute::void_t<decltype(Arguments::ptr_col)>> : std::true_type {};
+
 template <class Node> typename Node::Arguments col_args(const void* ptr) {
   using T = typename Node::ElementInput;
   typename Node::Arguments a{};
-  a.ptr_row = static_cast<const T*>(ptr);
+  if constexpr (IsColumnBroadcast<typename Node::Arguments>::value) {  // a swapped GEMM's
+    a.ptr_col = static_cast<const T*>(ptr);
+  } else {
+    a.ptr_row = static_cast<const T*>(ptr);
+  }
   return a;
 }
 
+// The (M, N) row-major operand at ptr; a swapped GEMM reads it as its (N, M) column-major D
 template <class Node> typename Node::Arguments full_args(const void* ptr, int64_t m, int64_t n) {
   typename Node::Arguments a{};
   a.ptr_aux = static_cast<decltype(a.ptr_aux)>(ptr);
-  a.dAux = make_stride(n, _1{}, m * n);
+  if constexpr (cute::is_static_v<decltype(get<0>(a.dAux))>) {
+    a.dAux = make_stride(_1{}, n, m * n);
+  } else {
+    a.dAux = make_stride(n, _1{}, m * n);
+  }
   return a;
 }
 

@@ -601,7 +601,7 @@ def gemm_key(program: Program, dtype: torch.dtype, param_dtypes: tuple[torch.dty
     from . import gemm_codegen
 
     params = " ".join(str(d).removeprefix("torch.") for d in param_dtypes)
-    menu = " ".join(kernel.cpp for kernel in tuple(kernels or gemm_codegen.KERNELS))
+    menu = " ".join(kernel.cpp for kernel in tuple(kernels or gemm_codegen.menu(program)))
     payload = f"{program.to_string()}\n{dtype}\n{params}\ncutlass {cutlass_version(cutlass_include())}\n{menu}"
     return cache_key("gemm", payload, target, csrc)
 
@@ -610,7 +610,7 @@ def build_gemm(program: Program, dtype: torch.dtype, param_dtypes: tuple[torch.d
                csrc: Path = CSRC, kernels: tuple | None = None) -> GemmModule:
     """Generate, compile (or find in the cache) and load the GEMM module of ``program`` for
     ``dtype`` inputs and parameters of ``param_dtypes``, with the kernels of ``kernels``
-    (gemm_codegen.Kernel; the default menu unless given)."""
+    (gemm_codegen.Kernel; the program's menu unless given)."""
     from . import gemm_codegen
 
     reason = gemm_target_reason(target)
@@ -619,7 +619,7 @@ def build_gemm(program: Program, dtype: torch.dtype, param_dtypes: tuple[torch.d
     include = cutlass_include()
     program = gemm_program(program, dtype)
     text = program.to_string()
-    kernels = tuple(kernels or gemm_codegen.KERNELS)
+    kernels = tuple(kernels or gemm_codegen.menu(program))
     key = gemm_key(program, dtype, param_dtypes, target, csrc, kernels)
     short = key[:20]
     entry = f"fx_gemm_info_{short}"

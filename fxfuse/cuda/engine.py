@@ -211,7 +211,7 @@ class Engine:
             with concurrent.futures.ProcessPoolExecutor(workers, mp_context=context) as pool:
                 texts, dtypes, params = zip(*todo)
                 errors.update(zip(todo, pool.map(build_in_subprocess, texts, dtypes, [target] * len(todo),
-                                                 unit_jobs(params, cpus, workers, len(gemm_codegen.KERNELS) + 1),
+                                                 unit_jobs(params, cpus, workers, len(gemm_codegen.KERNELS + gemm_codegen.FEW_ROWS_KERNELS) + 1),
                                                  params)))
         failed = {(t, d): BuildError(errors[(t, d, None)]) for t, d in pairs if errors[(t, d, None)] is not None}
         for text, dtype in pairs:

@@ -66,7 +66,9 @@ class Kernel:
     K for 16-bit elements; 32-bit ones take half), the cluster, the schedule, and whether it and
     the kernels after it are launched as programmatic dependents (``pdl``: each may start while the
     kernel before it drains; csrc/gemm_launch.cuh). Each runs under the tile orders of
-    fxg::kSchedules, chosen at launch."""
+    fxg::kSchedules, chosen at launch. A ``swapped`` kernel (fxg::Swapped, for few rows) computes
+    out^T = weight . x^T: its tile_m runs along the output's columns, its tile_n along x's rows;
+    one CTA a tile, no cluster, no tile orders."""
 
     tile_m: int
     tile_n: int
@@ -75,9 +77,12 @@ class Kernel:
     cluster_n: int = 1
     pingpong: bool = False
     pdl: bool = False
+    swapped: bool = False
 
     @property
     def cpp(self) -> str:
+        if self.swapped:
+            return f"fxg::Swapped<{self.tile_m}, {self.tile_n}, {self.tile_k}>"
         pdl = ", true" if self.pdl else ""  # the default keeps the other kernels' text, and so module keys
         return (f"fxg::Config<{self.tile_m}, {self.tile_n}, {self.tile_k}, {self.cluster_m}, {self.cluster_n}, "
                 f"{'true' if self.pingpong else 'false'}{pdl}>")
@@ -90,6 +95,23 @@ class Kernel:
 # K = 1024 (0.96x); 128x128 with a 1x2 cluster serves shapes with few large tiles (S16).
 KERNELS = (Kernel(128, 256, cluster_m=2), Kernel(256, 128, cluster_m=2), Kernel(128, 128, cluster_m=2, pingpong=True),
            Kernel(128, 128, cluster_n=2))
+
+# The kernel for few rows (decode), in the menu of every program whose epilogue is pointwise: the
+# weight's rows along a 64-row tile, x's rows along 16 columns of it, 128 tiles over N = 8192 on
+# 132 SMs. At 1 and 16 rows of 8192 -> 8192 the bare GEMM ran at 1.00x and 0.98x cuBLAS, where the
+# kernels above took 1.8-2.0x (BENCHMARKS.md sections 30 and 37).
+FEW_ROWS_KERNELS = (Kernel(64, 16, 128, swapped=True),)
+
+
+def menu(program: Program) -> tuple[Kernel, ...]:
+    """The kernels of ``program``'s module: KERNELS, and where its epilogue is pointwise (no norm
+    that keeps statistics, no reduction, one GEMM) the swapped kernel for few rows, whose epilogue
+    reads the accumulators transposed (csrc/gemm_stages.cuh: its leaves follow; the register nodes
+    do not)."""
+    epilogue = Epilogue.of(program)
+    pointwise = epilogue.norm is None and epilogue.reduce is None and not program.second_gemms
+    return KERNELS + FEW_ROWS_KERNELS if pointwise else KERNELS
+
 
 # csrc/fx_abi.h's FxDtype of each element type the in-GEMM path takes: for x and weight (float32 as
 # TF32, while torch allows it), the output and the parameters (others reach the kernels as float32)
@@ -273,14 +295,17 @@ def canonical(program: Program) -> Program:
 
 
 def generate(program: Program, dtype: torch.dtype, param_dtypes: tuple[torch.dtype, ...], namespace: str,
-             entry: str, kernels: tuple[Kernel, ...] = KERNELS) -> dict[str, str]:
+             entry: str, kernels: tuple[Kernel, ...] | None = None) -> dict[str, str]:
     """The sources of one GEMM module: file name -> text (``gemm_program.cuh``, ``main.cu`` with
     the exported ``entry`` returning the module's FxGemmInfo, ``config_<i>.cu`` per kernel of the
-    menu, and for a program with a second GEMM ``gated_<i>.cu`` per kernel running it in the
-    kernel beside those reading its cuBLAS output)."""
+    menu (``kernels``, the program's ``menu`` unless given), and for a program with a second GEMM
+    ``gated_<i>.cu`` per kernel running it in the kernel beside those reading its cuBLAS output)."""
     reason = unsupported_reason(program, dtype)
     if reason is not None:
         raise UnsupportedProgram(reason)
+    kernels = tuple(kernels or menu(program))
+    if any(kernel.swapped for kernel in kernels) and menu(program) == KERNELS:
+        raise UnsupportedProgram("a swapped kernel's epilogue is pointwise, and this program's is not")
     if len(param_dtypes) != len(program.params):
         raise UnsupportedProgram(f"{len(param_dtypes)} parameter dtypes for {len(program.params)} parameters")
     header = f"// fxfuse GEMM module (gemm codegen {GEMM_CODEGEN_VERSION}), {dtype}"

@@ -142,15 +142,39 @@ def test_a_widening_chain_stores_float32():
 
 def test_one_unit_per_kernel_of_the_menu_and_an_entry_point():
     sources = gemm_codegen.generate(S01_BF16, torch.float16, (), "fxg_t", "fx_gemm_info_t")
-    assert sorted(sources) == ["config_0.cu", "config_1.cu", "config_2.cu", "config_3.cu", "gemm_program.cuh",
-                               "main.cu"]
+    assert sorted(sources) == ["config_0.cu", "config_1.cu", "config_2.cu", "config_3.cu", "config_4.cu",
+                               "gemm_program.cuh", "main.cu"]
     assert "FX_DEFINE_GEMM_INFO(Prog, fx_gemm_info_t, 0)" in sources["main.cu"]
-    assert ("const fxg::Unit kUnits[] = {FX_GEMM_UNIT(0), FX_GEMM_UNIT(1), FX_GEMM_UNIT(2), FX_GEMM_UNIT(3)};"
-            in sources["main.cu"])
+    assert ("const fxg::Unit kUnits[] = {FX_GEMM_UNIT(0), FX_GEMM_UNIT(1), FX_GEMM_UNIT(2), FX_GEMM_UNIT(3), "
+            "FX_GEMM_UNIT(4)};" in sources["main.cu"])
     assert "FX_DEFINE_GEMM_UNIT(Prog, Menu::At<2>, 2)" in sources["config_2.cu"]
     assert "using Element = cutlass::half_t;" in sources["gemm_program.cuh"]
     assert ("using Menu = fxg::Menu<fxg::Config<128, 256, 64, 2, 1, false>, fxg::Config<256, 128, 64, 2, 1, false>, "
-            "fxg::Config<128, 128, 64, 2, 1, true>, fxg::Config<128, 128, 64, 1, 2, false>>;") in sources["gemm_program.cuh"]
+            "fxg::Config<128, 128, 64, 2, 1, true>, fxg::Config<128, 128, 64, 1, 2, false>, "
+            "fxg::Swapped<64, 16, 128>>;") in sources["gemm_program.cuh"]
+
+
+@pytest.mark.parametrize("name", ["s01_scale_leaky", "s22_batch_eval_relu", "full_residual", "identity"])
+def test_a_pointwise_epilogue_adds_the_swapped_kernel_for_few_rows(name):
+    """out^T = weight . x^T on a 64-row tile over the output's columns and 16 over x's rows: the
+    in-GEMM kernel for decode sizes. An eval-mode batch norm is pointwise; an operand of the
+    output's shape is read transposed with the accumulators."""
+    program = gemm_codegen.canonical(PROGRAMS[name])
+    assert gemm_codegen.menu(program) == gemm_codegen.KERNELS + (Kernel(64, 16, 128, swapped=True),)
+    assert "fxg::Swapped<64, 16, 128>>;" in header(program)
+
+
+@pytest.mark.parametrize("name", ["s04_group_silu_vec_silu", "s05_logsumexp_chain", "s20_layer_silu",
+                                  "s07_vec_batch_train", "gemm_gate_silu"])
+def test_norms_reductions_and_second_gemms_keep_the_menu_without_the_swapped_kernel(name):
+    """Their register nodes read the accumulators by the output's rows and columns, and a gated
+    module's second tree has a unit per kernel of the plain one's."""
+    program = gemm_codegen.canonical(PROGRAMS[name])
+    assert gemm_codegen.menu(program) == gemm_codegen.KERNELS
+    assert "Swapped" not in header(program)
+    with pytest.raises(ValueError, match="swapped kernel's epilogue is pointwise"):
+        gemm_codegen.generate(program, torch.bfloat16, (torch.bfloat16,) * len(program.params), "n", "e",
+                              gemm_codegen.KERNELS + gemm_codegen.FEW_ROWS_KERNELS)
 
 
 def test_a_module_built_with_another_menu_has_a_unit_per_kernel():
@@ -431,8 +455,8 @@ def test_gemm_modules_are_keyed_on_the_kernel_program_parameter_dtypes_and_cutla
     keys = [build.build_gemm(p, torch.bfloat16, (), target).key for p in (S01_BF16, plain)]
     assert keys[0] == keys[1]
     assert built[0]["cutlass"] == include and built[0]["label"].startswith("in-GEMM ")
-    assert built[0]["sources"] == ["config_0.cu", "config_1.cu", "config_2.cu", "config_3.cu", "gemm_program.cuh",
-                                   "main.cu"]
+    assert built[0]["sources"] == ["config_0.cu", "config_1.cu", "config_2.cu", "config_3.cu", "config_4.cu",
+                                   "gemm_program.cuh", "main.cu"]
     col = Program(Gemm(True), (Pointwise(E.add(X, E.param(0))),), ("col",))
     assert (build.build_gemm(col, torch.bfloat16, (torch.bfloat16,), target).key
             != build.build_gemm(col, torch.bfloat16, (torch.float32,), target).key)
