@@ -67,6 +67,7 @@ struct Config {
   static constexpr bool kPdl = Pdl;
   static constexpr bool kSwapped = false;
   static constexpr int kTileOrders = 6;  // kSchedules: the persistent scheduler's orders
+  static constexpr int kTileM = TM, kTileN = TN;
   template <class T> static constexpr int kTileK = TK * 2 / static_cast<int>(sizeof(T));
   template <class T> using TileFor = Shape<Int<TM>, Int<TN>, Int<kTileK<T>>>;
   using Cluster = Shape<Int<CM>, Int<CN>, _1>;
@@ -94,6 +95,7 @@ struct Swapped {
   static constexpr bool kPdl = false;
   static constexpr bool kSwapped = true;
   static constexpr int kTileOrders = 1;
+  static constexpr int kTileM = TM, kTileN = TN;
   template <class T> static constexpr int kTileK = TK * 2 / static_cast<int>(sizeof(T));
   template <class T> using TileFor = Shape<Int<TM>, Int<TN>, Int<kTileK<T>>>;
   using Cluster = Shape<_1, _1, _1>;
@@ -164,10 +166,13 @@ struct Unit {
 // -- the GEMM ----------------------------------------------------------------------------------------
 
 // The epilogue subtile: CUTLASS's choice, or EpiN columns where a stage needs whole groups in one
-// (rows: a warp group's 64 in ping-pong, both warp groups' 128 in the cooperative kernels).
+// (rows: a warp group's 64 in ping-pong, both warp groups' 128 in the cooperative kernels), or the
+// whole tile of a swapped kernel (its groups run along the tile's rows).
 template <class Cfg, int EpiN>
-using EpilogueTileFor = cute::conditional_t<EpiN == 0, cutlass::epilogue::collective::EpilogueTileAuto,
-                                            Shape<Int<Cfg::kPingpong ? 64 : 128>, Int<EpiN>>>;
+using EpilogueTileFor = cute::conditional_t<
+    EpiN == 0, cutlass::epilogue::collective::EpilogueTileAuto,
+    cute::conditional_t<Cfg::kSwapped, Shape<Int<Cfg::kTileM>, Int<Cfg::kTileN>>,
+                        Shape<Int<Cfg::kPingpong ? 64 : 128>, Int<EpiN>>>>;
 
 // Prog (generated): Element (x, weight), Out (the output), kEpilogueN (0: CUTLASS's subtile),
 // kGatedBlock (0, or a Gated tree's EpiN / 2: the GEMM runs over an interleaved weight and the
@@ -197,10 +202,10 @@ struct GemmFor {
   static int64_t gemm_columns(int64_t n) {
     return kGated ? 2 * ((n + Prog::kGatedBlock - 1) / Prog::kGatedBlock * Prog::kGatedBlock) : n;
   }
-  // a swapped GEMM (few rows) takes the trees of pointwise stages: the register nodes read the
-  // accumulators by the output's rows and columns
-  static_assert(!Cfg::kSwapped || !(kGated || kReduces || kBatchTrain || kRowMap || Prog::kEpilogueN),
-                "a swapped GEMM's tree is pointwise");
+  // a swapped GEMM (few rows) takes the trees of pointwise stages and group norms
+  // (fxg::GroupNormFor); the other register nodes read the accumulators by the output's rows
+  static_assert(!Cfg::kSwapped || !(kGated || kReduces || kBatchTrain || kRowMap),
+                "a swapped GEMM's tree is pointwise, or a group norm's");
   using EpilogueFrame = Frame<Tile, EpilogueTileFor<Cfg, Prog::kEpilogueN>, Stored,
                               typename Cfg::EpilogueSchedule, Cfg::kSwapped>;
   using EpilogueTree = typename Prog::template Tree<EpilogueFrame>;

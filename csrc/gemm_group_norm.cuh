@@ -169,4 +169,155 @@ struct GroupNorm : RegisterNode<GroupNormArguments<Post>> {
   }
 };
 
+// GroupNorm in a swapped GEMM (fxg::Swapped, for few rows: the output's columns run along the
+// tile's 64 rows, its rows along the TileN columns): a group of 8-64 output columns is 8-64
+// consecutive rows of the tile at each of its columns. By the WGMMA layout a warp holds 16 rows of
+// the tile, a thread two rows 8 apart (its slots) and two adjacent columns of each 8-column block,
+// and the 8 lanes of one lane % 4 hold the warp's other rows of those columns. So a group's sum is
+// the thread's values (one slot for groups of 8, both for more) summed over those 8 lanes (three
+// shuffles), then for groups of 32 and 64 over 2 and 4 warps through shared memory: the epilogue's
+// D staging buffer, free until the subtile is copied into it (CUTLASS's reduce step hands it to
+// the nodes for this). Two passes (mean, then squared deviations), then Post, one store: the
+// arithmetic of GroupNorm above in another order of summation.
+template <class Post, int TileN>
+struct SwappedGroupNorm : RegisterNode<GroupNormArguments<Post>> {
+  static constexpr int kTileM = 64;  // one consumer warp group's rows: 4 warps of 16
+  static constexpr int kBlocks = TileN / 8;
+  using Base = RegisterNode<GroupNormArguments<Post>>;
+  using typename Base::Arguments;
+  using typename Base::Params;
+  using Base::Base;
+  using Base::params;
+
+  template <class Problem>
+  static bool can_implement(Problem const& problem, Arguments const& args) {
+    const int n = get<0>(problem);  // the output's columns: the swapped GEMM's M
+    return args.group >= 8 && args.group % 8 == 0 && kTileM % args.group == 0 && n % args.group == 0;
+  }
+
+  template <class Coords>
+  struct ConsumerStoreCallbacks : SubtileCallbacks<Coords, TileN, Params> {
+    using Callbacks = SubtileCallbacks<Coords, TileN, Params>;
+    template <class Args>
+    CUTLASS_DEVICE ConsumerStoreCallbacks(Args const& args, Params const& params)
+        : Callbacks(args, params), columns(get<0>(args.problem_shape_mnkl)) {}
+
+    int64_t columns;  // the output's columns, N: the swapped GEMM's M
+    using Value = float[2][kBlocks][2];  // [slot][block][column of the pair], as unpack gives them
+
+    // Each value replaced by the sum over its group of the values at its column: `scratch` holds
+    // a warp's 16-row sums ([warp][column]) where a group spans warps; `sync` orders its uses.
+    template <class SyncFn>
+    CUTLASS_DEVICE void group_sums(Value& s, int warp, int pair, float* scratch, SyncFn const& sync) const {
+      const int group = this->params.group;
+      CUTLASS_PRAGMA_UNROLL
+      for (int r = 0; r < 2; ++r) {
+        CUTLASS_PRAGMA_UNROLL
+        for (int j = 0; j < kBlocks; ++j) {
+          CUTLASS_PRAGMA_UNROLL
+          for (int e = 0; e < 2; ++e) {
+            float v = s[r][j][e];
+            v += __shfl_xor_sync(0xffffffffu, v, 4);
+            v += __shfl_xor_sync(0xffffffffu, v, 8);
+            v += __shfl_xor_sync(0xffffffffu, v, 16);
+            s[r][j][e] = v;
+          }
+        }
+      }
+      if (group < 16) return;  // uniform over the warp group, as are the branches below
+      CUTLASS_PRAGMA_UNROLL
+      for (int j = 0; j < kBlocks; ++j) {
+        CUTLASS_PRAGMA_UNROLL
+        for (int e = 0; e < 2; ++e) s[0][j][e] = s[1][j][e] = s[0][j][e] + s[1][j][e];
+      }
+      if (group < 32) return;
+      if (threadIdx.x % 32 < 4) {  // the first row's lanes: the warp's sums of their columns
+        CUTLASS_PRAGMA_UNROLL
+        for (int j = 0; j < kBlocks; ++j) {
+          CUTLASS_PRAGMA_UNROLL
+          for (int e = 0; e < 2; ++e) scratch[warp * TileN + 8 * j + 2 * pair + e] = s[0][j][e];
+        }
+      }
+      sync();
+      const int first = warp & ~(group / 16 - 1);  // the group's first warp
+      CUTLASS_PRAGMA_UNROLL
+      for (int j = 0; j < kBlocks; ++j) {
+        CUTLASS_PRAGMA_UNROLL
+        for (int e = 0; e < 2; ++e) {
+          float t = 0.f;
+          CUTLASS_PRAGMA_UNROLL
+          for (int w = 0; w < kTileM / 16; ++w) {
+            if ((w & ~(group / 16 - 1)) == first) t += scratch[w * TileN + 8 * j + 2 * pair + e];
+          }
+          s[0][j][e] = s[1][j][e] = t;
+        }
+      }
+    }
+
+    template <class STensor, class SyncFn, class VTensor>
+    CUTLASS_DEVICE void reduce(STensor&& smem, SyncFn const& sync, int, int, bool, VTensor visit_results) {
+      static_assert(sizeof(smem(_0{})) * decltype(size(smem))::value >= 2 * kTileM / 16 * TileN * sizeof(float),
+                    "the D staging buffer holds both passes' warp sums");
+      Value value, mean, rstd;
+      this->unpack(visit_results, value);
+      const int row_in_tile = static_cast<int>(this->first_row % kTileM);
+      const int warp = row_in_tile / 16, pair = this->col_in_tile / 2;
+      if (row_in_tile % 16 >= 8 || warp != static_cast<int>(threadIdx.x % 128) / 32) __trap();  // the layout above
+      float* scratch = reinterpret_cast<float*>(raw_pointer_cast(smem.data()));
+      const float inv_group = 1.f / static_cast<float>(this->params.group);
+      CUTLASS_PRAGMA_UNROLL
+      for (int r = 0; r < 2; ++r) {
+        CUTLASS_PRAGMA_UNROLL
+        for (int j = 0; j < kBlocks; ++j) {
+          CUTLASS_PRAGMA_UNROLL
+          for (int e = 0; e < 2; ++e) mean[r][j][e] = value[r][j][e];
+        }
+      }
+      group_sums(mean, warp, pair, scratch, sync);
+      CUTLASS_PRAGMA_UNROLL
+      for (int r = 0; r < 2; ++r) {
+        CUTLASS_PRAGMA_UNROLL
+        for (int j = 0; j < kBlocks; ++j) {
+          CUTLASS_PRAGMA_UNROLL
+          for (int e = 0; e < 2; ++e) {
+            mean[r][j][e] *= inv_group;
+            const float d = value[r][j][e] - mean[r][j][e];
+            rstd[r][j][e] = d * d;
+          }
+        }
+      }
+      group_sums(rstd, warp, pair, scratch + kTileM / 16 * TileN, sync);  // the second half: no wait
+      const bool spans_warps = this->params.group >= 32;
+      if (spans_warps) sync();  // every warp has read the buffer before the subtile is copied there
+      const auto scalars = Post::scalars(this->params.post);
+      CUTLASS_PRAGMA_UNROLL
+      for (int r = 0; r < 2; ++r) {
+        const int64_t col = this->first_row + 8 * r;  // the output's column
+        CUTLASS_PRAGMA_UNROLL
+        for (int j = 0; j < kBlocks; ++j) {
+          CUTLASS_PRAGMA_UNROLL
+          for (int e = 0; e < 2; ++e) {
+            const float x = (value[r][j][e] - mean[r][j][e]) * rsqrtf(rstd[r][j][e] * inv_group + this->params.eps);
+            value[r][j][e] = Post::apply(this->params.post, scalars, col < columns ? col : columns - 1, x);
+          }
+        }
+      }
+      this->pack(value, visit_results);
+    }
+  };
+
+  template <bool ReferenceSrc, class... Args>
+  CUTLASS_DEVICE auto get_consumer_store_callbacks(fusion::ConsumerStoreArgs<Args...> const& args) {
+    static_assert(decltype(size<0>(args.epi_tile))::value == kTileM, "the whole tile's rows in one subtile");
+    return ConsumerStoreCallbacks<decltype(args.tCcD)>(args, params);
+  }
+};
+
+// The group norm node of a tree over Frame: groups along the tile's N, or along its M where the
+// GEMM is swapped
+template <class Frame, class Post, int EpiN>
+using GroupNormFor = cute::conditional_t<Frame::kSwapped,
+                                         SwappedGroupNorm<Post, decltype(size<1>(typename Frame::Tile{}))::value>,
+                                         GroupNorm<Post, EpiN>>;
+
 }  // namespace fxg

@@ -280,7 +280,10 @@ class Engine:
         runtime = self._runtime_module
         candidates = {ROW_PATH: -1}
         if module is not None and not weight_is_kn:
-            candidates.update({name: config for config, name in enumerate(module.config_names)})
+            for config, name in enumerate(module.config_names):
+                # a kernel without tile orders (the swapped one) bears one name at every schedule,
+                # and covers calls at its first only
+                candidates.setdefault(name, config)
         gemm_info = module.info if module is not None else 0
         calls = {}
         for name, config in candidates.items():

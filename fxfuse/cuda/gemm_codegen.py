@@ -96,21 +96,22 @@ class Kernel:
 KERNELS = (Kernel(128, 256, cluster_m=2), Kernel(256, 128, cluster_m=2), Kernel(128, 128, cluster_m=2, pingpong=True),
            Kernel(128, 128, cluster_n=2))
 
-# The kernel for few rows (decode), in the menu of every program whose epilogue is pointwise: the
-# weight's rows along a 64-row tile, x's rows along 16 columns of it, 128 tiles over N = 8192 on
-# 132 SMs. At 1 and 16 rows of 8192 -> 8192 the bare GEMM ran at 1.00x and 0.98x cuBLAS, where the
-# kernels above took 1.8-2.0x (BENCHMARKS.md sections 30 and 37).
+# The kernel for few rows (decode), in the menu of every program whose epilogue is pointwise or an
+# in-tile group norm: the weight's rows along a 64-row tile, x's rows along 16 columns of it, 128
+# tiles over N = 8192 on 132 SMs. At 1 and 16 rows of 8192 -> 8192 the bare GEMM ran at 0.98x
+# cuBLAS, where the kernels above took 1.7-1.9x (BENCHMARKS.md sections 30 and 37).
 FEW_ROWS_KERNELS = (Kernel(64, 16, 128, swapped=True),)
 
 
 def menu(program: Program) -> tuple[Kernel, ...]:
-    """The kernels of ``program``'s module: KERNELS, and where its epilogue is pointwise (no norm
-    that keeps statistics, no reduction, one GEMM) the swapped kernel for few rows, whose epilogue
-    reads the accumulators transposed (csrc/gemm_stages.cuh: its leaves follow; the register nodes
-    do not)."""
+    """The kernels of ``program``'s module: KERNELS, and where its epilogue is pointwise or a group
+    norm of groups inside a tile (one GEMM, no reduction) the swapped kernel for few rows, whose
+    epilogue reads the accumulators transposed (csrc/gemm_stages.cuh: its leaves follow, and
+    fxg::SwappedGroupNorm sums a group along the tile's rows; the other register nodes do not)."""
     epilogue = Epilogue.of(program)
-    pointwise = epilogue.norm is None and epilogue.reduce is None and not program.second_gemms
-    return KERNELS + FEW_ROWS_KERNELS if pointwise else KERNELS
+    in_tile = epilogue.norm is None or NORMS[epilogue.norm.kind].statistics == "row group"
+    swaps = in_tile and epilogue.reduce is None and not program.second_gemms
+    return KERNELS + FEW_ROWS_KERNELS if swaps else KERNELS
 
 
 # csrc/fx_abi.h's FxDtype of each element type the in-GEMM path takes: for x and weight (float32 as
@@ -305,7 +306,8 @@ def generate(program: Program, dtype: torch.dtype, param_dtypes: tuple[torch.dty
         raise UnsupportedProgram(reason)
     kernels = tuple(kernels or menu(program))
     if any(kernel.swapped for kernel in kernels) and menu(program) == KERNELS:
-        raise UnsupportedProgram("a swapped kernel's epilogue is pointwise, and this program's is not")
+        raise UnsupportedProgram("a swapped kernel's epilogue is pointwise or an in-tile group norm, and this "
+                                 "program's is not")
     if len(param_dtypes) != len(program.params):
         raise UnsupportedProgram(f"{len(param_dtypes)} parameter dtypes for {len(program.params)} parameters")
     header = f"// fxfuse GEMM module (gemm codegen {GEMM_CODEGEN_VERSION}), {dtype}"
@@ -390,7 +392,7 @@ def _program_header(program: Program, dtype: torch.dtype, param_dtypes: tuple[to
         tree_args = f"{{{chain_args}, {{partials, a.m, a.n}}}}"
     else:  # a group norm inside the subtile
         post = _post_struct(epilogue, codes, program.params)
-        tree = f"fxg::Tree<fxg::GroupNorm<Post, {GROUP_NORM_SUBTILE}>, {chain}>"
+        tree = f"fxg::Tree<fxg::GroupNormFor<Frame, Post, {GROUP_NORM_SUBTILE}>, {chain}>"
         tree_args = (f"{{{chain_args}, {{static_cast<int32_t>(a.n / kGroups), {float(epilogue.norm.eps)!r}f, "
                      f"Post::args(a)}}}}")
         subtile = GROUP_NORM_SUBTILE

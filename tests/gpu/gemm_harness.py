@@ -11,7 +11,7 @@ import torch
 import fxfuse.cuda as fxcuda
 from fxfuse import reference
 from fxfuse.cuda.build import cuda_target, gemm_target_reason
-from fxfuse.cuda.gemm_codegen import canonical
+from fxfuse.cuda.gemm_codegen import canonical, menu
 from fxfuse.ir import Program
 from programs import make_params
 from selected import parameters, selected
@@ -142,6 +142,22 @@ def assert_every_kernel_computes(module, program: Program, dtype: torch.dtype, m
 def kernels(module) -> range:
     """One configuration of each kernel (the first schedule of each): schedules only reorder tiles."""
     return range(0, len(module.config_names), SCHEDULES)
+
+
+def every_schedule(module, program: Program, m: int, n: int, k: int) -> list[int]:
+    """Every configuration of the module, each kernel at each tile order, but a swapped kernel's
+    (fxg::Swapped: one CTA a tile, no tile orders) past its first: those are checked not to cover
+    an (m, n, k) call."""
+    kernels = menu(canonical(program))
+    assert len(module.config_names) == len(kernels) * SCHEDULES
+    configs = []
+    for config in range(len(module.config_names)):
+        if kernels[config // SCHEDULES].swapped and config % SCHEDULES:
+            assert not module.supports(m, n, k, config)
+            assert module.config_names[config].endswith("one CTA a tile")
+        else:
+            configs.append(config)
+    return configs
 
 
 def run_config(module, program, x, w, b, params, config: int) -> torch.Tensor:

@@ -154,25 +154,27 @@ def test_one_unit_per_kernel_of_the_menu_and_an_entry_point():
             "fxg::Swapped<64, 16, 128>>;") in sources["gemm_program.cuh"]
 
 
-@pytest.mark.parametrize("name", ["s01_scale_leaky", "s22_batch_eval_relu", "full_residual", "identity"])
-def test_a_pointwise_epilogue_adds_the_swapped_kernel_for_few_rows(name):
+@pytest.mark.parametrize("name", ["s01_scale_leaky", "s22_batch_eval_relu", "full_residual", "identity",
+                                  "s04_group_silu_vec_silu", "s02_group_leaky_double"])
+def test_a_pointwise_or_in_tile_group_norm_epilogue_adds_the_swapped_kernel_for_few_rows(name):
     """out^T = weight . x^T on a 64-row tile over the output's columns and 16 over x's rows: the
     in-GEMM kernel for decode sizes. An eval-mode batch norm is pointwise; an operand of the
-    output's shape is read transposed with the accumulators."""
+    output's shape is read transposed with the accumulators; a group of 8-64 columns is 8-64 rows
+    of the tile (fxg::SwappedGroupNorm, chosen by the tree's Frame)."""
     program = gemm_codegen.canonical(PROGRAMS[name])
     assert gemm_codegen.menu(program) == gemm_codegen.KERNELS + (Kernel(64, 16, 128, swapped=True),)
     assert "fxg::Swapped<64, 16, 128>>;" in header(program)
 
 
-@pytest.mark.parametrize("name", ["s04_group_silu_vec_silu", "s05_logsumexp_chain", "s20_layer_silu",
-                                  "s07_vec_batch_train", "gemm_gate_silu"])
-def test_norms_reductions_and_second_gemms_keep_the_menu_without_the_swapped_kernel(name):
+@pytest.mark.parametrize("name", ["s05_logsumexp_chain", "s20_layer_silu", "s11_gelu_softmax", "s07_vec_batch_train",
+                                  "gemm_gate_silu"])
+def test_row_and_column_statistics_reductions_and_second_gemms_keep_the_menu_without_the_swapped_kernel(name):
     """Their register nodes read the accumulators by the output's rows and columns, and a gated
     module's second tree has a unit per kernel of the plain one's."""
     program = gemm_codegen.canonical(PROGRAMS[name])
     assert gemm_codegen.menu(program) == gemm_codegen.KERNELS
     assert "Swapped" not in header(program)
-    with pytest.raises(ValueError, match="swapped kernel's epilogue is pointwise"):
+    with pytest.raises(ValueError, match="swapped kernel's epilogue is pointwise or an in-tile group norm"):
         gemm_codegen.generate(program, torch.bfloat16, (torch.bfloat16,) * len(program.params), "n", "e",
                               gemm_codegen.KERNELS + gemm_codegen.FEW_ROWS_KERNELS)
 
@@ -298,7 +300,7 @@ def test_the_group_norm_stage_takes_the_values_before_it_in_float32_and_applies_
     program = PROGRAMS["s04_group_silu_vec_silu"]  # group norm (weight p0, bias p1), silu, x p2, silu
     text = header(program, params=(torch.float32, torch.bfloat16, torch.float16))
     (tree,) = trees(text)
-    assert tree == ("using Tree = fxg::Tree<fxg::GroupNorm<Post, 64>, fxg::Tree<fxg::Pointwise<Chain, float>, "
+    assert tree == ("using Tree = fxg::Tree<fxg::GroupNormFor<Frame, Post, 64>, fxg::Tree<fxg::Pointwise<Chain, float>, "
                             "fxg::Acc, fxg::Col<Frame, Element>>>;")
     assert "const float p0 = fxg::load_param<float>(a.ptr[0], n);" in text
     assert "const float p1 = fxg::load_param<cutlass::bfloat16_t>(a.ptr[1], n);" in text
@@ -352,7 +354,7 @@ def test_an_eval_mode_batch_norm_is_a_pointwise_stage_of_the_chain():
     before_group = Program(Gemm(True), (Norm("batch", 1e-5, running_mean=0, running_var=1),
                                         Norm("group", 1e-5, groups=4)), ("col", "col"))
     assert gemm_codegen.unsupported_reason(before_group, torch.bfloat16) is None
-    assert "fxg::GroupNorm<Post, 64>" in trees(header(before_group))[0]
+    assert "fxg::GroupNormFor<Frame, Post, 64>" in trees(header(before_group))[0]
 
 
 @pytest.mark.parametrize("n,groups,size", [(8192, 512, 16), (8192, 256, 32), (4096, 64, 64), (264, 33, 8),
