@@ -38,8 +38,11 @@ combines each gate column with the matching up column (the expression, with the 
 "gemm" parameter) and stores the (M, N) output; the runtime keeps the interleaved weight per pair.
 
 A module is built per (program, dtype, parameter dtypes): the tree's leaves read each parameter in
-its own type. One unit per kernel of the menu the module is generated with (``KERNELS``, declared
-as ``fxg::Menu``), so that ninja compiles them in parallel.
+its own type. One unit per kernel of the menu the module is generated with (``menu``: ``KERNELS``,
+and for pointwise and in-tile group norm trees the swapped kernel for few rows; declared as
+``fxg::Menu``), so that ninja compiles them in parallel. The tree is a template over the GEMM's
+Frame, so the swapped kernel (out^T = weight . x^T) instantiates the same tree with transposed
+leaves and ``fxg::SwappedGroupNorm`` (``fxg::GroupNormFor``).
 """
 
 from __future__ import annotations
