@@ -86,7 +86,7 @@ struct Config {
 // A GEMM for few rows (decode): the operands swapped, out^T = weight . x^T, so that the weight's
 // rows (the output's columns) run along the tile's TM = 64 and x's few rows along its narrow TN.
 // With 128-row tiles over 1 or 16 rows the WGMMA computed mostly padding and the N/128 tiles
-// of the weight left SMs idle: 1.8-2.0x cuBLAS; this is at cuBLAS's speed (its own decode kernels
+// of the weight left SMs idle: 1.7-2.0x cuBLAS; this is at cuBLAS's speed (its own decode kernels
 // swap the same way: BENCHMARKS.md section 37). One CTA a tile, one consumer warp group (no
 // persistent scheduler: every tile is one wave's, so it has no tile orders).
 template <int TM, int TN, int TK>

@@ -13,6 +13,12 @@ struct GroupNormArguments {
   typename Post::Arguments post{};
 };
 
+// Whether groups of `group` columns, of N = n, lie whole inside spans of `span` accumulators (a
+// subtile's columns, a swapped tile's rows) of 8-column blocks
+CUTLASS_HOST_DEVICE constexpr bool groups_fit(int group, int span, int64_t n) {
+  return group >= 8 && group % 8 == 0 && span % group == 0 && n % group == 0;
+}
+
 // GroupNorm of groups that lie inside the epilogue subtile (EpiN columns), on the float32 values
 // of the stages before it, then the rest of the chain (Post): per (row, group) mean and variance in
 // registers, two passes (mean, then squared deviations), one store.
@@ -40,8 +46,7 @@ struct GroupNorm : RegisterNode<GroupNormArguments<Post>> {
 
   template <class Problem>
   static bool can_implement(Problem const& problem, Arguments const& args) {
-    const int n = get<1>(problem);
-    return args.group >= 8 && args.group % 8 == 0 && EpiN % args.group == 0 && n % args.group == 0;
+    return groups_fit(args.group, EpiN, get<1>(problem));
   }
 
   template <class Coords>
@@ -191,8 +196,7 @@ struct SwappedGroupNorm : RegisterNode<GroupNormArguments<Post>> {
 
   template <class Problem>
   static bool can_implement(Problem const& problem, Arguments const& args) {
-    const int n = get<0>(problem);  // the output's columns: the swapped GEMM's M
-    return args.group >= 8 && args.group % 8 == 0 && kTileM % args.group == 0 && n % args.group == 0;
+    return groups_fit(args.group, kTileM, get<0>(problem));  // N, the output's columns: the swapped GEMM's M
   }
 
   template <class Coords>
