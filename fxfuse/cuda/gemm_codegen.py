@@ -60,7 +60,7 @@ from ..patterns.reductions import FAMILY as REDUCTIONS
 from .codegen import OUT_KINDS, PARAM_KINDS, UnsupportedProgram
 from .printer import UnsupportedExpression, float_literal, print_expr
 
-GEMM_CODEGEN_VERSION = "9"
+GEMM_CODEGEN_VERSION = "10"
 
 
 @dataclass(frozen=True)
