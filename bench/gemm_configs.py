@@ -202,7 +202,7 @@ def main(argv=None) -> int:
     production = args.kernels == "menu"
     candidates = () if production else wide_menu() if args.kernels == "wide" else parse_kernels(args.kernels)
     failed = fxcuda.prepare_many([(prog, dtype) for prog in chosen.values()], gemm_items=[
-        (prog, dtype, (dtype,) * len(prog.params)) for prog in chosen.values() if production])
+        (prog, dtype, (dtype,) * len(prog.params), None) for prog in chosen.values() if production])
     assert not failed, failed
     device = torch.device("cuda", torch.cuda.current_device())
     modules = {}  # name -> the modules whose configurations are timed

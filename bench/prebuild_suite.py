@@ -22,7 +22,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torch  # noqa: E402
 
 from examples import suite  # noqa: E402
-from fxfuse.backend import param_dtypes  # noqa: E402
+from fxfuse.backend import param_dtypes, rows_of  # noqa: E402
 from fxfuse.canonicalize import canonicalize  # noqa: E402
 from fxfuse.match import match_all  # noqa: E402
 
@@ -38,14 +38,15 @@ DTYPES = {
 
 def suite_programs(rows, sizes, dtypes, device: str = "cuda") -> tuple[set, set]:
     """(program, dtype) of every fused chain of ``rows`` at ``sizes`` in ``dtypes`` (DTYPES
-    values), on ``device``, and (program, dtype, parameter dtypes) of each for its GEMM module."""
+    values), on ``device``, and (program, dtype, parameter dtypes, rows) of each for its GEMM
+    module, as the backend asks for it."""
     found, gemms = set(), set()
 
     def collect(gm, example_inputs, **kwargs):
         for chain in match_all(gm.graph, canonicalize(gm.graph), allow_cpu=device == "cpu"):
             if chain.program is not None:
                 found.add((chain.program, chain.dtype))
-                gemms.add((chain.program, chain.dtype, param_dtypes(chain)))
+                gemms.add((chain.program, chain.dtype, param_dtypes(chain), rows_of(chain)))
         return gm.forward
 
     for row in rows:

@@ -148,7 +148,7 @@ def _build(chains: list[Chain], against_inductor: bool = False, values_of=lambda
         if _on_cuda(chain):
             wanted[(chain.program.to_string(), chain.dtype)] = chain.program
             if not records_backward(chain.gemm):  # a training forward runs the row path (_with_path)
-                gemms.append((chain.program, chain.dtype, param_dtypes(chain)))
+                gemms.append((chain.program, chain.dtype, param_dtypes(chain), rows_of(chain)))
     if not wanted:
         return chains
     try:
@@ -208,7 +208,7 @@ def _with_path(chain: Chain, against_inductor: bool = False, operands: tuple | N
     x, weight = example_value(f.x), example_value(f.weight)
     try:
         k, n = size_hint(x.shape[-1]), size_hint(weight.shape[1] if f.weight_is_kn else weight.shape[0])
-        m = math.prod(size_hint(s) for s in x.shape[:-1])
+        m = rows_of(chain)
         shapes = tuple(tuple(size_hint(s) for s in example_value(p).shape) for p in f.params)
         selection = cuda.select(f.program, chain.dtype, param_dtypes(chain), (m, n, k),
                                 f.bias is not None, shapes, against_inductor, f.weight_is_kn, operands)
@@ -218,6 +218,11 @@ def _with_path(chain: Chain, against_inductor: bool = False, operands: tuple | N
         why = cuda.engine.gemm_error(f.program, chain.dtype, param_dtypes(chain), x.device)
         return replace(chain, decision=Decision("cuBLAS + row pass" + (f" ({why.splitlines()[0]})" if why else "")))
     return replace(chain, decision=Decision(selection.describe(), selection))
+
+
+def rows_of(chain: Chain) -> int:
+    """The rows of the chain's GEMM at the example's shape (the product of x's leading sizes)."""
+    return math.prod(size_hint(s) for s in example_value(chain.fusion.x).shape[:-1])
 
 
 def _on_cuda(chain: Chain) -> bool:

@@ -63,7 +63,8 @@ def prepare(program: Program, dtype: torch.dtype) -> None:
 
 def prepare_many(items, workers: int | None = None, gemm_items=()) -> dict:
     """``prepare`` for many ``(program, dtype)`` pairs, and the in-GEMM modules of ``gemm_items``
-    (``(program, dtype, param dtypes)``), compiling in parallel worker processes (they share the
+    (``(program, dtype, param dtypes, rows)``: ``rows`` the calls' rows, None for any), compiling
+    in parallel worker processes (they share the
     build cache), then loading every module here. Returns {(program string, dtype): BuildError}
     for the pairs that failed; prepared pairs are absent (a failed GEMM module only leaves its
     program on the row path)."""

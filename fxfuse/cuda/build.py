@@ -697,7 +697,7 @@ def usable_cpus() -> int:
 
 
 def is_built(program_text: str, dtype: torch.dtype, target: Target,
-             param_dtypes: tuple[torch.dtype, ...] | None = None) -> bool:
+             param_dtypes: tuple[torch.dtype, ...] | None = None, kernels: tuple | None = None) -> bool:
     """Whether build_in_subprocess's module of these arguments has a finished cache entry (its
     integrity is checked when it loads): a warm compile then starts no build worker, each of
     which imports torch afresh."""
@@ -708,7 +708,7 @@ def is_built(program_text: str, dtype: torch.dtype, target: Target,
     elif gemm_target_reason(target) is not None:
         return False  # the worker reports why
     else:
-        key = gemm_key(gemm_program(Program.parse(program_text), dtype), dtype, param_dtypes, target)
+        key = gemm_key(gemm_program(Program.parse(program_text), dtype), dtype, param_dtypes, target, kernels=kernels)
     return (cache_root() / key / "ok").is_file()
 
 

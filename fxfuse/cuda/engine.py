@@ -124,6 +124,8 @@ class Engine:
         self._handles: dict[Key, int] = {}  # 0: no kernels for this key, use the reference
         self._modules: dict[Key, object] = {}  # ProgramModules: keep the libraries loaded
         self._gemms: dict[tuple, object] = {}  # (key, param dtypes) -> GemmModule, None if it failed
+        self._gemm_few_rows: dict[tuple, bool] = {}  # whether _gemms' module has the kernel for few rows
+        self._replaced: list = []  # modules a module for few rows took the place of
         self._gemm_errors: dict[tuple, str] = {}
         self.selections: dict[tuple, Selection] = {}  # (key, param dtypes, n, k, bucket)
         self._runtime_module = None  # built once, on the first prepare
@@ -153,28 +155,41 @@ class Engine:
             runtime.register_program(key[0], DTYPE_CODES[dtype], key[2], module.info)
 
     def prepare_gemm(self, program: Program, dtype: torch.dtype, param_dtypes: tuple[torch.dtype, ...],
-                     device: torch.device):
+                     device: torch.device, few_rows: bool = True):
         """The GEMM module of ``program`` (built or loaded from the cache, and registered with the
         runtime), or None where there is none (not Hopper, no CUTLASS, a program the in-GEMM path
-        does not take, a failed build: the row path serves, and ``gemm_error`` says why)."""
+        does not take, a failed build: the row path serves, and ``gemm_error`` says why). With the
+        swapped kernel where it is to serve calls of few rows (``few_rows``: gemm_codegen.menu). A
+        module held without it is built again with it when calls of few rows come, and registered
+        in its place: it numbers the other kernels' configurations alike, so the routes chosen on
+        the first stay right."""
+        from . import gemm_codegen
+
         key = (program.to_string(), dtype, _index(device))
         gkey = (key, tuple(param_dtypes))
-        if gkey in self._gemms:
+        if gkey in self._gemms and (self._gemms[gkey] is None or self._gemm_few_rows[gkey] or not few_rows):
+            # held: it, or a module without the kernel for few rows whose build with it failed
             return self._gemms[gkey]
         from .build import build_gemm
 
         self.prepare(program, dtype, device)  # the row path: the fallback of every call
         try:
-            module = build_gemm(program, dtype, tuple(param_dtypes), self._target_for(device))
+            module = build_gemm(program, dtype, tuple(param_dtypes), self._target_for(device),
+                                kernels=gemm_codegen.menu(program, few_rows))
         except BuildError as error:
             module, self._gemm_errors[gkey] = None, str(error)
         except Exception as error:  # noqa: BLE001 - e.g. no toolchain: the same outcome
             module, self._gemm_errors[gkey] = None, f"{type(error).__name__}: {error}"
         with self._lock:
-            self._gemms[gkey] = module
             if module is not None:
+                if self._gemms.get(gkey) is not None:
+                    self._replaced.append(self._gemms[gkey])  # keep its library loaded
+                self._gemms[gkey] = module
                 self._runtime_module.register_gemm(key[0], DTYPE_CODES[dtype], key[2], module.info)
-        return module
+            else:
+                self._gemms.setdefault(gkey, None)  # a module held before keeps serving
+            self._gemm_few_rows[gkey] = few_rows  # asked for these calls once: not built again
+        return self._gemms[gkey]
 
     def gemm_error(self, program: Program, dtype: torch.dtype, param_dtypes, device: torch.device) -> str | None:
         """Why ``prepare_gemm`` gave no module (None: it gave one, or was not asked)."""
@@ -182,26 +197,30 @@ class Engine:
 
     def prepare_many(self, items, device: torch.device, workers: int | None = None, gemm_items=()) -> dict:
         """Build many (program, dtype) pairs, and the GEMM modules of ``gemm_items`` ((program,
-        dtype, param dtypes) triples), in parallel processes, then load them; the failures of the
-        pairs (a GEMM module that fails leaves its program on the row path)."""
+        dtype, param dtypes, rows) items: ``rows`` the calls' rows, None for any, as
+        ``prepare_gemm``'s), in parallel processes, then load them; the failures of the pairs (a
+        GEMM module that fails leaves its program on the row path)."""
         from . import gemm_codegen
         from .build import RUNTIME_SOURCE, build_in_subprocess, gemm_target_reason, is_built, usable_cpus
 
         pairs = list(dict.fromkeys((program.to_string(), dtype) for program, dtype in items))
         target = self._target_for(device)
-        triples = []
+        gemms: dict[tuple, bool] = {}  # (text, dtype, params) -> whether any of its calls has few rows
         if gemm_target_reason(target) is None:
-            triples = list(dict.fromkeys(
-                (program.to_string(), dtype, tuple(params)) for program, dtype, params in gemm_items
-                if gemm_codegen.unsupported_reason(program, dtype) is None
-            ))
+            for program, dtype, params, rows in gemm_items:
+                if gemm_codegen.unsupported_reason(program, dtype) is None:
+                    item = (program.to_string(), dtype, tuple(params))
+                    gemms[item] = gemms.get(item, False) or gemm_codegen.serves_few_rows(rows)
         cpus = usable_cpus()
         # the GEMM modules first: each is several CUTLASS units of half a minute or more, the
-        # program modules one short unit, so those fill the workers while the GEMM modules finish
-        jobs = [(RUNTIME_SOURCE, torch.float32, None)] + triples + [(t, d, None) for t, d in pairs]
+        # program modules one short unit, so those fill the workers while the GEMM modules finish;
+        # a job: (text, dtype, parameter dtypes, kernels), the last two None for the others
+        menus = {item: gemm_codegen.menu(Program.parse(item[0]), few) for item, few in gemms.items()}
+        jobs = ([(RUNTIME_SOURCE, torch.float32, None, None)] + [(*item, menus[item]) for item in gemms]
+                + [(t, d, None, None) for t, d in pairs])
         # only the modules not in the cache go to the workers (each worker imports torch afresh:
         # seconds of a warm compile, for nothing)
-        todo = [(text, dtype, params) for text, dtype, params in jobs if not is_built(text, dtype, target, params)]
+        todo = [job for job in jobs if not is_built(*job[:2], target, *job[2:])]
         errors = dict.fromkeys(jobs)
         if todo:
             # a module's units compile in parallel too; on few cores a worker a core keeps them
@@ -209,20 +228,21 @@ class Engine:
             workers = max(1, min(workers or (cpus if cpus < 4 else cpus // 2), len(todo)))
             context = multiprocessing.get_context("spawn")
             with concurrent.futures.ProcessPoolExecutor(workers, mp_context=context) as pool:
-                texts, dtypes, params = zip(*todo)
+                texts, dtypes, params, kernels = zip(*todo)
+                units = max(len(menu) for menu in menus.values()) + 1 if menus else 1
                 errors.update(zip(todo, pool.map(build_in_subprocess, texts, dtypes, [target] * len(todo),
-                                                 unit_jobs(params, cpus, workers, len(gemm_codegen.KERNELS + gemm_codegen.FEW_ROWS_KERNELS) + 1),
-                                                 params)))
-        failed = {(t, d): BuildError(errors[(t, d, None)]) for t, d in pairs if errors[(t, d, None)] is not None}
+                                                 unit_jobs(params, cpus, workers, units), params, kernels)))
+        failed = {(t, d): BuildError(errors[(t, d, None, None)]) for t, d in pairs
+                  if errors[(t, d, None, None)] is not None}
         for text, dtype in pairs:
             if (text, dtype) not in failed:
                 try:
                     self.prepare(Program.parse(text), dtype, device)
                 except BuildError as error:
                     failed[(text, dtype)] = error
-        for text, dtype, param_dtypes in triples:
+        for (text, dtype, param_dtypes), few_rows in gemms.items():
             if (text, dtype) not in failed:
-                self.prepare_gemm(Program.parse(text), dtype, param_dtypes, device)
+                self.prepare_gemm(Program.parse(text), dtype, param_dtypes, device, few_rows)
         return failed
 
     # -- selection -----------------------------------------------------------------------------
@@ -243,7 +263,9 @@ class Engine:
         ``weight_is_kn``: the calls' weight is a (K, N) tensor read transposed (GPT-2's Conv1D),
         which the GEMM configurations do not read (their B is the (N, K) weight): the row path and
         Inductor are timed with that layout."""
-        module = self.prepare_gemm(program, dtype, param_dtypes, device)
+        from . import gemm_codegen
+
+        module = self.prepare_gemm(program, dtype, param_dtypes, device, gemm_codegen.serves_few_rows(shape[0]))
         if module is None and not against_inductor:
             return None
         m, n, k = shape

@@ -106,14 +106,24 @@ KERNELS = (Kernel(128, 256, cluster_m=2), Kernel(256, 128, cluster_m=2), Kernel(
 FEW_ROWS_KERNELS = (Kernel(64, 16, 128, swapped=True),)
 
 
-def menu(program: Program) -> tuple[Kernel, ...]:
-    """The kernels of ``program``'s module: KERNELS, and where its epilogue is pointwise or a group
-    norm of groups inside a tile (one GEMM, no reduction) the swapped kernel for few rows, whose
-    epilogue reads the accumulators transposed (csrc/gemm_stages.cuh: its leaves follow, and
-    fxg::SwappedGroupNorm sums a group along the tile's rows; the other register nodes do not)."""
+def serves_few_rows(rows: int | None) -> bool:
+    """Whether a module built for calls of ``rows`` rows (None: any) carries the swapped kernel:
+    where x's rows fit its tile's 16 (decode). Past them each further 16 rows read the weight
+    again (32 rows: 1.84x ``F.linear``), and the fifth unit cost the cold compile of four
+    programs 17-37 s on 16 cores (BENCHMARKS.md section 37), which calls of many rows do not pay."""
+    return rows is None or rows <= FEW_ROWS_KERNELS[0].tile_n
+
+
+def menu(program: Program, few_rows: bool = True) -> tuple[Kernel, ...]:
+    """The kernels of ``program``'s module: KERNELS, and for a module that serves few rows
+    (``serves_few_rows``) whose epilogue is pointwise or a group norm of groups inside a tile (one
+    GEMM, no reduction) the swapped kernel for few rows, last, so that a module with it numbers the
+    other kernels' configurations as one without it does. Its epilogue reads the accumulators
+    transposed (csrc/gemm_stages.cuh: its leaves follow, and fxg::SwappedGroupNorm sums a group
+    along the tile's rows; the other register nodes do not)."""
     epilogue = Epilogue.of(program)
     in_tile = epilogue.norm is None or NORMS[epilogue.norm.kind].statistics == "row group"
-    swaps = in_tile and epilogue.reduce is None and not program.second_gemms
+    swaps = few_rows and in_tile and epilogue.reduce is None and not program.second_gemms
     return KERNELS + FEW_ROWS_KERNELS if swaps else KERNELS
 
 
@@ -308,7 +318,7 @@ def generate(program: Program, dtype: torch.dtype, param_dtypes: tuple[torch.dty
     if reason is not None:
         raise UnsupportedProgram(reason)
     kernels = tuple(kernels or menu(program))
-    if any(kernel.swapped for kernel in kernels) and menu(program) == KERNELS:
+    if any(kernel.swapped for kernel in kernels) and not any(kernel.swapped for kernel in menu(program)):
         raise UnsupportedProgram("a swapped kernel's epilogue is pointwise or an in-tile group norm, and this "
                                  "program's is not")
     if len(param_dtypes) != len(program.params):

@@ -39,8 +39,8 @@ def build_modules(cases: dict[str, tuple[Program, torch.dtype]]) -> dict:
     gemms = [(program, dtype, param_dtypes(program, dtype)) for program, dtype in cases.values()]
     allowed = torch.backends.cuda.matmul.allow_tf32
     torch.backends.cuda.matmul.allow_tf32 = True  # float32 cases: TF32 modules
-    try:
-        assert not fxcuda.prepare_many(items, gemm_items=gemms)
+    try:  # modules for calls of any rows: every kernel of the menu, the swapped one included
+        assert not fxcuda.prepare_many(items, gemm_items=[(*gemm, None) for gemm in gemms])
         device = torch.device(DEVICE, torch.cuda.current_device())
         built = {}
         for name, (program, dtype, params) in zip(cases, gemms):

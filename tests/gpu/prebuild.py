@@ -45,7 +45,7 @@ def main() -> int:
              + in_gemm)
     gemms = [(program, dtype, param_dtypes(program, dtype)) for program, dtype in in_gemm]
     start = time.time()
-    failed = fxcuda.prepare_many(pairs, workers=args.workers, gemm_items=gemms)
+    failed = fxcuda.prepare_many(pairs, workers=args.workers, gemm_items=[(*gemm, None) for gemm in gemms])
     unique = len({(p.to_string(), d) for p, d in pairs}) + len({(p.to_string(), d) for p, d in in_gemm})
     device = torch.device("cuda", torch.cuda.current_device())
     for program, dtype, params in gemms:

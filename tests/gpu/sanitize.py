@@ -103,7 +103,7 @@ def main() -> int:
         gemm_items = []
     if args.build_only:  # in parallel worker processes; the sanitized run then loads them
         failed = fxcuda.prepare_many(list({(PROGRAMS[name], dtype) for name, dtype, *_ in CALLS + GRAD_CALLS}),
-                                     gemm_items=gemm_items)
+                                     gemm_items=[(*item, None) for item in gemm_items])
         for (program, dtype), error in failed.items():
             print(f"BUILD FAILED {program} {dtype}: {error}", flush=True)
         return 1 if failed else 0

@@ -166,6 +166,43 @@ def test_a_pointwise_or_in_tile_group_norm_epilogue_adds_the_swapped_kernel_for_
     assert "fxg::Swapped<64, 16, 128>>;" in header(program)
 
 
+def test_the_swapped_kernel_is_built_for_calls_whose_rows_fit_its_tile():
+    """Calls of up to 16 rows (decode) get it; a module built for calls of more rows does without
+    it, which would cost their cold compile a fifth unit and not win there; None: any rows."""
+    program = PROGRAMS["s01_scale_leaky"]
+    assert [gemm_codegen.serves_few_rows(rows) for rows in (1, 16, 17, 1024, None)] == [True, True, False, False, True]
+    assert gemm_codegen.menu(program, few_rows=False) == gemm_codegen.KERNELS
+    assert gemm_codegen.menu(program)[:-1] == gemm_codegen.KERNELS  # appended: the others numbered alike
+
+
+def test_a_module_built_for_many_rows_is_built_again_with_the_swapped_kernel_when_few_rows_come(monkeypatch):
+    """A graph compiled at 1024 rows builds its GEMM module without the kernel for few rows; one at
+    16 rows builds it with it and registers it in the first's place (the first's configurations
+    keep their numbers in it, so the routes chosen on it stay right); after that the module with
+    it serves calls of any rows, and nothing is built again."""
+    from types import SimpleNamespace
+
+    from fxfuse.cuda.engine import Engine
+
+    built, registered = [], []
+
+    def fake_build_gemm(program, dtype, param_dtypes, target, csrc=None, kernels=None):
+        built.append(kernels)
+        return SimpleNamespace(info=len(built), kernels=kernels)
+
+    monkeypatch.setattr(build, "build_gemm", fake_build_gemm)
+    engine = Engine(lambda device: None)
+    monkeypatch.setattr(engine, "prepare", lambda *args: None)  # the row path's module
+    engine._runtime_module = SimpleNamespace(register_gemm=lambda *args: registered.append(args[-1]))
+    program, device = PROGRAMS["s01_scale_leaky"], torch.device("cpu")
+    many = engine.prepare_gemm(program, torch.bfloat16, (), device, few_rows=False)
+    assert many.kernels == gemm_codegen.KERNELS
+    few = engine.prepare_gemm(program, torch.bfloat16, (), device, few_rows=True)
+    assert few.kernels == gemm_codegen.KERNELS + gemm_codegen.FEW_ROWS_KERNELS and registered == [1, 2]
+    assert engine.prepare_gemm(program, torch.bfloat16, (), device, few_rows=False) is few
+    assert engine.prepare_gemm(program, torch.bfloat16, (), device, few_rows=True) is few and len(built) == 2
+
+
 @pytest.mark.parametrize("name", ["s05_logsumexp_chain", "s20_layer_silu", "s11_gelu_softmax", "s07_vec_batch_train",
                                   "gemm_gate_silu"])
 def test_row_and_column_statistics_reductions_and_second_gemms_keep_the_menu_without_the_swapped_kernel(name):
