@@ -27,7 +27,7 @@ import multiprocessing
 import os
 import threading
 import warnings
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import TYPE_CHECKING, Callable
 
 import torch
@@ -124,7 +124,7 @@ class Engine:
         self._handles: dict[Key, int] = {}  # 0: no kernels for this key, use the reference
         self._modules: dict[Key, object] = {}  # ProgramModules: keep the libraries loaded
         self._gemms: dict[tuple, object] = {}  # (key, param dtypes) -> GemmModule, None if it failed
-        self._gemm_few_rows: dict[tuple, bool] = {}  # whether _gemms' module has the kernel for few rows
+        self._gemm_rows: dict[tuple, frozenset] = {}  # the calls (gemm_codegen.rows_served) _gemms' were asked for
         self._replaced: list = []  # modules a module for few rows took the place of
         self._gemm_errors: dict[tuple, str] = {}
         self.selections: dict[tuple, Selection] = {}  # (key, param dtypes, n, k, bucket)
@@ -155,41 +155,57 @@ class Engine:
             runtime.register_program(key[0], DTYPE_CODES[dtype], key[2], module.info)
 
     def prepare_gemm(self, program: Program, dtype: torch.dtype, param_dtypes: tuple[torch.dtype, ...],
-                     device: torch.device, few_rows: bool = True):
+                     device: torch.device, served: frozenset = frozenset()):
         """The GEMM module of ``program`` (built or loaded from the cache, and registered with the
         runtime), or None where there is none (not Hopper, no CUTLASS, a program the in-GEMM path
-        does not take, a failed build: the row path serves, and ``gemm_error`` says why). With the
-        swapped kernel where it is to serve calls of few rows (``few_rows``: gemm_codegen.menu). A
-        module held without it is built again with it when calls of few rows come, and registered
-        in its place: it numbers the other kernels' configurations alike, so the routes chosen on
-        the first stay right."""
+        does not take, a failed build: the row path serves, and ``gemm_error`` says why), with the
+        kernels for the calls it ``served`` (gemm_codegen.rows_served; empty: any). A module held
+        for other calls is built again for both and registered in its place, and the routes the
+        selection chose on it are set again by the configurations' names."""
         from . import gemm_codegen
 
         key = (program.to_string(), dtype, _index(device))
         gkey = (key, tuple(param_dtypes))
-        if gkey in self._gemms and (self._gemms[gkey] is None or self._gemm_few_rows[gkey] or not few_rows):
-            # held: it, or a module without the kernel for few rows whose build with it failed
-            return self._gemms[gkey]
+        served = served or gemm_codegen.ANY_ROWS
+        if gkey in self._gemms and (self._gemms[gkey] is None or served <= self._gemm_rows[gkey]):
+            return self._gemms[gkey]  # or a module whose build for more calls failed: it serves
+        served = served | self._gemm_rows.get(gkey, frozenset())
         from .build import build_gemm
 
         self.prepare(program, dtype, device)  # the row path: the fallback of every call
         try:
             module = build_gemm(program, dtype, tuple(param_dtypes), self._target_for(device),
-                                kernels=gemm_codegen.menu(program, few_rows))
+                                kernels=gemm_codegen.menu(program, served))
         except BuildError as error:
             module, self._gemm_errors[gkey] = None, str(error)
         except Exception as error:  # noqa: BLE001 - e.g. no toolchain: the same outcome
             module, self._gemm_errors[gkey] = None, f"{type(error).__name__}: {error}"
         with self._lock:
             if module is not None:
-                if self._gemms.get(gkey) is not None:
-                    self._replaced.append(self._gemms[gkey])  # keep its library loaded
+                held = self._gemms.get(gkey)
                 self._gemms[gkey] = module
                 self._runtime_module.register_gemm(key[0], DTYPE_CODES[dtype], key[2], module.info)
+                if held is not None:
+                    self._replaced.append(held)  # keep its library loaded
+                    self._route_again(gkey, dtype, module)
             else:
                 self._gemms.setdefault(gkey, None)  # a module held before keeps serving
-            self._gemm_few_rows[gkey] = few_rows  # asked for these calls once: not built again
+            self._gemm_rows[gkey] = served  # asked for these calls once: not built again
         return self._gemms[gkey]
+
+    def _route_again(self, gkey: tuple, dtype: torch.dtype, module) -> None:
+        """The selections made on the module ``module`` replaced for ``gkey``, routed to the same
+        paths by name (its configurations' indices may differ)."""
+        key = gkey[0]
+        for skey, selection in list(self.selections.items()):
+            if skey[:2] != gkey or selection.config < 0:
+                continue
+            names = list(module.config_names)
+            # the first of a name: the configuration of a kernel without tile orders that runs
+            config = names.index(selection.path) if selection.path in names else -1
+            n, k, bucket = skey[2:5]
+            self._runtime_module.choose(key[0], DTYPE_CODES[dtype], key[2], 2 ** bucket, n, k, config)
+            self.selections[skey] = replace(selection, config=config)
 
     def gemm_error(self, program: Program, dtype: torch.dtype, param_dtypes, device: torch.device) -> str | None:
         """Why ``prepare_gemm`` gave no module (None: it gave one, or was not asked)."""
@@ -205,17 +221,17 @@ class Engine:
 
         pairs = list(dict.fromkeys((program.to_string(), dtype) for program, dtype in items))
         target = self._target_for(device)
-        gemms: dict[tuple, bool] = {}  # (text, dtype, params) -> whether any of its calls has few rows
+        gemms: dict[tuple, frozenset] = {}  # (text, dtype, params) -> the calls it serves (rows_served)
         if gemm_target_reason(target) is None:
             for program, dtype, params, rows in gemm_items:
                 if gemm_codegen.unsupported_reason(program, dtype) is None:
                     item = (program.to_string(), dtype, tuple(params))
-                    gemms[item] = gemms.get(item, False) or gemm_codegen.serves_few_rows(rows)
+                    gemms[item] = gemms.get(item, frozenset()) | gemm_codegen.rows_served(rows)
         cpus = usable_cpus()
         # the GEMM modules first: each is several CUTLASS units of half a minute or more, the
         # program modules one short unit, so those fill the workers while the GEMM modules finish;
         # a job: (text, dtype, parameter dtypes, kernels), the last two None for the others
-        menus = {item: gemm_codegen.menu(Program.parse(item[0]), few) for item, few in gemms.items()}
+        menus = {item: gemm_codegen.menu(Program.parse(item[0]), served) for item, served in gemms.items()}
         jobs = ([(RUNTIME_SOURCE, torch.float32, None, None)] + [(*item, menus[item]) for item in gemms]
                 + [(t, d, None, None) for t, d in pairs])
         # only the modules not in the cache go to the workers (each worker imports torch afresh:
@@ -240,9 +256,9 @@ class Engine:
                     self.prepare(Program.parse(text), dtype, device)
                 except BuildError as error:
                     failed[(text, dtype)] = error
-        for (text, dtype, param_dtypes), few_rows in gemms.items():
+        for (text, dtype, param_dtypes), served in gemms.items():
             if (text, dtype) not in failed:
-                self.prepare_gemm(Program.parse(text), dtype, param_dtypes, device, few_rows)
+                self.prepare_gemm(Program.parse(text), dtype, param_dtypes, device, served)
         return failed
 
     # -- selection -----------------------------------------------------------------------------
@@ -265,7 +281,7 @@ class Engine:
         Inductor are timed with that layout."""
         from . import gemm_codegen
 
-        module = self.prepare_gemm(program, dtype, param_dtypes, device, gemm_codegen.serves_few_rows(shape[0]))
+        module = self.prepare_gemm(program, dtype, param_dtypes, device, gemm_codegen.rows_served(shape[0]))
         if module is None and not against_inductor:
             return None
         m, n, k = shape

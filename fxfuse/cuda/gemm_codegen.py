@@ -99,32 +99,41 @@ class Kernel:
 KERNELS = (Kernel(128, 256, cluster_m=2), Kernel(256, 128, cluster_m=2), Kernel(128, 128, cluster_m=2, pingpong=True),
            Kernel(128, 128, cluster_n=2))
 
-# The kernel for few rows (decode), in the menu of a module that serves few rows and whose
+# The kernel for few rows (decode), in the menu of a module that serves calls of few rows and whose
 # epilogue is pointwise or an in-tile group norm: the weight's rows along a 64-row tile, x's rows
 # along 16 columns of it, 128 tiles over N = 8192 on 132 SMs. At 1 and 16 rows of 8192 -> 8192 the bare GEMM ran at 0.98x
 # cuBLAS, where the kernels above took 1.7-1.9x (BENCHMARKS.md sections 30 and 37).
 FEW_ROWS_KERNELS = (Kernel(64, 16, 128, swapped=True),)
 
 
-def serves_few_rows(rows: int | None) -> bool:
-    """Whether a module built for calls of ``rows`` rows (None: any) carries the swapped kernel:
-    where x's rows fit its tile's 16 (decode). Past them each further 16 rows read the weight
-    again (32 rows: 1.84x ``F.linear``), and the fifth unit cost the cold compile of four
-    programs 17-37 s on 16 cores (BENCHMARKS.md section 37), which calls of many rows do not pay."""
-    return rows is None or rows <= FEW_ROWS_KERNELS[0].tile_n
+# Which calls a GEMM module serves, by their rows: few (x's rows fit the swapped kernel's tile: decode)
+# or many; a module for both carries both menus
+FEW, MANY = "few rows", "many rows"
+ANY_ROWS = frozenset({FEW, MANY})
 
 
-def menu(program: Program, few_rows: bool = True) -> tuple[Kernel, ...]:
-    """The kernels of ``program``'s module: KERNELS, and for a module that serves few rows
-    (``serves_few_rows``) whose epilogue is pointwise or a group norm of groups inside a tile (one
-    GEMM, no reduction) the swapped kernel for few rows, last, so that a module with it numbers the
-    other kernels' configurations as one without it does. Its epilogue reads the accumulators
+def rows_served(rows: int | None) -> frozenset[str]:
+    """The calls a module built for calls of ``rows`` rows (None: any) must serve."""
+    if rows is None:
+        return ANY_ROWS
+    return frozenset({FEW if rows <= FEW_ROWS_KERNELS[0].tile_n else MANY})
+
+
+def menu(program: Program, served: frozenset[str] = ANY_ROWS) -> tuple[Kernel, ...]:
+    """The kernels of ``program``'s module for the calls it ``served`` (``rows_served``): KERNELS
+    for many rows; for few rows, where its epilogue is pointwise or a group norm of groups inside
+    a tile (one GEMM, no reduction), the swapped kernel, last. Its epilogue reads the accumulators
     transposed (csrc/gemm_stages.cuh: its leaves follow, and fxg::SwappedGroupNorm sums a group
-    along the tile's rows; the other register nodes do not)."""
+    along the tile's rows; the other register nodes do not). A module for few rows alone carries
+    the swapped kernel alone: KERNELS' 128-row tiles run 1.7-2.0x ``F.linear`` there, and each
+    unit costs the cold compile (four programs on 16 cores: 114 s with KERNELS, 151 s with both;
+    BENCHMARKS.md section 37)."""
     epilogue = Epilogue.of(program)
     in_tile = epilogue.norm is None or NORMS[epilogue.norm.kind].statistics == "row group"
-    swaps = few_rows and in_tile and epilogue.reduce is None and not program.second_gemms
-    return KERNELS + FEW_ROWS_KERNELS if swaps else KERNELS
+    swaps = in_tile and epilogue.reduce is None and not program.second_gemms
+    if not swaps:
+        return KERNELS
+    return (KERNELS if MANY in served else ()) + (FEW_ROWS_KERNELS if FEW in served else ())
 
 
 # csrc/fx_abi.h's FxDtype of each element type the in-GEMM path takes: for x and weight (float32 as

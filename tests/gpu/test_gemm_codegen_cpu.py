@@ -166,41 +166,54 @@ def test_a_pointwise_or_in_tile_group_norm_epilogue_adds_the_swapped_kernel_for_
     assert "fxg::Swapped<64, 16, 128>>;" in header(program)
 
 
-def test_the_swapped_kernel_is_built_for_calls_whose_rows_fit_its_tile():
-    """Calls of up to 16 rows (decode) get it; a module built for calls of more rows does without
-    it, which would cost their cold compile a fifth unit and not win there; None: any rows."""
+def test_a_module_carries_the_kernels_for_the_rows_of_its_calls():
+    """Calls of up to 16 rows (decode) get the swapped kernel alone (KERNELS' 128-row tiles run
+    1.7-2.0x F.linear there), calls of more rows KERNELS alone (the swapped kernel reads the weight
+    again each 16 rows), a module for both both, the swapped kernel last; None: any rows."""
     program = PROGRAMS["s01_scale_leaky"]
-    assert [gemm_codegen.serves_few_rows(rows) for rows in (1, 16, 17, 1024, None)] == [True, True, False, False, True]
-    assert gemm_codegen.menu(program, few_rows=False) == gemm_codegen.KERNELS
-    assert gemm_codegen.menu(program)[:-1] == gemm_codegen.KERNELS  # appended: the others numbered alike
+    few, many = gemm_codegen.rows_served(16), gemm_codegen.rows_served(17)
+    assert gemm_codegen.rows_served(1) == few != many == gemm_codegen.rows_served(1024)
+    assert gemm_codegen.rows_served(None) == few | many == gemm_codegen.ANY_ROWS
+    assert gemm_codegen.menu(program, few) == gemm_codegen.FEW_ROWS_KERNELS
+    assert gemm_codegen.menu(program, many) == gemm_codegen.KERNELS
+    assert gemm_codegen.menu(program) == gemm_codegen.KERNELS + gemm_codegen.FEW_ROWS_KERNELS
+    assert gemm_codegen.menu(PROGRAMS["s20_layer_silu"], few) == gemm_codegen.KERNELS  # no swapped kernel
 
 
-def test_a_module_built_for_many_rows_is_built_again_with_the_swapped_kernel_when_few_rows_come(monkeypatch):
-    """A graph compiled at 1024 rows builds its GEMM module without the kernel for few rows; one at
-    16 rows builds it with it and registers it in the first's place (the first's configurations
-    keep their numbers in it, so the routes chosen on it stay right); after that the module with
-    it serves calls of any rows, and nothing is built again."""
+def test_a_module_is_built_again_for_calls_of_other_rows_and_the_routes_follow_by_name(monkeypatch):
+    """A graph compiled at 16 rows builds the module with the swapped kernel alone, and the
+    selection routes 16-row calls to it (configuration 0); one at 1024 rows builds the module for
+    both, registers it in the first's place and routes the 16-row calls again to the swapped
+    kernel by its name (now configuration 24); after that the module serves calls of any rows and
+    nothing is built again."""
     from types import SimpleNamespace
 
     from fxfuse.cuda.engine import Engine
 
-    built, registered = [], []
+    built, registered, routes = [], [], {}
 
     def fake_build_gemm(program, dtype, param_dtypes, target, csrc=None, kernels=None):
         built.append(kernels)
-        return SimpleNamespace(info=len(built), kernels=kernels)
+        names = [f"{'swapped' if kernel.swapped else kernel.cpp}, {order}" for kernel in kernels for order in range(6)]
+        return SimpleNamespace(info=len(built), kernels=kernels, config_names=names)
 
     monkeypatch.setattr(build, "build_gemm", fake_build_gemm)
     engine = Engine(lambda device: None)
     monkeypatch.setattr(engine, "prepare", lambda *args: None)  # the row path's module
-    engine._runtime_module = SimpleNamespace(register_gemm=lambda *args: registered.append(args[-1]))
-    program, device = PROGRAMS["s01_scale_leaky"], torch.device("cpu")
-    many = engine.prepare_gemm(program, torch.bfloat16, (), device, few_rows=False)
-    assert many.kernels == gemm_codegen.KERNELS
-    few = engine.prepare_gemm(program, torch.bfloat16, (), device, few_rows=True)
-    assert few.kernels == gemm_codegen.KERNELS + gemm_codegen.FEW_ROWS_KERNELS and registered == [1, 2]
-    assert engine.prepare_gemm(program, torch.bfloat16, (), device, few_rows=False) is few
-    assert engine.prepare_gemm(program, torch.bfloat16, (), device, few_rows=True) is few and len(built) == 2
+    engine._runtime_module = SimpleNamespace(
+        register_gemm=lambda *args: registered.append(args[-1]),
+        choose=lambda program, dtype, device, m, n, k, config: routes.__setitem__((m, n, k), config))
+    program, device, bf16 = PROGRAMS["s01_scale_leaky"], torch.device("cpu"), torch.bfloat16
+    few = engine.prepare_gemm(program, bf16, (), device, gemm_codegen.rows_served(16))
+    assert few.kernels == gemm_codegen.FEW_ROWS_KERNELS
+    key = ((program.to_string(), bf16, -1), ())
+    engine.selections[(*key, 8192, 8192, 4, False)] = Selection("swapped, 0", 0, {"swapped, 0": 34.0}, GRAPH_TIMING)
+    both = engine.prepare_gemm(program, bf16, (), device, gemm_codegen.rows_served(1024))
+    assert both.kernels == gemm_codegen.KERNELS + gemm_codegen.FEW_ROWS_KERNELS and registered == [1, 2]
+    assert routes == {(16, 8192, 8192): 24} and engine.selections[(*key, 8192, 8192, 4, False)].config == 24
+    for rows in (1, 16, 1024, None):
+        assert engine.prepare_gemm(program, bf16, (), device, gemm_codegen.rows_served(rows)) is both
+    assert len(built) == 2
 
 
 @pytest.mark.parametrize("name", ["s05_logsumexp_chain", "s20_layer_silu", "s11_gelu_softmax", "s07_vec_batch_train",
