@@ -95,15 +95,17 @@ def test_a_kernel_list_for_the_gemm_sweep_reads_tile_cluster_and_schedule():
 
 def test_the_suite_prebuild_names_each_programs_gemm_module_with_its_parameters_dtypes():
     """bench/prebuild_suite.py builds the modules the tests and the benchmark compile: a row module
-    per (program, dtype) and an in-GEMM module per (program, dtype, parameter dtypes)."""
+    per (program, dtype) and an in-GEMM module per (program, dtype, parameter dtypes), for the rows
+    of the chain's calls (the kernels a module carries follow them)."""
     import torch
 
     from bench.prebuild_suite import DTYPES, suite_programs
     from examples import suite
 
     pairs, gemms = suite_programs(suite.select(["S07", "S26"]), ["small"], [DTYPES["bf16"]], device="cpu")
-    assert {(program, dtype) for program, dtype, _ in gemms} == pairs
-    by_text = {program.to_string(): params for program, _, params in gemms}
+    assert {(program, dtype) for program, dtype, _, _ in gemms} == pairs
+    assert {rows for *_, rows in gemms} == {8}  # the small size's rows
+    by_text = {program.to_string(): params for program, _, params, _ in gemms}
     assert len(by_text) == 3  # S07's chain; S26's SwiGLU chain and its down projection with the residual
     assert all(params == (torch.bfloat16,) * len(params) for params in by_text.values())
     assert any("batch_norm" in text and len(params) == 3 for text, params in by_text.items())
