@@ -3,7 +3,7 @@
     python tests/gpu/gemm_pipeline.py [--only NAME ...] [--dtype bfloat16]
 
 For each program of tests/gpu/programs.py that has an in-GEMM module, compiles a host program that
-prints, per kernel of the menu (gemm_codegen.KERNELS), the mainloop's stages and the shared memory
+prints, per kernel of the menu (gemm_codegen.menu), the mainloop's stages and the shared memory
 of the mainloop and the epilogue. CUTLASS gives the mainloop what the epilogue leaves of 227 KiB:
 an epilogue that stages more than it needs costs a mainloop stage (BENCHMARKS.md, section 24).
 Needs nvcc and CUTLASS's headers (CUTLASS_PATH or the nvidia-cutlass wheel).
@@ -68,7 +68,8 @@ def main() -> int:
         with tempfile.TemporaryDirectory() as tmp:
             directory = Path(tmp)
             (directory / "gemm_program.cuh").write_text(sources["gemm_program.cuh"])
-            (directory / "probe.cu").write_text(probe_source(len(gemm_codegen.KERNELS), "gated_0.cu" in sources))
+            kernels = len(gemm_codegen.menu(gemm_codegen.canonical(program)))
+            (directory / "probe.cu").write_text(probe_source(kernels, "gated_0.cu" in sources))
             build = subprocess.run([str(Path(home) / "bin" / "nvcc"), "-std=c++17", "--expt-relaxed-constexpr",
                                     "-O0", "-gencode=arch=compute_90a,code=sm_90a", f"-I{CSRC}", f"-I{include}",
                                     f"-I{directory}", str(directory / "probe.cu"), "-o", str(directory / "probe")],
