@@ -124,8 +124,8 @@ class Engine:
         self._handles: dict[Key, int] = {}  # 0: no kernels for this key, use the reference
         self._modules: dict[Key, object] = {}  # ProgramModules: keep the libraries loaded
         self._gemms: dict[tuple, object] = {}  # (key, param dtypes) -> GemmModule, None if it failed
-        self._gemm_rows: dict[tuple, frozenset] = {}  # the calls (gemm_codegen.rows_served) _gemms' were asked for
-        self._replaced: list = []  # modules a module for few rows took the place of
+        self._gemm_rows: dict[tuple, frozenset] = {}  # the calls (rows_served) each of _gemms was asked for
+        self._replaced: list = []  # modules that a module for more calls took the place of
         self._gemm_errors: dict[tuple, str] = {}
         self.selections: dict[tuple, Selection] = {}  # (key, param dtypes, n, k, bucket)
         self._runtime_module = None  # built once, on the first prepare
@@ -194,8 +194,8 @@ class Engine:
         return self._gemms[gkey]
 
     def _route_again(self, gkey: tuple, dtype: torch.dtype, module) -> None:
-        """The selections made on the module ``module`` replaced for ``gkey``, routed to the same
-        paths by name (its configurations' indices may differ)."""
+        """The selections made on the module that ``module`` replaced for ``gkey``, routed to the
+        same paths by name (its configurations' indices may differ)."""
         key = gkey[0]
         for skey, selection in list(self.selections.items()):
             if skey[:2] != gkey or selection.config < 0:
