@@ -555,13 +555,14 @@ class GemmInfoView(ctypes.Structure):
 
 @dataclass
 class GemmModule:
-    """A loaded GEMM module: its library handle (kept alive), its FxGemmInfo address and its cache
-    key (selections are keyed on it)."""
+    """A loaded GEMM module: its library handle (kept alive), its FxGemmInfo address, its cache
+    key (selections are keyed on it) and the kernels of its menu (gemm_codegen.Kernel)."""
 
     library: ctypes.CDLL
     info: int
     path: Path
     key: str
+    kernels: tuple = ()
 
     @property
     def _view(self) -> GemmInfoView:
@@ -630,7 +631,7 @@ def build_gemm(program: Program, dtype: torch.dtype, param_dtypes: tuple[torch.d
 
     library, info, path = _build_generated(key, "in-GEMM", "in-GEMM " + short_label(text, dtype), f"fxg_{short}",
                                            entry, sources, target, csrc, cutlass=include)
-    return GemmModule(library, info, path, key)
+    return GemmModule(library, info, path, key, kernels)
 
 
 def runtime_key(target: Target, csrc: Path = CSRC) -> str:

@@ -124,7 +124,6 @@ class Engine:
         self._handles: dict[Key, int] = {}  # 0: no kernels for this key, use the reference
         self._modules: dict[Key, object] = {}  # ProgramModules: keep the libraries loaded
         self._gemms: dict[tuple, object] = {}  # (key, param dtypes) -> GemmModule, None if it failed
-        self._gemm_rows: dict[tuple, frozenset] = {}  # the calls (rows_served) each of _gemms was asked for
         self._replaced: list = []  # modules that a module for more calls took the place of
         self._gemm_errors: dict[tuple, str] = {}
         self.selections: dict[tuple, Selection] = {}  # (key, param dtypes, n, k, bucket)
@@ -160,38 +159,38 @@ class Engine:
         runtime), or None where there is none (not Hopper, no CUTLASS, a program the in-GEMM path
         does not take, a failed build: the row path serves, and ``gemm_error`` says why), with the
         kernels for the calls it ``served`` (gemm_codegen.rows_served; empty: any). A module held
-        for other calls is built again for both and registered in its place, and the routes the
-        selection chose on it are set again by the configurations' names."""
+        without them is built again with every kernel of the program's menu and registered in its
+        place (where that build fails, the held one serves), and the routes the selection chose on
+        it are set again by the configurations' names."""
         from . import gemm_codegen
 
         key = (program.to_string(), dtype, _index(device))
         gkey = (key, tuple(param_dtypes))
-        served = served or gemm_codegen.ANY_ROWS
-        if gkey in self._gemms and (self._gemms[gkey] is None or served <= self._gemm_rows[gkey]):
-            return self._gemms[gkey]  # or a module whose build for more calls failed: it serves
-        served = served | self._gemm_rows.get(gkey, frozenset())
+        held = self._gemms.get(gkey)
+        kernels = gemm_codegen.menu(program, served or gemm_codegen.ANY_ROWS)
+        if gkey in self._gemms and (held is None or gkey in self._gemm_errors or set(kernels) <= set(held.kernels)):
+            return held
+        if held is not None:
+            kernels = gemm_codegen.menu(program)  # for calls of any rows from now on
         from .build import build_gemm
 
         self.prepare(program, dtype, device)  # the row path: the fallback of every call
         try:
-            module = build_gemm(program, dtype, tuple(param_dtypes), self._target_for(device),
-                                kernels=gemm_codegen.menu(program, served))
+            module = build_gemm(program, dtype, tuple(param_dtypes), self._target_for(device), kernels=kernels)
         except BuildError as error:
             module, self._gemm_errors[gkey] = None, str(error)
         except Exception as error:  # noqa: BLE001 - e.g. no toolchain: the same outcome
             module, self._gemm_errors[gkey] = None, f"{type(error).__name__}: {error}"
         with self._lock:
-            if module is not None:
-                held = self._gemms.get(gkey)
-                self._gemms[gkey] = module
-                self._runtime_module.register_gemm(key[0], DTYPE_CODES[dtype], key[2], module.info)
-                if held is not None:
-                    self._replaced.append(held)  # keep its library loaded
-                    self._route_again(gkey, dtype, module)
-            else:
-                self._gemms.setdefault(gkey, None)  # a module held before keeps serving
-            self._gemm_rows[gkey] = served  # asked for these calls once: not built again
-        return self._gemms[gkey]
+            if module is None:
+                self._gemms.setdefault(gkey, None)
+                return self._gemms[gkey]
+            self._gemms[gkey] = module
+            self._runtime_module.register_gemm(key[0], DTYPE_CODES[dtype], key[2], module.info)
+            if held is not None:
+                self._replaced.append(held)  # keep its library loaded
+                self._route_again(gkey, dtype, module)
+        return module
 
     def _route_again(self, gkey: tuple, dtype: torch.dtype, module) -> None:
         """The selections made on the module that ``module`` replaced for ``gkey``, routed to the

@@ -185,7 +185,7 @@ def test_a_module_is_built_again_for_calls_of_other_rows_and_the_routes_follow_b
     selection routes 16-row calls to it (configuration 0); one at 1024 rows builds the module for
     both, registers it in the first's place and routes the 16-row calls again to the swapped
     kernel by its name (now configuration 24); after that the module serves calls of any rows and
-    nothing is built again."""
+    nothing is built again. A module whose menu has no kernel for few rows serves them as it is."""
     from types import SimpleNamespace
 
     from fxfuse.cuda.engine import Engine
@@ -214,6 +214,10 @@ def test_a_module_is_built_again_for_calls_of_other_rows_and_the_routes_follow_b
     for rows in (1, 16, 1024, None):
         assert engine.prepare_gemm(program, bf16, (), device, gemm_codegen.rows_served(rows)) is both
     assert len(built) == 2
+    layer_norm = PROGRAMS["s20_layer_silu"]  # no kernel for few rows in its menu: nothing to build again
+    held = engine.prepare_gemm(layer_norm, bf16, (), device, gemm_codegen.rows_served(1024))
+    assert engine.prepare_gemm(layer_norm, bf16, (), device, gemm_codegen.rows_served(16)) is held
+    assert len(built) == 3
 
 
 @pytest.mark.parametrize("name", ["s05_logsumexp_chain", "s20_layer_silu", "s11_gelu_softmax", "s07_vec_batch_train",
