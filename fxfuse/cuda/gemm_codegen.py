@@ -101,8 +101,9 @@ KERNELS = (Kernel(128, 256, cluster_m=2), Kernel(256, 128, cluster_m=2), Kernel(
 
 # The kernel for few rows (decode), in the menu of a module that serves calls of few rows and whose
 # epilogue is pointwise or an in-tile group norm: the weight's rows along a 64-row tile, x's rows
-# along 16 columns of it, 128 tiles over N = 8192 on 132 SMs. At 1 and 16 rows of 8192 -> 8192 the bare GEMM ran at 0.98x
-# cuBLAS, where the kernels above took 1.7-1.9x (BENCHMARKS.md sections 30 and 37).
+# along 16 columns of it, 128 tiles over N = 8192 on 132 SMs. At 1 and 16 rows of 8192 -> 8192 the
+# bare GEMM ran at 0.98x cuBLAS, where the kernels above took 1.7-2.0x (BENCHMARKS.md sections 30
+# and 37).
 FEW_ROWS_KERNELS = (Kernel(64, 16, 128, swapped=True),)
 
 

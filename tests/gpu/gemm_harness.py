@@ -11,7 +11,7 @@ import torch
 import fxfuse.cuda as fxcuda
 from fxfuse import reference
 from fxfuse.cuda.build import cuda_target, gemm_target_reason
-from fxfuse.cuda.gemm_codegen import canonical, menu
+from fxfuse.cuda.gemm_codegen import canonical
 from fxfuse.ir import Program
 from programs import make_params
 from selected import parameters, selected
@@ -144,11 +144,11 @@ def kernels(module) -> range:
     return range(0, len(module.config_names), SCHEDULES)
 
 
-def every_schedule(module, program: Program, m: int, n: int, k: int) -> list[int]:
+def every_schedule(module, m: int, n: int, k: int) -> list[int]:
     """Every configuration of the module, each kernel at each tile order, but a swapped kernel's
     (fxg::Swapped: one CTA a tile, no tile orders) past its first: those are checked not to cover
     an (m, n, k) call."""
-    kernels = menu(canonical(program))
+    kernels = module.kernels
     assert len(module.config_names) == len(kernels) * SCHEDULES
     configs = []
     for config in range(len(module.config_names)):

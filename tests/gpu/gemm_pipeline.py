@@ -68,7 +68,7 @@ def main() -> int:
         with tempfile.TemporaryDirectory() as tmp:
             directory = Path(tmp)
             (directory / "gemm_program.cuh").write_text(sources["gemm_program.cuh"])
-            kernels = len(gemm_codegen.menu(gemm_codegen.canonical(program)))
+            kernels = sum(file.startswith("config_") for file in sources)  # a unit a kernel
             (directory / "probe.cu").write_text(probe_source(kernels, "gated_0.cu" in sources))
             build = subprocess.run([str(Path(home) / "bin" / "nvcc"), "-std=c++17", "--expt-relaxed-constexpr",
                                     "-O0", "-gencode=arch=compute_90a,code=sm_90a", f"-I{CSRC}", f"-I{include}",

@@ -102,7 +102,7 @@ def test_every_schedule_of_every_kernel(modules, name):
     x, w, b, params = draw(program, torch.bfloat16, 700, 2056, 264, seed=8)
     eager = reference.op_forward(program, x, w, b, params, False)[0]
     exact = truth(program, x, w, b, params)
-    for config in every_schedule(module, program, 700, 2056, 264):
+    for config in every_schedule(module, 700, 2056, 264):
         assert_under_rule(run_config(module, program, x, w, b, params, config), eager, exact)
 
 

@@ -66,7 +66,7 @@ def test_every_schedule(modules):
     x, w, b, params = draw(program, torch.bfloat16, 111, GROUPS * 16, 136, seed=3)
     eager = reference.op_forward(program, x, w, b, params, False)[0]
     exact = truth(program, x, w, b, params)
-    for config in every_schedule(module, program, 111, GROUPS * 16, 136):
+    for config in every_schedule(module, 111, GROUPS * 16, 136):
         assert_under_rule(run_config(module, program, x, w, b, params, config), eager, exact)
 
 
