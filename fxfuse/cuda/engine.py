@@ -203,7 +203,8 @@ class Engine:
             # the first of a name: the configuration of a kernel without tile orders that runs
             config = names.index(selection.path) if selection.path in names else -1
             n, k, bucket = skey[2:5]
-            self._runtime_module.choose(key[0], DTYPE_CODES[dtype], key[2], 2 ** bucket, n, k, config)
+            rows = 2 ** bucket  # a row count of the bucket (the runtime's bucket_of: ceil(log2 m))
+            self._runtime_module.choose(key[0], DTYPE_CODES[dtype], key[2], rows, n, k, config)
             self.selections[skey] = replace(selection, config=config)
 
     def gemm_error(self, program: Program, dtype: torch.dtype, param_dtypes, device: torch.device) -> str | None:
