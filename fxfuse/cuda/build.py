@@ -573,6 +573,13 @@ class GemmModule:
         view = self._view
         return tuple(view.config_names[i].decode() for i in range(view.num_configs))
 
+    def kernel_of(self, config: int):
+        """The kernel (gemm_codegen.Kernel) of configuration ``config``: csrc/gemm_epilogue.cuh
+        numbers them kernel * kNumSchedules + schedule, again for a gated module's second tree."""
+        from .gemm_codegen import SCHEDULES
+
+        return self.kernels[config // SCHEDULES % len(self.kernels)]
+
     def supports(self, m: int, n: int, k: int, config: int) -> bool:
         """Whether configuration ``config`` computes an (m, n, k) problem."""
         return bool(self._view.supports(m, n, k, config))

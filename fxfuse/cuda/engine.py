@@ -162,16 +162,12 @@ class Engine:
         without them is built again with every kernel of the program's menu and registered in its
         place (where that build fails, the held one serves), and the routes the selection chose on
         it are set again by the configurations' names."""
-        from . import gemm_codegen
-
         key = (program.to_string(), dtype, _index(device))
         gkey = (key, tuple(param_dtypes))
         held = self._gemms.get(gkey)
-        kernels = gemm_codegen.menu(program, served or gemm_codegen.ANY_ROWS)
-        if gkey in self._gemms and (held is None or gkey in self._gemm_errors or set(kernels) <= set(held.kernels)):
+        kernels = self._kernels_to_build(gkey, program, served)
+        if kernels is None:
             return held
-        if held is not None:
-            kernels = gemm_codegen.menu(program)  # for calls of any rows from now on
         from .build import build_gemm
 
         self.prepare(program, dtype, device)  # the row path: the fallback of every call
@@ -191,6 +187,18 @@ class Engine:
                 self._replaced.append(held)  # keep its library loaded
                 self._route_again(gkey, dtype, module)
         return module
+
+    def _kernels_to_build(self, gkey: tuple, program: Program, served: frozenset) -> tuple | None:
+        """The kernels of the module ``gkey`` needs for calls of ``served`` (empty: any): None where
+        the module held serves them (or its build failed); every kernel of the program's menu where
+        a module held for other calls must be built again (it then serves calls of any rows)."""
+        from . import gemm_codegen
+
+        held = self._gemms.get(gkey)
+        kernels = gemm_codegen.menu(program, served or gemm_codegen.ANY_ROWS)
+        if gkey in self._gemms and (held is None or gkey in self._gemm_errors or set(kernels) <= set(held.kernels)):
+            return None
+        return kernels if held is None else gemm_codegen.menu(program)
 
     def _route_again(self, gkey: tuple, dtype: torch.dtype, module) -> None:
         """The selections made on the module that ``module`` replaced for ``gkey``, routed to the
@@ -231,8 +239,12 @@ class Engine:
         # the GEMM modules first: each is several CUTLASS units of half a minute or more, the
         # program modules one short unit, so those fill the workers while the GEMM modules finish;
         # a job: (text, dtype, parameter dtypes, kernels), the last two None for the others
-        menus = {item: gemm_codegen.menu(Program.parse(item[0]), served) for item, served in gemms.items()}
-        jobs = ([(RUNTIME_SOURCE, torch.float32, None, None)] + [(*item, menus[item]) for item in gemms]
+        menus = {}  # the modules to build: a module held for other calls is built with its whole menu
+        for (text, dtype, params), served in gemms.items():
+            kernels = self._kernels_to_build(((text, dtype, _index(device)), params), Program.parse(text), served)
+            if kernels is not None:
+                menus[(text, dtype, params)] = kernels
+        jobs = ([(RUNTIME_SOURCE, torch.float32, None, None)] + [(*item, kernels) for item, kernels in menus.items()]
                 + [(t, d, None, None) for t, d in pairs])
         # only the modules not in the cache go to the workers (each worker imports torch afresh:
         # seconds of a warm compile, for nothing)
@@ -306,6 +318,8 @@ class Engine:
 
     def _measure(self, program, dtype, param_dtypes, shape, device, has_bias, module, param_shapes,
                  against_inductor: bool, weight_is_kn: bool, operands: tuple | None) -> Selection:
+        from . import gemm_codegen
+
         m, n, k = shape
         handle = self._handles[(program.to_string(), dtype, _index(device))]
         if operands is not None:
@@ -318,10 +332,12 @@ class Engine:
         runtime = self._runtime_module
         candidates = {ROW_PATH: -1}
         if module is not None and not weight_is_kn:
+            timed = gemm_codegen.timed_for(module.kernels, m)
             for config, name in enumerate(module.config_names):
                 # a kernel without tile orders (the swapped one) bears one name at every schedule,
                 # and covers calls at its first only
-                candidates.setdefault(name, config)
+                if module.kernel_of(config) in timed:
+                    candidates.setdefault(name, config)
         gemm_info = module.info if module is not None else 0
         calls = {}
         for name, config in candidates.items():

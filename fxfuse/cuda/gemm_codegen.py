@@ -83,6 +83,12 @@ class Kernel:
     swapped: bool = False
 
     @property
+    def rows(self) -> str:
+        """The calls it is built for (``rows_served``): few rows for a swapped kernel, many for the
+        others."""
+        return FEW if self.swapped else MANY
+
+    @property
     def cpp(self) -> str:
         if self.swapped:
             return f"fxg::Swapped<{self.tile_m}, {self.tile_n}, {self.tile_k}>"
@@ -90,6 +96,8 @@ class Kernel:
         return (f"fxg::Config<{self.tile_m}, {self.tile_n}, {self.tile_k}, {self.cluster_m}, {self.cluster_n}, "
                 f"{'true' if self.pingpong else 'false'}{pdl}>")
 
+
+SCHEDULES = 6  # fxg::kNumSchedules: a kernel's configurations in a module (its tile orders)
 
 # The kernels every GEMM module compiles, one unit each, chosen by `bench/gemm_configs.py --kernels
 # wide` (BENCHMARKS.md sections 9 and 24). The cooperative 256x128 and 128x256 tiles with a 2x1
@@ -118,6 +126,15 @@ def rows_served(rows: int | None) -> frozenset[str]:
     if rows is None:
         return ANY_ROWS
     return frozenset({FEW if rows <= FEW_ROWS_KERNELS[0].tile_n else MANY})
+
+
+def timed_for(kernels: tuple[Kernel, ...], rows: int) -> tuple[Kernel, ...]:
+    """Of a module's ``kernels``, those the selection times for calls of ``rows`` rows: the ones
+    built for such calls, or all where none is (a menu without a kernel for few rows serves them
+    with the others). A module grown for both kinds of call (an LLM's prefill and decode) so does
+    not time the swapped kernel at 1024 rows (15x the others) nor the others at 16 (1.7-2x)."""
+    served = rows_served(rows)
+    return tuple(kernel for kernel in kernels if kernel.rows in served) or tuple(kernels)
 
 
 def menu(program: Program, served: frozenset[str] = ANY_ROWS) -> tuple[Kernel, ...]:

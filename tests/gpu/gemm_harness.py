@@ -11,7 +11,7 @@ import torch
 import fxfuse.cuda as fxcuda
 from fxfuse import reference
 from fxfuse.cuda.build import cuda_target, gemm_target_reason
-from fxfuse.cuda.gemm_codegen import canonical
+from fxfuse.cuda.gemm_codegen import SCHEDULES, canonical
 from fxfuse.ir import Program
 from programs import make_params
 from selected import parameters, selected
@@ -19,7 +19,6 @@ from support import assert_under_rule as rule
 
 DEVICE = "cuda"
 TOL = 1e-2
-SCHEDULES = 6  # fxg::kNumSchedules: configurations of one kernel
 
 
 def param_dtypes(program: Program, dtype: torch.dtype) -> tuple[torch.dtype, ...]:
@@ -142,6 +141,13 @@ def assert_every_kernel_computes(module, program: Program, dtype: torch.dtype, m
 def kernels(module) -> range:
     """One configuration of each kernel (the first schedule of each): schedules only reorder tiles."""
     return range(0, len(module.config_names), SCHEDULES)
+
+
+def names_for_rows(module, swapped: bool, configs=None) -> set[str]:
+    """The names of the module's configurations (of ``configs``, default all) whose kernel is the
+    swapped one, for few rows, or (``swapped`` false) one of the kernels for many rows."""
+    configs = range(len(module.config_names)) if configs is None else configs
+    return {module.config_names[c] for c in configs if module.kernel_of(c).swapped == swapped}
 
 
 def every_schedule(module, m: int, n: int, k: int) -> list[int]:

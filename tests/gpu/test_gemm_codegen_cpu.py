@@ -220,6 +220,59 @@ def test_a_module_is_built_again_for_calls_of_other_rows_and_the_routes_follow_b
     assert len(built) == 3
 
 
+def test_the_selection_times_the_kernels_built_for_the_calls_rows():
+    """A module grown for both kinds of call times the swapped kernel for few rows and the others
+    for many; a menu without a kernel for few rows times its kernels for them too."""
+    both = gemm_codegen.KERNELS + gemm_codegen.FEW_ROWS_KERNELS
+    for rows in (1, 16):
+        assert gemm_codegen.timed_for(both, rows) == gemm_codegen.FEW_ROWS_KERNELS
+        assert gemm_codegen.timed_for(gemm_codegen.KERNELS, rows) == gemm_codegen.KERNELS
+    for rows in (17, 1024):
+        assert gemm_codegen.timed_for(both, rows) == gemm_codegen.KERNELS
+
+
+def test_a_gemm_modules_configurations_are_its_kernels_at_each_tile_order():
+    from types import SimpleNamespace
+
+    module = SimpleNamespace(kernels=gemm_codegen.KERNELS + gemm_codegen.FEW_ROWS_KERNELS)
+    kernel_of = build.GemmModule.kernel_of.__get__(module)
+    schedules = gemm_codegen.SCHEDULES
+    assert [kernel_of(config) for config in range(0, 5 * schedules, schedules)] == list(module.kernels)
+    assert kernel_of(4 * schedules + schedules - 1).swapped and not kernel_of(4 * schedules - 1).swapped
+    assert kernel_of(5 * schedules) == module.kernels[0]  # a gated module's second tree
+
+
+def test_a_graph_of_many_rows_after_one_of_few_builds_the_modules_whole_menu_once(monkeypatch):
+    """prepare_many for a program whose module is held for calls of few rows: the one module it
+    builds (or finds in the cache) is the one the engine then loads, with every kernel of the
+    menu, not a module of many rows' kernels built for nothing on the way."""
+    from types import SimpleNamespace
+
+    from fxfuse.cuda.engine import Engine
+
+    asked, built = [], []
+
+    def fake_build_gemm(program, dtype, param_dtypes, target, csrc=None, kernels=None):
+        built.append(kernels)
+        return SimpleNamespace(info=len(built), kernels=kernels, config_names=[])
+
+    monkeypatch.setattr(build, "build_gemm", fake_build_gemm)
+    monkeypatch.setattr(build, "gemm_target_reason", lambda target: None)
+    monkeypatch.setattr(build, "is_built", lambda *args: asked.append(args[4]) or True)  # cached: no worker
+    engine = Engine(lambda device: None)
+    monkeypatch.setattr(engine, "prepare", lambda *args: None)
+    engine._runtime_module = SimpleNamespace(register_gemm=lambda *args: None, choose=lambda *args: None)
+    program, device, bf16 = PROGRAMS["s01_scale_leaky"], torch.device("cpu"), torch.bfloat16
+    assert not engine.prepare_many([], device, gemm_items=[(program, bf16, (), 16)])
+    assert built == [gemm_codegen.FEW_ROWS_KERNELS]
+    asked.clear()
+    assert not engine.prepare_many([], device, gemm_items=[(program, bf16, (), 1024)])
+    whole = gemm_codegen.KERNELS + gemm_codegen.FEW_ROWS_KERNELS
+    assert asked == [None, whole] and built[1:] == [whole]  # the runtime's job, then the module's
+    assert not engine.prepare_many([], device, gemm_items=[(program, bf16, (), 16), (program, bf16, (), 1024)])
+    assert len(built) == 2
+
+
 @pytest.mark.parametrize("name", ["s05_logsumexp_chain", "s20_layer_silu", "s11_gelu_softmax", "s07_vec_batch_train",
                                   "gemm_gate_silu"])
 def test_row_and_column_statistics_reductions_and_second_gemms_keep_the_menu_without_the_swapped_kernel(name):
@@ -782,8 +835,9 @@ def test_an_in_gemm_winner_is_timed_again_alone_against_the_row_path_and_inducto
 
     monkeypatch.setattr(engine_module, "time_candidates", time_candidates)
     monkeypatch.setattr(engine_module, "inductor_chain", lambda *args: lambda: None)
+    kernels = (gemm_codegen.KERNELS[0], gemm_codegen.KERNELS[2])  # one configuration each
     module = SimpleNamespace(key="gemm module key", config_names=("cooperative", "pingpong"), info=0,
-                             supports=lambda m, n, k, config: True)
+                             kernels=kernels, kernel_of=kernels.__getitem__, supports=lambda m, n, k, config: True)
     out = torch.zeros(4, 8)
     operands = (torch.randn(64, 32), torch.randn(128, 32), torch.randn(128), [])
     for case, path, to_inductor in (("loses alone", ROW_PATH, True), ("wins alone", "pingpong", False)):

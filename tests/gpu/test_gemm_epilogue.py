@@ -25,7 +25,7 @@ from fxfuse.cuda.gemm_codegen import Kernel, unsupported_reason
 from fxfuse.ir import Gemm, Pointwise, Program, Reduce
 from fxfuse.vocabulary import call
 from gemm_harness import (DEVICE, SCHEDULES, TOL, Modules, assert_every_kernel_computes, assert_under_rule, build_modules,
-                          draw, every_schedule, kernels, run_config, truth)
+                          draw, every_schedule, kernels, names_for_rows, run_config, truth)
 from programs import PROGRAMS, vocabulary_program
 
 X = E.X
@@ -275,7 +275,10 @@ def test_unaligned_shapes_take_the_row_path(modules):
 def test_selection_routes_the_bucket_to_the_fastest_measured_path(modules):
     program = program_of("s10_div_gelu")
     selection = fxcuda.select(program, torch.bfloat16, (), (1024, 2048, 512), True)
-    assert set(selection.times_us) == {"row", *modules[("s10_div_gelu", torch.bfloat16)].config_names}
+    module = modules[("s10_div_gelu", torch.bfloat16)]
+    # every configuration of the kernels for many rows; the swapped one, for few rows, is not timed
+    assert set(selection.times_us) == {"row", *names_for_rows(module, swapped=False)}
+    assert names_for_rows(module, swapped=True)
     # the screen's fastest, or where an in-GEMM configuration won it, the faster of it and the row
     # path each timed alone again (Selection.final_us)
     decided = selection.final_us or selection.times_us
@@ -309,7 +312,7 @@ def test_a_configuration_whose_output_is_wrong_is_never_timed_or_chosen(modules,
     monkeypatch.setattr(fxcuda.engine, "selections", {})
     with pytest.warns(RuntimeWarning, match=f"{SCHEDULES} in-GEMM configurations .* disagree with the row pass"):
         selection = fxcuda.select(program, torch.bfloat16, (), (512, 1032, 264), True)
-    assert set(selection.times_us) == {"row", *module.config_names[SCHEDULES:]}
+    assert set(selection.times_us) == {"row", *names_for_rows(module, False, range(SCHEDULES, len(module.config_names)))}
     monkeypatch.setattr(runtime, "run", real_run)
     x, w, b, params = draw(program, torch.bfloat16, 512, 1032, 264, seed=6)
     out = torch.ops.fxfuse.linear_epilogue(program.to_string(), x, w, b, params, False)[0]
@@ -372,6 +375,61 @@ def test_a_compiled_residual_block_measures_the_in_gemm_path_and_equals_eager(mo
     assert row.status == "fused" and "measured (" in row.path and "row " in row.path
     assert "cooperative" in row.path  # the in-GEMM configurations were candidates
     assert_under_rule(out, eager, exact)
+
+
+def _kernels_launched(call) -> list[str]:
+    """The names of the CUDA kernels one call launches, in order, a GEMM module's namespace
+    (``fxg_`` and 20 characters of its key: build.build_gemm) left out of them."""
+    import re
+
+    from torch.profiler import ProfilerActivity, profile
+
+    call()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        call()
+        torch.cuda.synchronize()
+    return [re.sub(r"fxg_\w{20}", "fxg_", event.name) for event in prof.events()
+            if event.device_type == torch.autograd.DeviceType.CUDA]
+
+
+def test_a_module_built_for_few_rows_grows_for_many_and_keeps_the_few_rows_route(hopper):
+    """A chain compiled for 16 rows gets a module with the kernel for few rows alone; compiled
+    again for 1024 rows, the module is built again with every kernel of its menu and takes the
+    first one's place. The 16-row calls then launch the kernels the selection chose for them
+    before, and every call obeys the rule."""
+    import fxfuse
+    from fxfuse.cuda import gemm_codegen
+
+    class Block(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.linear = torch.nn.Linear(512, 2048)
+
+        def forward(self, x):
+            return torch.nn.functional.leaky_relu(self.linear(x) * 1.5, 0.05)
+
+    def exact(x):
+        return torch.nn.functional.leaky_relu(torch.nn.functional.linear(
+            x.double(), model.linear.weight.double(), model.linear.bias.double()) * 1.5, 0.05)
+
+    torch.manual_seed(2)  # constants of no other test's program: its module is this test's own
+    model = Block().to(DEVICE, torch.bfloat16)
+    few = torch.randn(16, 512, device=DEVICE, dtype=torch.bfloat16)
+    many = torch.randn(1024, 512, device=DEVICE, dtype=torch.bfloat16)
+    compiled = torch.compile(model, backend="fxfuse", dynamic=False, options={"policy": "always"})
+    held = set(fxcuda.engine._gemms)
+    with torch.no_grad():
+        assert_under_rule(compiled(few), model(few), exact(few))
+        (gkey,) = set(fxcuda.engine._gemms) - held
+        assert fxcuda.engine._gemms[gkey].kernels == gemm_codegen.FEW_ROWS_KERNELS
+        before = _kernels_launched(lambda: compiled(few))
+        fxfuse.reset_report()
+        assert_under_rule(compiled(many), model(many), exact(many))
+        assert fxfuse.last_report().rows[0].status == "fused"
+        assert fxcuda.engine._gemms[gkey].kernels == gemm_codegen.KERNELS + gemm_codegen.FEW_ROWS_KERNELS
+        assert _kernels_launched(lambda: compiled(few)) == before
+        assert_under_rule(compiled(few), model(few), exact(few))
 
 
 def test_by_default_the_selection_times_inductors_kernels_and_the_faster_runs(hopper):
