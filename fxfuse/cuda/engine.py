@@ -159,7 +159,7 @@ class Engine:
         runtime), or None where there is none (not Hopper, no CUTLASS, a program the in-GEMM path
         does not take, a failed build: the row path serves, and ``gemm_error`` says why), with the
         kernels for the calls it ``served`` (gemm_codegen.rows_served; empty: any). A module held
-        without them is built again with every kernel of the program's menu and registered in its
+        without them is built again with the kernels for its calls and these, and registered in its
         place (where that build fails, the held one serves), and the routes the selection chose on
         it are set again by the configurations' names."""
         key = (program.to_string(), dtype, _index(device))
@@ -190,15 +190,17 @@ class Engine:
 
     def _kernels_to_build(self, gkey: tuple, program: Program, served: frozenset) -> tuple | None:
         """The kernels of the module ``gkey`` needs for calls of ``served`` (empty: any): None where
-        the module held serves them (or its build failed); every kernel of the program's menu where
-        a module held for other calls must be built again (it then serves calls of any rows)."""
+        the module held serves them (or its build failed); where a module held for other calls
+        must be built again, the kernels for its calls and these."""
         from . import gemm_codegen
 
         held = self._gemms.get(gkey)
         kernels = gemm_codegen.menu(program, served or gemm_codegen.ANY_ROWS)
         if gkey in self._gemms and (held is None or gkey in self._gemm_errors or set(kernels) <= set(held.kernels)):
             return None
-        return kernels if held is None else gemm_codegen.menu(program)
+        if held is not None:
+            kernels = gemm_codegen.menu(program, (served or gemm_codegen.ANY_ROWS) | {k.rows for k in held.kernels})
+        return kernels
 
     def _route_again(self, gkey: tuple, dtype: torch.dtype, module) -> None:
         """The selections made on the module that ``module`` replaced for ``gkey``, routed to the

@@ -84,9 +84,9 @@ class Kernel:
 
     @property
     def rows(self) -> str:
-        """The calls it is built for (``rows_served``): few rows for a swapped kernel, many for the
-        others."""
-        return FEW if self.swapped else MANY
+        """The calls it is built for (``rows_served``): a swapped kernel those of up to its tile's
+        width of rows (and more than the next narrower one's), the others many rows."""
+        return f"up to {self.tile_n} rows" if self.swapped else MANY
 
     @property
     def cpp(self) -> str:
@@ -107,32 +107,38 @@ SCHEDULES = 6  # fxg::kNumSchedules: a kernel's configurations in a module (its 
 KERNELS = (Kernel(128, 256, cluster_m=2), Kernel(256, 128, cluster_m=2), Kernel(128, 128, cluster_m=2, pingpong=True),
            Kernel(128, 128, cluster_n=2))
 
-# The kernel for few rows (decode), in the menu of a module that serves calls of few rows and whose
-# epilogue is pointwise or an in-tile group norm: the weight's rows along a 64-row tile, x's rows
-# along 16 columns of it, 128 tiles over N = 8192 on 132 SMs. At 1 and 16 rows of 8192 -> 8192 the
-# bare GEMM ran at 0.98x cuBLAS, where the kernels above took 1.7-2.0x (BENCHMARKS.md sections 30
-# and 37).
-FEW_ROWS_KERNELS = (Kernel(64, 16, 128, swapped=True),)
+# The kernels for few rows (decode), narrowest first: the weight's rows along a 64-row tile, x's
+# rows along 16, 32 or 64 columns of it, 128 tiles over N = 8192 on 132 SMs. A module whose epilogue
+# is pointwise or an in-tile group norm carries, for calls of few rows, the narrowest that holds
+# them: a wider one computes padding, a narrower one reads the weight once per tile over the rows.
+# At 1 and 16 rows of 8192 -> 8192 the 16-wide tile ran the bare GEMM at 0.98x cuBLAS, where
+# KERNELS took 1.7-2.0x (BENCHMARKS.md sections 30 and 37). On S04 (section 38, x F.linear): at 16
+# rows the 16-wide 1.02, the 32-wide 1.05; at 24 and 32 rows the 32-wide 1.04, the 16-wide 1.89; at
+# 64 rows the 64-wide 1.06, the 32-wide 1.85; the row pass 1.15-1.16 at each.
+FEW_ROWS_KERNELS = (Kernel(64, 16, 128, swapped=True), Kernel(64, 32, 128, swapped=True),
+                    Kernel(64, 64, 128, swapped=True))
 
 
-# Which calls a GEMM module serves, by their rows: few (x's rows fit the swapped kernel's tile: decode)
-# or many; a module for both carries both menus
-FEW, MANY = "few rows", "many rows"
-ANY_ROWS = frozenset({FEW, MANY})
+# Which calls a GEMM module serves, by their rows: those of each kernel for few rows (Kernel.rows),
+# or many; a module met by calls of several kinds carries the kernels of each
+MANY = "many rows"
+ANY_ROWS = frozenset({MANY, *(kernel.rows for kernel in FEW_ROWS_KERNELS)})
 
 
 def rows_served(rows: int | None) -> frozenset[str]:
-    """The calls a module built for calls of ``rows`` rows (None: any) must serve."""
+    """The calls a module built for calls of ``rows`` rows (None: any) must serve: those of the
+    narrowest kernel for few rows whose tile holds them, or many rows."""
     if rows is None:
         return ANY_ROWS
-    return frozenset({FEW if rows <= FEW_ROWS_KERNELS[0].tile_n else MANY})
+    holding = [kernel for kernel in FEW_ROWS_KERNELS if rows <= kernel.tile_n]
+    return frozenset({holding[0].rows if holding else MANY})
 
 
 def timed_for(kernels: tuple[Kernel, ...], rows: int) -> tuple[Kernel, ...]:
     """Of a module's ``kernels``, those the selection times for calls of ``rows`` rows: the ones
     built for such calls, or all where none is (a menu without a kernel for few rows serves them
-    with the others). A module grown for both kinds of call (an LLM's prefill and decode) so does
-    not time the swapped kernel at 1024 rows (15x the others) nor the others at 16 (1.7-2x)."""
+    with the others). A module grown for several kinds of call (an LLM's prefill and decode) so
+    does not time a swapped kernel at 1024 rows (15x the others) nor the others at 16 (1.7-2x)."""
     served = rows_served(rows)
     return tuple(kernel for kernel in kernels if kernel.rows in served) or tuple(kernels)
 
@@ -140,18 +146,18 @@ def timed_for(kernels: tuple[Kernel, ...], rows: int) -> tuple[Kernel, ...]:
 def menu(program: Program, served: frozenset[str] = ANY_ROWS) -> tuple[Kernel, ...]:
     """The kernels of ``program``'s module for the calls it ``served`` (``rows_served``): KERNELS
     for many rows; for few rows, where its epilogue is pointwise or a group norm of groups inside
-    a tile (one GEMM, no reduction), the swapped kernel, last. Its epilogue reads the accumulators
-    transposed (csrc/gemm_stages.cuh: its leaves follow, and fxg::SwappedGroupNorm sums a group
-    along the tile's rows; the other register nodes do not). A module for few rows alone carries
-    the swapped kernel alone: KERNELS' 128-row tiles run 1.7-2.0x ``F.linear`` there, and each
-    unit costs the cold compile (four programs on 16 cores: 114 s with KERNELS, 151 s with both;
-    BENCHMARKS.md section 37)."""
+    a tile (one GEMM, no reduction), the swapped kernel for them, last. Its epilogue reads the
+    accumulators transposed (csrc/gemm_stages.cuh: its leaves follow, and fxg::SwappedGroupNorm
+    sums a group along the tile's rows; the other register nodes do not). A module for few rows
+    alone carries that kernel alone: KERNELS' 128-row tiles run 1.7-2.0x ``F.linear`` there, and
+    each unit costs the cold compile (four programs on 16 cores: 114 s with KERNELS, 151 s with a
+    swapped kernel more; BENCHMARKS.md section 37). Other programs get KERNELS for any rows."""
     epilogue = Epilogue.of(program)
     in_tile = epilogue.norm is None or NORMS[epilogue.norm.kind].statistics == "row group"
     swaps = in_tile and epilogue.reduce is None and not program.second_gemms
     if not swaps:
         return KERNELS
-    return (KERNELS if MANY in served else ()) + (FEW_ROWS_KERNELS if FEW in served else ())
+    return (KERNELS if MANY in served else ()) + tuple(kernel for kernel in FEW_ROWS_KERNELS if kernel.rows in served)
 
 
 # csrc/fx_abi.h's FxDtype of each element type the in-GEMM path takes: for x and weight (float32 as

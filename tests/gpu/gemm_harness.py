@@ -38,7 +38,7 @@ def build_modules(cases: dict[str, tuple[Program, torch.dtype]]) -> dict:
     gemms = [(program, dtype, param_dtypes(program, dtype)) for program, dtype in cases.values()]
     allowed = torch.backends.cuda.matmul.allow_tf32
     torch.backends.cuda.matmul.allow_tf32 = True  # float32 cases: TF32 modules
-    try:  # modules for calls of any rows: every kernel of the menu, the swapped one included
+    try:  # modules for calls of any rows: every kernel of the menu, the swapped ones included
         assert not fxcuda.prepare_many(items, gemm_items=[(*gemm, None) for gemm in gemms])
         device = torch.device(DEVICE, torch.cuda.current_device())
         built = {}
@@ -143,11 +143,11 @@ def kernels(module) -> range:
     return range(0, len(module.config_names), SCHEDULES)
 
 
-def names_for_rows(module, swapped: bool, configs=None) -> set[str]:
-    """The names of the module's configurations (of ``configs``, default all) whose kernel is the
-    swapped one, for few rows, or (``swapped`` false) one of the kernels for many rows."""
+def names_of(module, kernels: tuple, configs=None) -> set[str]:
+    """The names of the module's configurations (of ``configs``, default all) whose kernel is one
+    of ``kernels``."""
     configs = range(len(module.config_names)) if configs is None else configs
-    return {module.config_names[c] for c in configs if module.kernel_of(c).swapped == swapped}
+    return {module.config_names[c] for c in configs if module.kernel_of(c) in kernels}
 
 
 def every_schedule(module, m: int, n: int, k: int) -> list[int]:

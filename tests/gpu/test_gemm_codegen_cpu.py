@@ -142,50 +142,54 @@ def test_a_widening_chain_stores_float32():
 
 def test_one_unit_per_kernel_of_the_menu_and_an_entry_point():
     sources = gemm_codegen.generate(S01_BF16, torch.float16, (), "fxg_t", "fx_gemm_info_t")
-    assert sorted(sources) == ["config_0.cu", "config_1.cu", "config_2.cu", "config_3.cu", "config_4.cu",
-                               "gemm_program.cuh", "main.cu"]
+    assert sorted(sources) == [*(f"config_{i}.cu" for i in range(7)), "gemm_program.cuh", "main.cu"]
     assert "FX_DEFINE_GEMM_INFO(Prog, fx_gemm_info_t, 0)" in sources["main.cu"]
     assert ("const fxg::Unit kUnits[] = {FX_GEMM_UNIT(0), FX_GEMM_UNIT(1), FX_GEMM_UNIT(2), FX_GEMM_UNIT(3), "
-            "FX_GEMM_UNIT(4)};" in sources["main.cu"])
+            "FX_GEMM_UNIT(4), FX_GEMM_UNIT(5), FX_GEMM_UNIT(6)};" in sources["main.cu"])
     assert "FX_DEFINE_GEMM_UNIT(Prog, Menu::At<2>, 2)" in sources["config_2.cu"]
     assert "using Element = cutlass::half_t;" in sources["gemm_program.cuh"]
     assert ("using Menu = fxg::Menu<fxg::Config<128, 256, 64, 2, 1, false>, fxg::Config<256, 128, 64, 2, 1, false>, "
             "fxg::Config<128, 128, 64, 2, 1, true>, fxg::Config<128, 128, 64, 1, 2, false>, "
-            "fxg::Swapped<64, 16, 128>>;") in sources["gemm_program.cuh"]
+            "fxg::Swapped<64, 16, 128>, fxg::Swapped<64, 32, 128>, fxg::Swapped<64, 64, 128>>;") in sources["gemm_program.cuh"]
 
 
 @pytest.mark.parametrize("name", ["s01_scale_leaky", "s22_batch_eval_relu", "full_residual", "identity",
                                   "s04_group_silu_vec_silu", "s02_group_leaky_double"])
-def test_a_pointwise_or_in_tile_group_norm_epilogue_adds_the_swapped_kernel_for_few_rows(name):
-    """out^T = weight . x^T on a 64-row tile over the output's columns and 16 over x's rows: the
-    in-GEMM kernel for decode sizes. An eval-mode batch norm is pointwise; an operand of the
+def test_a_pointwise_or_in_tile_group_norm_epilogue_adds_the_swapped_kernels_for_few_rows(name):
+    """out^T = weight . x^T on a 64-row tile over the output's columns and 16, 32 or 64 over x's
+    rows: the in-GEMM kernels for decode sizes. An eval-mode batch norm is pointwise; an operand of the
     output's shape is read transposed with the accumulators; a group of 8-64 columns is 8-64 rows
     of the tile (fxg::SwappedGroupNorm, chosen by the tree's Frame)."""
     program = gemm_codegen.canonical(PROGRAMS[name])
-    assert gemm_codegen.menu(program) == gemm_codegen.KERNELS + (Kernel(64, 16, 128, swapped=True),)
-    assert "fxg::Swapped<64, 16, 128>>;" in header(program)
+    assert gemm_codegen.menu(program) == gemm_codegen.KERNELS + tuple(
+        Kernel(64, width, 128, swapped=True) for width in (16, 32, 64))
+    assert "fxg::Swapped<64, 16, 128>, fxg::Swapped<64, 32, 128>, fxg::Swapped<64, 64, 128>>;" in header(program)
 
 
 def test_a_module_carries_the_kernels_for_the_rows_of_its_calls():
-    """Calls of up to 16 rows (decode) get the swapped kernel alone (KERNELS' 128-row tiles run
-    1.7-2.0x F.linear there), calls of more rows KERNELS alone (the swapped kernel reads the weight
-    again each 16 rows), a module for both both, the swapped kernel last; None: any rows."""
+    """Calls of up to 64 rows (decode) get the narrowest swapped kernel whose tile holds their rows
+    (KERNELS' 128-row tiles run 1.7-2.0x F.linear there; a wider tile computes padding, a narrower
+    one reads the weight again for each tile over the rows), calls of more rows KERNELS alone, a
+    module for several kinds of call the kernels of each, the swapped ones last; None: any rows."""
     program = PROGRAMS["s01_scale_leaky"]
-    few, many = gemm_codegen.rows_served(16), gemm_codegen.rows_served(17)
-    assert gemm_codegen.rows_served(1) == few != many == gemm_codegen.rows_served(1024)
-    assert gemm_codegen.rows_served(None) == few | many == gemm_codegen.ANY_ROWS
-    assert gemm_codegen.menu(program, few) == gemm_codegen.FEW_ROWS_KERNELS
-    assert gemm_codegen.menu(program, many) == gemm_codegen.KERNELS
-    assert gemm_codegen.menu(program) == gemm_codegen.KERNELS + gemm_codegen.FEW_ROWS_KERNELS
-    assert gemm_codegen.menu(PROGRAMS["s20_layer_silu"], few) == gemm_codegen.KERNELS  # no swapped kernel
+    narrow, mid, wide = (Kernel(64, width, 128, swapped=True) for width in (16, 32, 64))
+    for rows, kernels in ((1, (narrow,)), (16, (narrow,)), (17, (mid,)), (32, (mid,)), (33, (wide,)), (64, (wide,)),
+                          (65, gemm_codegen.KERNELS), (1024, gemm_codegen.KERNELS)):
+        assert gemm_codegen.menu(program, gemm_codegen.rows_served(rows)) == kernels, rows
+    decode_and_prefill = gemm_codegen.rows_served(16) | gemm_codegen.rows_served(1024)
+    assert gemm_codegen.menu(program, decode_and_prefill) == gemm_codegen.KERNELS + (narrow,)
+    assert gemm_codegen.rows_served(None) == gemm_codegen.ANY_ROWS
+    assert gemm_codegen.menu(program) == gemm_codegen.KERNELS + (narrow, mid, wide)
+    assert gemm_codegen.menu(PROGRAMS["s20_layer_silu"], gemm_codegen.rows_served(16)) == gemm_codegen.KERNELS
 
 
 def test_a_module_is_built_again_for_calls_of_other_rows_and_the_routes_follow_by_name(monkeypatch):
-    """A graph compiled at 16 rows builds the module with the swapped kernel alone, and the
+    """A graph compiled at 16 rows builds the module with the 16-wide swapped kernel alone, and the
     selection routes 16-row calls to it (configuration 0); one at 1024 rows builds the module for
     both, registers it in the first's place and routes the 16-row calls again to the swapped
-    kernel by its name (now configuration 24); after that the module serves calls of any rows and
-    nothing is built again. A module whose menu has no kernel for few rows serves them as it is."""
+    kernel by its name (now configuration 24); after that calls of 1-16 rows and of more than 64
+    build nothing, and one of 40 rows grows the module by the 64-wide kernel, the routes kept. A
+    module whose menu has no kernel for few rows serves them as it is."""
     from types import SimpleNamespace
 
     from fxfuse.cuda.engine import Engine
@@ -194,7 +198,8 @@ def test_a_module_is_built_again_for_calls_of_other_rows_and_the_routes_follow_b
 
     def fake_build_gemm(program, dtype, param_dtypes, target, csrc=None, kernels=None):
         built.append(kernels)
-        names = [f"{'swapped' if kernel.swapped else kernel.cpp}, {order}" for kernel in kernels for order in range(6)]
+        names = [f"{f'swapped {kernel.tile_n}' if kernel.swapped else kernel.cpp}, {order}" for kernel in kernels
+                 for order in range(6)]
         return SimpleNamespace(info=len(built), kernels=kernels, config_names=names)
 
     monkeypatch.setattr(build, "build_gemm", fake_build_gemm)
@@ -204,31 +209,36 @@ def test_a_module_is_built_again_for_calls_of_other_rows_and_the_routes_follow_b
         register_gemm=lambda *args: registered.append(args[-1]),
         choose=lambda program, dtype, device, m, n, k, config: routes.__setitem__((m, n, k), config))
     program, device, bf16 = PROGRAMS["s01_scale_leaky"], torch.device("cpu"), torch.bfloat16
+    narrow = gemm_codegen.FEW_ROWS_KERNELS[0]  # the 16-wide tile
     few = engine.prepare_gemm(program, bf16, (), device, gemm_codegen.rows_served(16))
-    assert few.kernels == gemm_codegen.FEW_ROWS_KERNELS
+    assert few.kernels == (narrow,)
     key = ((program.to_string(), bf16, -1), ())
-    engine.selections[(*key, 8192, 8192, 4, False)] = Selection("swapped, 0", 0, {"swapped, 0": 34.0}, GRAPH_TIMING)
+    engine.selections[(*key, 8192, 8192, 4, False)] = Selection("swapped 16, 0", 0, {"swapped 16, 0": 34.0},
+                                                                     GRAPH_TIMING)
     both = engine.prepare_gemm(program, bf16, (), device, gemm_codegen.rows_served(1024))
-    assert both.kernels == gemm_codegen.KERNELS + gemm_codegen.FEW_ROWS_KERNELS and registered == [1, 2]
+    assert both.kernels == gemm_codegen.KERNELS + (narrow,) and registered == [1, 2]
     assert routes == {(16, 8192, 8192): 24} and engine.selections[(*key, 8192, 8192, 4, False)].config == 24
-    for rows in (1, 16, 1024, None):
+    for rows in (1, 16, 100, 1024):
         assert engine.prepare_gemm(program, bf16, (), device, gemm_codegen.rows_served(rows)) is both
     assert len(built) == 2
+    grown = engine.prepare_gemm(program, bf16, (), device, gemm_codegen.rows_served(40))  # the 64-wide tile's
+    assert grown.kernels == gemm_codegen.KERNELS + (narrow, gemm_codegen.FEW_ROWS_KERNELS[2])
+    assert routes == {(16, 8192, 8192): 24} and len(built) == 3
     layer_norm = PROGRAMS["s20_layer_silu"]  # no kernel for few rows in its menu: nothing to build again
     held = engine.prepare_gemm(layer_norm, bf16, (), device, gemm_codegen.rows_served(1024))
     assert engine.prepare_gemm(layer_norm, bf16, (), device, gemm_codegen.rows_served(16)) is held
-    assert len(built) == 3
+    assert len(built) == 4
 
 
 def test_the_selection_times_the_kernels_built_for_the_calls_rows():
-    """A module grown for both kinds of call times the swapped kernel for few rows and the others
-    for many; a menu without a kernel for few rows times its kernels for them too."""
-    both = gemm_codegen.KERNELS + gemm_codegen.FEW_ROWS_KERNELS
-    for rows in (1, 16):
-        assert gemm_codegen.timed_for(both, rows) == gemm_codegen.FEW_ROWS_KERNELS
-        assert gemm_codegen.timed_for(gemm_codegen.KERNELS, rows) == gemm_codegen.KERNELS
-    for rows in (17, 1024):
-        assert gemm_codegen.timed_for(both, rows) == gemm_codegen.KERNELS
+    """A module grown for every kind of call times, for few rows, the swapped kernel for them and
+    the others for many; a module without a kernel for the call's rows times all it has."""
+    narrow, mid, wide = gemm_codegen.FEW_ROWS_KERNELS
+    every = gemm_codegen.KERNELS + gemm_codegen.FEW_ROWS_KERNELS
+    for rows, kernels in ((1, (narrow,)), (16, (narrow,)), (17, (mid,)), (64, (wide,)), (65, gemm_codegen.KERNELS)):
+        assert gemm_codegen.timed_for(every, rows) == kernels
+    assert gemm_codegen.timed_for(gemm_codegen.KERNELS, 16) == gemm_codegen.KERNELS
+    assert gemm_codegen.timed_for(gemm_codegen.KERNELS + (narrow,), 40) == gemm_codegen.KERNELS + (narrow,)
 
 
 def test_a_gemm_modules_configurations_are_its_kernels_at_each_tile_order():
@@ -237,9 +247,9 @@ def test_a_gemm_modules_configurations_are_its_kernels_at_each_tile_order():
     module = SimpleNamespace(kernels=gemm_codegen.KERNELS + gemm_codegen.FEW_ROWS_KERNELS)
     kernel_of = build.GemmModule.kernel_of.__get__(module)
     schedules = gemm_codegen.SCHEDULES
-    assert [kernel_of(config) for config in range(0, 5 * schedules, schedules)] == list(module.kernels)
+    assert [kernel_of(config) for config in range(0, 7 * schedules, schedules)] == list(module.kernels)
     assert kernel_of(4 * schedules + schedules - 1).swapped and not kernel_of(4 * schedules - 1).swapped
-    assert kernel_of(5 * schedules) == module.kernels[0]  # a gated module's second tree
+    assert kernel_of(7 * schedules) == module.kernels[0]  # a gated module's second tree
 
 
 def test_a_graph_of_many_rows_after_one_of_few_builds_the_modules_whole_menu_once(monkeypatch):
@@ -264,11 +274,12 @@ def test_a_graph_of_many_rows_after_one_of_few_builds_the_modules_whole_menu_onc
     engine._runtime_module = SimpleNamespace(register_gemm=lambda *args: None, choose=lambda *args: None)
     program, device, bf16 = PROGRAMS["s01_scale_leaky"], torch.device("cpu"), torch.bfloat16
     assert not engine.prepare_many([], device, gemm_items=[(program, bf16, (), 16)])
-    assert built == [gemm_codegen.FEW_ROWS_KERNELS]
+    narrow = gemm_codegen.FEW_ROWS_KERNELS[0]
+    assert built == [(narrow,)]
     asked.clear()
     assert not engine.prepare_many([], device, gemm_items=[(program, bf16, (), 1024)])
-    whole = gemm_codegen.KERNELS + gemm_codegen.FEW_ROWS_KERNELS
-    assert asked == [None, whole] and built[1:] == [whole]  # the runtime's job, then the module's
+    both = gemm_codegen.KERNELS + (narrow,)
+    assert asked == [None, both] and built[1:] == [both]  # the runtime's job, then the module's
     assert not engine.prepare_many([], device, gemm_items=[(program, bf16, (), 16), (program, bf16, (), 1024)])
     assert len(built) == 2
 
@@ -564,8 +575,7 @@ def test_gemm_modules_are_keyed_on_the_kernel_program_parameter_dtypes_and_cutla
     keys = [build.build_gemm(p, torch.bfloat16, (), target).key for p in (S01_BF16, plain)]
     assert keys[0] == keys[1]
     assert built[0]["cutlass"] == include and built[0]["label"].startswith("in-GEMM ")
-    assert built[0]["sources"] == ["config_0.cu", "config_1.cu", "config_2.cu", "config_3.cu", "config_4.cu",
-                                   "gemm_program.cuh", "main.cu"]
+    assert built[0]["sources"] == [*(f"config_{i}.cu" for i in range(7)), "gemm_program.cuh", "main.cu"]
     col = Program(Gemm(True), (Pointwise(E.add(X, E.param(0))),), ("col",))
     assert (build.build_gemm(col, torch.bfloat16, (torch.bfloat16,), target).key
             != build.build_gemm(col, torch.bfloat16, (torch.float32,), target).key)

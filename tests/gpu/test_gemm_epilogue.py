@@ -21,11 +21,11 @@ import torch
 import fxfuse.cuda as fxcuda
 from fxfuse import expr as E
 from fxfuse import reference
-from fxfuse.cuda.gemm_codegen import Kernel, unsupported_reason
+from fxfuse.cuda.gemm_codegen import FEW_ROWS_KERNELS, KERNELS, Kernel, unsupported_reason
 from fxfuse.ir import Gemm, Pointwise, Program, Reduce
 from fxfuse.vocabulary import call
 from gemm_harness import (DEVICE, SCHEDULES, TOL, Modules, assert_every_kernel_computes, assert_under_rule, build_modules,
-                          draw, every_schedule, kernels, names_for_rows, run_config, truth)
+                          draw, every_schedule, kernels, names_of, run_config, truth)
 from programs import PROGRAMS, vocabulary_program
 
 X = E.X
@@ -276,9 +276,9 @@ def test_selection_routes_the_bucket_to_the_fastest_measured_path(modules):
     program = program_of("s10_div_gelu")
     selection = fxcuda.select(program, torch.bfloat16, (), (1024, 2048, 512), True)
     module = modules[("s10_div_gelu", torch.bfloat16)]
-    # every configuration of the kernels for many rows; the swapped one, for few rows, is not timed
-    assert set(selection.times_us) == {"row", *names_for_rows(module, swapped=False)}
-    assert names_for_rows(module, swapped=True)
+    # every configuration of the kernels for many rows; the swapped ones, for few rows, are not timed
+    assert set(selection.times_us) == {"row", *names_of(module, KERNELS)}
+    assert names_of(module, FEW_ROWS_KERNELS)
     # the screen's fastest, or where an in-GEMM configuration won it, the faster of it and the row
     # path each timed alone again (Selection.final_us)
     decided = selection.final_us or selection.times_us
@@ -312,7 +312,7 @@ def test_a_configuration_whose_output_is_wrong_is_never_timed_or_chosen(modules,
     monkeypatch.setattr(fxcuda.engine, "selections", {})
     with pytest.warns(RuntimeWarning, match=f"{SCHEDULES} in-GEMM configurations .* disagree with the row pass"):
         selection = fxcuda.select(program, torch.bfloat16, (), (512, 1032, 264), True)
-    assert set(selection.times_us) == {"row", *names_for_rows(module, False, range(SCHEDULES, len(module.config_names)))}
+    assert set(selection.times_us) == {"row", *names_of(module, KERNELS, range(SCHEDULES, len(module.config_names)))}
     monkeypatch.setattr(runtime, "run", real_run)
     x, w, b, params = draw(program, torch.bfloat16, 512, 1032, 264, seed=6)
     out = torch.ops.fxfuse.linear_epilogue(program.to_string(), x, w, b, params, False)[0]
@@ -394,12 +394,11 @@ def _kernels_launched(call) -> list[str]:
 
 
 def test_a_module_built_for_few_rows_grows_for_many_and_keeps_the_few_rows_route(hopper):
-    """A chain compiled for 16 rows gets a module with the kernel for few rows alone; compiled
-    again for 1024 rows, the module is built again with every kernel of its menu and takes the
+    """A chain compiled for 16 rows gets a module with the kernel for up to 16 rows alone; compiled
+    again for 1024 rows, the module is built again with the kernels for many rows too and takes the
     first one's place. The 16-row calls then launch the kernels the selection chose for them
     before, and every call obeys the rule."""
     import fxfuse
-    from fxfuse.cuda import gemm_codegen
 
     class Block(torch.nn.Module):
         def __init__(self):
@@ -422,12 +421,12 @@ def test_a_module_built_for_few_rows_grows_for_many_and_keeps_the_few_rows_route
     with torch.no_grad():
         assert_under_rule(compiled(few), model(few), exact(few))
         (gkey,) = set(fxcuda.engine._gemms) - held
-        assert fxcuda.engine._gemms[gkey].kernels == gemm_codegen.FEW_ROWS_KERNELS
+        assert fxcuda.engine._gemms[gkey].kernels == FEW_ROWS_KERNELS[:1]  # the 16-wide tile
         before = _kernels_launched(lambda: compiled(few))
         fxfuse.reset_report()
         assert_under_rule(compiled(many), model(many), exact(many))
         assert fxfuse.last_report().rows[0].status == "fused"
-        assert fxcuda.engine._gemms[gkey].kernels == gemm_codegen.KERNELS + gemm_codegen.FEW_ROWS_KERNELS
+        assert fxcuda.engine._gemms[gkey].kernels == KERNELS + FEW_ROWS_KERNELS[:1]
         assert _kernels_launched(lambda: compiled(few)) == before
         assert_under_rule(compiled(few), model(few), exact(few))
 

@@ -17,10 +17,11 @@ import pytest
 import torch
 
 import fxfuse.cuda as fxcuda
+from fxfuse.cuda.gemm_codegen import FEW_ROWS_KERNELS, KERNELS
 from fxfuse import reference
 from fxfuse.ir import Gemm, Norm, Pointwise, Program
 from gemm_harness import (Modules, assert_every_kernel_computes, assert_under_rule, draw, every_schedule, kernels,
-                          names_for_rows, run_config, truth)
+                          names_of, run_config, truth)
 from programs import PROGRAMS
 from fxfuse import expr as E
 from fxfuse.vocabulary import call
@@ -110,12 +111,13 @@ def test_groups_the_subtile_cannot_hold_are_not_covered_and_take_the_row_path(mo
 
 
 def test_the_selection_measures_the_in_gemm_group_norm(modules):
-    """At 1024 rows the kernels for many rows are timed beside the row path, at 16 the swapped one."""
+    """At 1024 rows the kernels for many rows are timed beside the row path, at 16 the swapped
+    kernel of the 16-wide tile."""
     program, module = PROGRAMS_33["s04"], modules[("s04", torch.bfloat16)]
     few = fxcuda.select(program, torch.bfloat16, (torch.bfloat16,) * 3, (16, GROUPS * 32, 512), True)
-    assert set(few.times_us) == {"row", *names_for_rows(module, swapped=True)}
+    assert set(few.times_us) == {"row", *names_of(module, FEW_ROWS_KERNELS[:1])}
     selection = fxcuda.select(program, torch.bfloat16, (torch.bfloat16,) * 3, (1024, GROUPS * 32, 512), True)
-    assert set(selection.times_us) == {"row", *names_for_rows(module, swapped=False)}
+    assert set(selection.times_us) == {"row", *names_of(module, KERNELS)}
     x, w, b, params = draw(program, torch.bfloat16, 1000, GROUPS * 32, 512, seed=2)
     out = torch.ops.fxfuse.linear_epilogue(program.to_string(), x, w, b, params, False)[0]
     assert_under_rule(out, reference.op_forward(program, x, w, b, params, False)[0], truth(program, x, w, b, params))
