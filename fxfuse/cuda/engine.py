@@ -241,7 +241,7 @@ class Engine:
         # the GEMM modules first: each is several CUTLASS units of half a minute or more, the
         # program modules one short unit, so those fill the workers while the GEMM modules finish;
         # a job: (text, dtype, parameter dtypes, kernels), the last two None for the others
-        menus = {}  # the modules to build: a module held for other calls is built with its whole menu
+        menus = {}  # the modules to build: one held for other calls, with the kernels for its calls and these
         for (text, dtype, params), served in gemms.items():
             kernels = self._kernels_to_build(((text, dtype, _index(device)), params), Program.parse(text), served)
             if kernels is not None:
@@ -336,7 +336,7 @@ class Engine:
         if module is not None and not weight_is_kn:
             timed = gemm_codegen.timed_for(module.kernels, m)
             for config, name in enumerate(module.config_names):
-                # a kernel without tile orders (the swapped one) bears one name at every schedule,
+                # a kernel without tile orders (a swapped one) bears one name at every schedule,
                 # and covers calls at its first only
                 if module.kernel_of(config) in timed:
                     candidates.setdefault(name, config)
