@@ -252,10 +252,10 @@ def test_a_gemm_modules_configurations_are_its_kernels_at_each_tile_order():
     assert kernel_of(7 * schedules) == module.kernels[0]  # a gated module's second tree
 
 
-def test_a_graph_of_many_rows_after_one_of_few_builds_the_modules_whole_menu_once(monkeypatch):
+def test_a_graph_of_many_rows_after_one_of_few_builds_the_grown_module_once(monkeypatch):
     """prepare_many for a program whose module is held for calls of few rows: the one module it
-    builds (or finds in the cache) is the one the engine then loads, with every kernel of the
-    menu, not a module of many rows' kernels built for nothing on the way."""
+    builds (or finds in the cache) is the one the engine then loads, with the kernels for both
+    kinds of call, not a module of many rows' kernels built for nothing on the way."""
     from types import SimpleNamespace
 
     from fxfuse.cuda.engine import Engine
