@@ -377,6 +377,18 @@ def test_a_compiled_residual_block_measures_the_in_gemm_path_and_equals_eager(mo
     assert_under_rule(out, eager, exact)
 
 
+class ScaledLeaky(torch.nn.Module):
+    """leaky_relu(linear(x) * scale, slope) from 512 features: S01's chain in a model of its own."""
+
+    def __init__(self, features: int, scale: float, slope: float):
+        super().__init__()
+        self.linear = torch.nn.Linear(512, features)
+        self.scale, self.slope = scale, slope
+
+    def forward(self, x):
+        return torch.nn.functional.leaky_relu(self.linear(x) * self.scale, self.slope)
+
+
 def _kernels_launched(call) -> list[str]:
     """The names of the CUDA kernels one call launches, in order, a GEMM module's namespace
     (``fxg_`` and 20 characters of its key: build.build_gemm) left out of them."""
@@ -400,20 +412,12 @@ def test_a_module_built_for_few_rows_grows_for_many_and_keeps_the_few_rows_route
     before, and every call obeys the rule."""
     import fxfuse
 
-    class Block(torch.nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.linear = torch.nn.Linear(512, 2048)
-
-        def forward(self, x):
-            return torch.nn.functional.leaky_relu(self.linear(x) * 1.5, 0.05)
-
     def exact(x):
         return torch.nn.functional.leaky_relu(torch.nn.functional.linear(
             x.double(), model.linear.weight.double(), model.linear.bias.double()) * 1.5, 0.05)
 
     torch.manual_seed(2)  # constants of no other test's program: its module is this test's own
-    model = Block().to(DEVICE, torch.bfloat16)
+    model = ScaledLeaky(2048, 1.5, 0.05).to(DEVICE, torch.bfloat16)
     few = torch.randn(16, 512, device=DEVICE, dtype=torch.bfloat16)
     many = torch.randn(1024, 512, device=DEVICE, dtype=torch.bfloat16)
     compiled = torch.compile(model, backend="fxfuse", dynamic=False, options={"policy": "always"})
@@ -554,16 +558,8 @@ def test_a_compiled_model_reports_its_measured_path_and_equals_eager(modules):
     the rule."""
     import fxfuse
 
-    class Block(torch.nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.linear = torch.nn.Linear(512, 1024)
-
-        def forward(self, x):
-            return torch.nn.functional.leaky_relu(self.linear(x) * 2.0, 0.1)
-
     torch.manual_seed(0)
-    model = Block().to(DEVICE, torch.bfloat16)
+    model = ScaledLeaky(1024, 2.0, 0.1).to(DEVICE, torch.bfloat16)
     x = torch.randn(4, 64, 512, device=DEVICE, dtype=torch.bfloat16)
     fxfuse.reset_report()
     compiled = torch.compile(model, backend="fxfuse")
