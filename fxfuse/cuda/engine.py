@@ -195,21 +195,19 @@ class Engine:
         from . import gemm_codegen
 
         held = self._gemms.get(gkey)
-        kernels = gemm_codegen.menu(program, served or gemm_codegen.ANY_ROWS)
+        served = served or gemm_codegen.ANY_ROWS
+        kernels = gemm_codegen.menu(program, served)
         if gkey in self._gemms and (held is None or gkey in self._gemm_errors or set(kernels) <= set(held.kernels)):
             return None
-        if held is not None:
-            kernels = gemm_codegen.menu(program, (served or gemm_codegen.ANY_ROWS) | {k.rows for k in held.kernels})
-        return kernels
+        return kernels if held is None else gemm_codegen.menu(program, served | {k.rows for k in held.kernels})
 
     def _route_again(self, gkey: tuple, dtype: torch.dtype, module) -> None:
         """The selections made on the module that ``module`` replaced for ``gkey``, routed to the
         same paths by name (its configurations' indices may differ)."""
-        key = gkey[0]
+        key, names = gkey[0], list(module.config_names)
         for skey, selection in list(self.selections.items()):
             if skey[:2] != gkey or selection.config < 0:
                 continue
-            names = list(module.config_names)
             # the first of a name: the configuration of a kernel without tile orders that runs
             config = names.index(selection.path) if selection.path in names else -1
             n, k, bucket = skey[2:5]

@@ -154,11 +154,10 @@ def every_schedule(module, m: int, n: int, k: int) -> list[int]:
     """Every configuration of the module, each kernel at each tile order, but a swapped kernel's
     (fxg::Swapped: one CTA a tile, no tile orders) past its first: those are checked not to cover
     an (m, n, k) call."""
-    kernels = module.kernels
-    assert len(module.config_names) == len(kernels) * SCHEDULES
+    assert len(module.config_names) == len(module.kernels) * SCHEDULES
     configs = []
     for config in range(len(module.config_names)):
-        if kernels[config // SCHEDULES].swapped and config % SCHEDULES:
+        if module.kernel_of(config).swapped and config % SCHEDULES:
             assert not module.supports(m, n, k, config)
             assert module.config_names[config].endswith("one CTA a tile")
         else:
