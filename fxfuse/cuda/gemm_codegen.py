@@ -143,6 +143,14 @@ def timed_for(kernels: tuple[Kernel, ...], rows: int) -> tuple[Kernel, ...]:
     return tuple(kernel for kernel in kernels if kernel.rows in served) or tuple(kernels)
 
 
+def swaps(program: Program) -> bool:
+    """Whether a swapped kernel takes ``program``'s epilogue: pointwise stages and at most a group
+    norm of groups inside a tile, one GEMM, no reduction."""
+    epilogue = Epilogue.of(program)
+    in_tile = epilogue.norm is None or NORMS[epilogue.norm.kind].statistics == "row group"
+    return in_tile and epilogue.reduce is None and not program.second_gemms
+
+
 def menu(program: Program, served: frozenset[str] = ANY_ROWS) -> tuple[Kernel, ...]:
     """The kernels of ``program``'s module for the calls it ``served`` (``rows_served``): KERNELS
     for many rows; for few rows, where its epilogue is pointwise or a group norm of groups inside
@@ -152,10 +160,7 @@ def menu(program: Program, served: frozenset[str] = ANY_ROWS) -> tuple[Kernel, .
     alone carries that kernel alone: KERNELS' 128-row tiles run 1.7-2.0x ``F.linear`` there, and
     each unit costs the cold compile (four programs on 16 cores: 114 s with KERNELS, 151 s with a
     swapped kernel more; BENCHMARKS.md section 37). Other programs get KERNELS for any rows."""
-    epilogue = Epilogue.of(program)
-    in_tile = epilogue.norm is None or NORMS[epilogue.norm.kind].statistics == "row group"
-    swaps = in_tile and epilogue.reduce is None and not program.second_gemms
-    if not swaps:
+    if not swaps(program):
         return KERNELS
     return (KERNELS if MANY in served else ()) + tuple(kernel for kernel in FEW_ROWS_KERNELS if kernel.rows in served)
 
@@ -351,7 +356,7 @@ def generate(program: Program, dtype: torch.dtype, param_dtypes: tuple[torch.dty
     if reason is not None:
         raise UnsupportedProgram(reason)
     kernels = tuple(kernels or menu(program))
-    if any(kernel.swapped for kernel in kernels) and not any(kernel.swapped for kernel in menu(program)):
+    if any(kernel.swapped for kernel in kernels) and not swaps(program):
         raise UnsupportedProgram("a swapped kernel's epilogue is pointwise or an in-tile group norm, and this "
                                  "program's is not")
     if len(param_dtypes) != len(program.params):
