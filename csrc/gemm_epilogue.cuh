@@ -274,24 +274,33 @@ struct GemmFor {
     return args;
   }
 
-  static bool supports(int64_t m, int64_t n, int64_t k) {
-    if (kBatchTrain && m < 2) return false;  // no unbiased variance of one row (eager raises)
-    if (m > INT32_MAX || gemm_columns(n) > INT32_MAX || k > INT32_MAX) return false;
+  // CUTLASS's size queries of an (m, n, k) problem, on a launch without data: null tensors and a
+  // table of null parameters (the tree's arguments read a.params[i], a null table would be
+  // dereferenced)
+  template <class Query>
+  static auto query_sizes(int64_t m, int64_t n, int64_t k, int32_t sm_count, Query const& query) {
+    FxParam none[Prog::kNumParams + 1] = {};
     FxGemmLaunch a{};
-    a.m = m;
-    a.n = n;
-    a.k = k;
-    a.sm_count = 1;
-    return Gemm::can_implement(arguments(a, nullptr)) == cutlass::Status::kSuccess;
-  }
-
-  static int64_t workspace_bytes(int64_t m, int64_t n, int64_t k, int32_t sm_count) {
-    FxGemmLaunch a{};
+    a.params = none;
+    a.num_params = Prog::kNumParams;
     a.m = m;
     a.n = n;
     a.k = k;
     a.sm_count = sm_count;
-    return partials_offset(a) + 4 * partial_floats(m, n);
+    return query(a);
+  }
+
+  static bool supports(int64_t m, int64_t n, int64_t k) {
+    if (kBatchTrain && m < 2) return false;  // no unbiased variance of one row (eager raises)
+    if (m > INT32_MAX || gemm_columns(n) > INT32_MAX || k > INT32_MAX) return false;
+    return query_sizes(m, n, k, 1, [](const FxGemmLaunch& a) {
+      return Gemm::can_implement(arguments(a, nullptr)) == cutlass::Status::kSuccess;
+    });
+  }
+
+  static int64_t workspace_bytes(int64_t m, int64_t n, int64_t k, int32_t sm_count) {
+    return query_sizes(m, n, k, sm_count,
+                       [](const FxGemmLaunch& a) { return partials_offset(a) + 4 * partial_floats(a.m, a.n); });
   }
 
   static const char* launch(const FxGemmLaunch& a, void* stream) {
