@@ -540,7 +540,8 @@ def build_program(program: Program, dtype: torch.dtype, target: Target, csrc: Pa
 
 
 class GemmInfoView(ctypes.Structure):
-    """csrc/fx_abi.h's FxGemmInfo, read from Python (the configurations and their supports)."""
+    """csrc/fx_abi.h's FxGemmInfo, read from Python (the configurations, their supports and
+    workspace sizes; launches go through csrc/runtime.cpp)."""
 
     _fields_ = [
         ("abi_version", ctypes.c_int32), ("dtype", ctypes.c_int32), ("out_dtype", ctypes.c_int32),
@@ -550,6 +551,8 @@ class GemmInfoView(ctypes.Structure):
         ("first_gated_config", ctypes.c_int32), ("num_configs", ctypes.c_int32),
         ("config_names", ctypes.POINTER(ctypes.c_char_p)),
         ("supports", ctypes.CFUNCTYPE(ctypes.c_int32, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64, ctypes.c_int32)),
+        ("workspace", ctypes.CFUNCTYPE(ctypes.c_int64, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64, ctypes.c_int32,
+                                       ctypes.c_int32)),
     ]
 
 

@@ -553,6 +553,55 @@ def test_a_generated_unit_compiles_for_sm90a(tmp_path):
     assert result.returncode == 0, result.stderr[-3000:]
 
 
+@pytest.mark.skipif(shutil.which("nvcc") is None or build.cutlass_include() is None,
+                    reason="needs nvcc and the CUTLASS headers (pip install 'fxfuse[cutlass]')")
+def test_a_modules_size_queries_answer_on_the_host_for_every_configuration(tmp_path):
+    """supports and workspace run CUTLASS's host checks on a launch without data, built with the
+    module's own flags (-O3): a tree that reads parameters (S17: a column before the in-tile group
+    norm) reads the launch's parameter table there too, which must not be a null pointer. The
+    queries run in a process of their own, so that a crash fails this test alone."""
+    import subprocess
+    import sys
+
+    program = gemm_codegen.canonical(PROGRAMS["s17_vec_hardtanh_mish_group"])
+    kernels = (gemm_codegen.KERNELS[0], gemm_codegen.FEW_ROWS_KERNELS[1])
+    sources = gemm_codegen.generate(program, torch.bfloat16, (torch.bfloat16,) * 3, "fxg_t", "fx_gemm_info_t",
+                                    kernels)
+    for name, text in sources.items():
+        (tmp_path / name).write_text(text)
+    target = build.Target("cuda", *build.arch_flags(9, 0))
+    flags = build._compiler_flags(target, build.cutlass_include())["extra_cuda_cflags"]
+    units = [name for name in sources if name.endswith(".cu")]
+    compiles = [subprocess.Popen(["nvcc", *flags, f"-I{build.CSRC}", f"-I{tmp_path}", "-Xcompiler", "-fPIC", "-c",
+                                  str(tmp_path / unit), "-o", str(tmp_path / f"{unit}.o")],
+                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for unit in units]
+    for process in compiles:
+        log = process.communicate(timeout=900)[0]
+        assert process.returncode == 0, log[-3000:]
+    library = tmp_path / "module.so"
+    linked = subprocess.run(["nvcc", "-shared", "-o", str(library), *[str(tmp_path / f"{u}.o") for u in units]],
+                            capture_output=True, text=True, timeout=300)
+    assert linked.returncode == 0, linked.stderr[-3000:]
+    query = f"""
+import ctypes
+from fxfuse.cuda.build import GemmInfoView
+entry = ctypes.CDLL({str(library)!r}).fx_gemm_info_t
+entry.restype = ctypes.c_void_p
+info = GemmInfoView.from_address(entry())
+for m, n, k in [(1, 64, 72), (7, 256, 264), (300, 128, 520), (1024, 512, 512)]:
+    for config in range(info.num_configs):
+        print(m, n, k, config, info.supports(m, n, k, config), info.workspace(m, n, k, 132, config))
+"""
+    result = subprocess.run([sys.executable, "-c", query], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr[-3000:]
+    answers = [line.split() for line in result.stdout.splitlines()]
+    assert len(answers) == 4 * len(kernels) * gemm_codegen.SCHEDULES
+    # the groups of 16, 64 and 128 columns the subtile holds are covered by each kernel at its first tile order
+    covered = {(int(m), int(config)) for m, n, k, config, supports, _ in answers if supports == "1"}
+    assert {(m, c) for m in (1, 7, 300) for c in (0, gemm_codegen.SCHEDULES)} <= covered
+    assert all(int(workspace) >= 0 for *_, workspace in answers)
+
+
 def test_gemm_modules_are_keyed_on_the_kernel_program_parameter_dtypes_and_cutlass(tmp_path, monkeypatch):
     """What build_gemm hands the compiler: the CUTLASS include, a unit per kernel, a key that two
     spellings of one kernel share and parameter dtypes, another menu or another CUTLASS version
