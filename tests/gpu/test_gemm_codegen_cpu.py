@@ -596,9 +596,11 @@ for m, n, k in [(1, 64, 72), (7, 256, 264), (300, 128, 520), (1024, 512, 512)]:
     assert result.returncode == 0, result.stderr[-3000:]
     answers = [line.split() for line in result.stdout.splitlines()]
     assert len(answers) == 4 * len(kernels) * gemm_codegen.SCHEDULES
-    # the groups of 16, 64 and 128 columns the subtile holds are covered by each kernel at its first tile order
+    # S17's four groups: of 16, 64 and 32 columns each kernel covers at its first tile order, of 128
+    # (wider than the subtile) none
     covered = {(int(m), int(config)) for m, n, k, config, supports, _ in answers if supports == "1"}
     assert {(m, c) for m in (1, 7, 300) for c in (0, gemm_codegen.SCHEDULES)} <= covered
+    assert not any(m == 1024 for m, _ in covered)
     assert all(int(workspace) >= 0 for *_, workspace in answers)
 
 
