@@ -573,11 +573,13 @@ Result run_py(int64_t info_address, const Tensor& x, const Tensor& weight, const
 class ProgramTable {
  public:
   // Where a call goes: the program module, the GEMM module (0: none) and its configuration (-1:
-  // the row path)
+  // the row path); not `measured` where a GEMM module's call falls in a bucket of M no selection
+  // has timed (a graph with a symbolic batch serves every size), which then takes the row path
   struct Route {
     int64_t info = 0;
     int64_t gemm = 0;
     int config = -1;
+    bool measured = true;
   };
   void add(const std::string& program, int32_t dtype, int32_t device, int64_t info) {
     const std::lock_guard<std::mutex> guard(mutex_);
@@ -608,7 +610,8 @@ class ProgramTable {
     if (it == table_.end()) return Route();
     const Entry& entry = it->second;
     const auto chosen = entry.gemm != 0 ? entry.choice.find(Shape{bucket_of(m), n, k}) : entry.choice.end();
-    return Route{entry.info, entry.gemm, chosen == entry.choice.end() ? -1 : chosen->second};
+    const bool measured = entry.gemm == 0 || chosen != entry.choice.end();
+    return Route{entry.info, entry.gemm, chosen == entry.choice.end() ? -1 : chosen->second, measured};
   }
   void set_fallback(py::object fallback, int64_t flags) {
     const std::lock_guard<std::mutex> guard(mutex_);
@@ -621,6 +624,11 @@ class ProgramTable {
     grad_fallback_ = fallback.release().ptr();  // kept for the life of the process
   }
   PyObject* grad_fallback() const { return grad_fallback_; }
+  void set_measure(py::object measure) {
+    const std::lock_guard<std::mutex> guard(mutex_);
+    measure_ = measure.release().ptr();  // kept for the life of the process
+  }
+  PyObject* measure() const { return measure_; }
   void set_autograd(py::object autograd) {
     const std::lock_guard<std::mutex> guard(mutex_);
     autograd_ = autograd.release().ptr();  // kept for the life of the process
@@ -656,6 +664,7 @@ class ProgramTable {
   std::unordered_map<std::string, Entry> table_;
   PyObject* fallback_ = nullptr;
   PyObject* grad_fallback_ = nullptr;
+  PyObject* measure_ = nullptr;
   PyObject* autograd_ = nullptr;
   int64_t flags_ = 0;
 };
@@ -673,7 +682,21 @@ Outputs linear_epilogue_kernel(c10::string_view program, const Tensor& x, const 
     const int64_t k = x.dim() > 0 ? x.size(-1) : 0;
     const int64_t m = k > 0 ? x.numel() / k : 0;
     const int64_t n = weight.dim() == 2 ? weight.size(0) : 0;
-    const ProgramTable::Route route = table.route(program, *dtype, x.is_cpu() ? -1 : x.get_device(), m, n, k);
+    const int32_t device = x.is_cpu() ? -1 : x.get_device();
+    ProgramTable::Route route = table.route(program, *dtype, device, m, n, k);
+    // run_gemm's own conditions on the call: no saved GEMM output, a weight read as it lies, TF32
+    const bool gemm_may_serve = !save_gemm && m > 0 && weight.is_contiguous() &&
+                                (*dtype != FX_F32 || at::globalContext().allowTF32CuBLAS());
+    if (!route.measured && gemm_may_serve && table.measure() != nullptr) {
+      // the first call in this bucket: the engine times the module's configurations against the
+      // row path on it and routes the bucket (it raises nothing), then the call takes that route
+      {
+        py::gil_scoped_acquire gil;
+        py::handle(table.measure())(std::string(program.data(), program.size()), x, weight, bias,
+                                    std::vector<Tensor>(params.begin(), params.end()));
+      }
+      route = table.route(program, *dtype, device, m, n, k);
+    }
     if (route.info != 0) {
       Result result = run(route.info, x, weight, bias, params, table.flags(), save_gemm, route.gemm, route.config);
       if (result) return *result;
@@ -798,6 +821,10 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def(
       "set_grad_fallback", [](py::object fallback) { programs().set_grad_fallback(fallback); },
       "The Python callable for backward calls the registered programs do not cover");
+  m.def(
+      "set_measure", [](py::object measure) { programs().set_measure(measure); },
+      "The Python callable (program, x, weight, bias, params) that times and routes a call's bucket of M "
+      "where the program has a GEMM module and no selection has timed that bucket");
   m.def(
       "run_grad",
       [](int64_t info, const Tensor& grad, const Tensor& gemm, const std::vector<Tensor>& params, int64_t flags) {

@@ -279,7 +279,7 @@ class Engine:
                shape: tuple[int, int, int], device: torch.device, has_bias: bool,
                param_shapes: tuple[tuple[int, ...], ...] | None = None,
                against_inductor: bool = False, weight_is_kn: bool = False,
-               operands: tuple | None = None) -> Selection | None:
+               operands: tuple | None = None, build: bool = True) -> Selection | None:
         """Time the row path and each GEMM configuration on an (m, n, k) problem (or take the
         measurement cached on disk), route (bucket of m, n, k) to the fastest, and return the
         selection; None where the program has no GEMM module and Inductor is not to be timed (the
@@ -290,10 +290,15 @@ class Engine:
         ``against_inductor``: Inductor's kernels for the chain are timed too (in the same rounds);
         ``weight_is_kn``: the calls' weight is a (K, N) tensor read transposed (GPT-2's Conv1D),
         which the GEMM configurations do not read (their B is the (N, K) weight): the row path and
-        Inductor are timed with that layout."""
+        Inductor are timed with that layout. ``build``: a module without the kernels for these rows
+        is built again with them (at compile time), or timed as it is held (at a call).
+        """
         from . import gemm_codegen
 
-        module = self.prepare_gemm(program, dtype, param_dtypes, device, gemm_codegen.rows_served(shape[0]))
+        if build:
+            module = self.prepare_gemm(program, dtype, param_dtypes, device, gemm_codegen.rows_served(shape[0]))
+        else:
+            module = self._gemms.get(((program.to_string(), dtype, _index(device)), tuple(param_dtypes)))
         if module is None and not against_inductor:
             return None
         m, n, k = shape
@@ -397,6 +402,7 @@ class Engine:
             self._flags = runtime.GROUP_NORM_ROUNDS_STATS if group_norm_rounds_stats(device) else 0
             runtime.set_fallback(self.call, self._flags)
             runtime.set_grad_fallback(self.backward)
+            runtime.set_measure(self.measure_call)
             if hasattr(runtime, "register_autograd"):  # the CUDA build
                 _register_autograd(runtime)
             self._runtime_module = runtime
@@ -422,6 +428,29 @@ class Engine:
         if what not in self._warned:
             self._warned.add(what)
             warnings.warn(message, RuntimeWarning, stacklevel=3)
+
+    def measure_call(self, program: str, x, weight, bias, params) -> None:
+        """The runtime's call for a GEMM module's call in a bucket of M no selection has timed: a
+        graph Dynamo traced with a symbolic batch serves every size with the routes measured at
+        its traced size. Times the row path and the held module's configurations on this call's
+        operands, once (no build; the measurement kept on disk), and routes the bucket. While a
+        CUDA graph is captured nothing can be timed: the call takes the row path and a later one
+        measures. Raises nothing: where the measurement fails, the bucket takes the row path."""
+        if _capturing(x.device):
+            return
+        k = x.shape[-1]
+        m, n = x.numel() // k, weight.shape[0]
+        try:
+            selection = self.select(Program.parse(program), x.dtype, tuple(p.dtype for p in params), (m, n, k),
+                                    x.device, bias is not None, tuple(tuple(p.shape) for p in params),
+                                    operands=(x, weight, bias, params), build=False)
+        except Exception as error:  # noqa: BLE001 - the user's call goes on, on the row path
+            selection = None
+            self._warn_once(f"measure {program}", f"fxfuse: calls of {program} at {m} rows could not be timed "
+                            f"({type(error).__name__}: {error}); they take the row path")
+        if selection is None:  # routed all the same (select routes what it times), so that the
+            # bucket's later calls do not come here again
+            self._runtime_module.choose(program, DTYPE_CODES[x.dtype], _index(x.device), m, n, k, -1)
 
     # -- calling -----------------------------------------------------------------------------------
 
@@ -613,3 +642,8 @@ def write_measurement(path, measurement) -> None:
 
 def _index(device: torch.device) -> int:
     return -1 if device.index is None else device.index
+
+
+def _capturing(device: torch.device) -> bool:
+    """Whether a CUDA graph is being captured on ``device``'s current stream (nothing can be timed)."""
+    return device.type == "cuda" and torch.cuda.is_current_stream_capturing()

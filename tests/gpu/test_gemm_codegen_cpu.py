@@ -928,3 +928,70 @@ def test_the_sanitizers_in_gemm_calls_are_programs_the_generator_takes():
         assert gemm_codegen.unsupported_reason(program, dtype) is None, name
         assert "config_0.cu" in gemm_codegen.generate(gemm_codegen.canonical(program), dtype,
                                                       param_dtypes(program, dtype), "ns", "e")
+
+
+def test_a_call_in_a_bucket_no_selection_timed_is_timed_once_on_its_own_operands_without_a_build(
+        tmp_path, monkeypatch):
+    """A graph Dynamo traced with a symbolic batch serves every size with the routes timed at its
+    traced size. The runtime hands the first call in another bucket of M to the engine, which times
+    the row path and the module it holds (building none for these rows) on that call's operands and
+    routes the bucket; a measurement that fails routes it to the row path, with a warning; while a
+    CUDA graph is captured nothing is timed or routed (a later call measures)."""
+    import sys
+    from types import SimpleNamespace
+
+    from fxfuse.cuda.engine import DTYPE_CODES, ROW_PATH, Engine
+
+    engine_module = sys.modules["fxfuse.cuda.engine"]
+    monkeypatch.setenv("FXFUSE_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "a GPU")
+    program = PROGRAMS["s01_scale_leaky"]
+    text, bf16 = program.to_string(), torch.bfloat16
+    kernels = (gemm_codegen.KERNELS[0], gemm_codegen.KERNELS[2])  # one configuration each
+    module = SimpleNamespace(key="gemm module key", config_names=("cooperative", "pingpong"), info=0,
+                             kernels=kernels, kernel_of=kernels.__getitem__, supports=lambda m, n, k, config: True)
+    x, w, b = torch.randn(2, 150, 32).to(bf16), torch.randn(128, 32).to(bf16), torch.randn(128).to(bf16)
+    out = torch.zeros(300, 128)
+    screen = {ROW_PATH: 104.0, "cooperative": 99.0, "pingpong": 97.0}
+    runs, timed, routed = [], [], []
+
+    def time_candidates(calls, settle_s=0.05, passes=2, warm_up_s=2.0):
+        timed.append(sorted(calls))
+        return screen, GRAPH_TIMING
+
+    def measuring_engine() -> Engine:
+        engine = Engine(lambda device: None)
+        engine._runtime_module = SimpleNamespace(
+            bucket_of=lambda m: (m - 1).bit_length(), run=lambda *args: runs.append(args[1]) or (out, None),
+            choose=lambda *args: routed.append(args))
+        key = (text, bf16, -1)
+        engine._handles[key], engine._gemms[(key, ())] = 7, module
+        monkeypatch.setattr(engine, "prepare_gemm", lambda *args: pytest.fail("a module built at a call"))
+        return engine
+
+    monkeypatch.setattr(engine_module, "time_candidates", time_candidates)
+    engine = measuring_engine()
+    engine.measure_call(text, x, w, b, [])
+    assert timed[0] == sorted(screen) and all(run.data_ptr() == x.data_ptr() for run in runs)  # the call's x
+    assert routed == [(text, DTYPE_CODES[bf16], -1, 300, 128, 32, 1)]  # the bucket of 300 rows: pingpong's
+    assert engine.selections[((text, bf16, -1), (), 128, 32, 9, False)].path == "pingpong"
+
+    def failing(calls, settle_s=0.05, passes=2, warm_up_s=2.0):
+        raise RuntimeError("no timing here")
+
+    monkeypatch.setattr(engine_module, "time_candidates", failing)
+    monkeypatch.setenv("FXFUSE_CACHE_DIR", str(tmp_path / "empty"))
+    routed.clear()
+    with pytest.warns(RuntimeWarning, match="at 300 rows could not be timed .* they take the row path"):
+        measuring_engine().measure_call(text, x, w, b, [])
+    assert routed == [(text, DTYPE_CODES[bf16], -1, 300, 128, 32, -1)]
+
+    routed.clear()
+    float32_params = [torch.ones(128)]  # parameters of other dtypes than the module's: no module to time
+    measuring_engine().measure_call(text, x, w, b, float32_params)
+    assert routed == [(text, DTYPE_CODES[bf16], -1, 300, 128, 32, -1)]
+
+    monkeypatch.setattr(engine_module, "_capturing", lambda device: True)
+    routed.clear()
+    measuring_engine().measure_call(text, x, w, b, [])
+    assert routed == []

@@ -291,6 +291,31 @@ def test_selection_routes_the_bucket_to_the_fastest_measured_path(modules):
     assert_under_rule(out, eager, truth(program, x, w, b, params))
 
 
+def test_a_call_in_a_bucket_no_selection_timed_is_timed_on_its_first_call_then_routed(modules, monkeypatch):
+    """A graph with a symbolic batch serves every size: the first call in a bucket of M that no
+    selection timed is timed on its own operands (the row path and the configurations of the
+    module as held), its bucket routed, and its output computes the program; the bucket's later
+    calls take that route without timing."""
+    import sys
+
+    engine_module = sys.modules["fxfuse.cuda.engine"]
+    program, module = program_of("s10_div_gelu"), modules[("s10_div_gelu", torch.bfloat16)]
+    monkeypatch.setattr(engine_module, "read_measurement", lambda path, kind: None)  # measured here, now
+    monkeypatch.setattr(engine_module, "write_measurement", lambda path, measurement: None)
+    monkeypatch.setattr(fxcuda.engine, "selections", {})
+    x, w, b, params = draw(program, torch.bfloat16, 3000, 2048, 512, seed=3)  # bucket 12, timed by no test
+    out = torch.ops.fxfuse.linear_epilogue(program.to_string(), x, w, b, params, False)[0]
+    (skey, selection), = fxcuda.engine.selections.items()
+    assert skey[2:5] == (2048, 512, 12)
+    assert set(selection.times_us) == {"row", *names_of(module, KERNELS)}
+    eager = reference.op_forward(program, x, w, b, params, False)[0]
+    assert_under_rule(out, eager, truth(program, x, w, b, params))
+    fxcuda.engine.selections.clear()
+    again = torch.ops.fxfuse.linear_epilogue(program.to_string(), x, w, b, params, False)[0]
+    assert not fxcuda.engine.selections  # routed: not timed again
+    assert_under_rule(again, eager, truth(program, x, w, b, params))
+
+
 def test_a_configuration_whose_output_is_wrong_is_never_timed_or_chosen(modules, monkeypatch):
     """The selection runs each configuration once beside the row pass before timing it: here the
     module's first kernel is made to return a wrong output (as a kernel fault would) under all its
