@@ -684,10 +684,10 @@ Outputs linear_epilogue_kernel(c10::string_view program, const Tensor& x, const 
     const int64_t n = weight.dim() == 2 ? weight.size(0) : 0;
     const int32_t device = x.is_cpu() ? -1 : x.get_device();
     ProgramTable::Route route = table.route(program, *dtype, device, m, n, k);
-    // run_gemm's own conditions on the call: no saved GEMM output, a weight read as it lies, TF32
-    const bool gemm_may_serve = !save_gemm && m > 0 && weight.is_contiguous() &&
-                                (*dtype != FX_F32 || at::globalContext().allowTF32CuBLAS());
-    if (!route.measured && gemm_may_serve && table.measure() != nullptr) {
+    // where the GEMM module may serve the call (run_gemm's own conditions: no saved GEMM output, a
+    // weight read as it lies, TF32 allowed for float32)
+    if (!route.measured && table.measure() != nullptr && !save_gemm && m > 0 && weight.is_contiguous() &&
+        (*dtype != FX_F32 || at::globalContext().allowTF32CuBLAS())) {
       // the first call in this bucket: the engine times the module's configurations against the
       // row path on it and routes the bucket (it raises nothing), then the call takes that route
       {

@@ -436,11 +436,11 @@ class Engine:
         operands, once (no build; the measurement kept on disk), and routes the bucket. While a
         CUDA graph is captured nothing can be timed: the call takes the row path and a later one
         measures. Raises nothing: where the measurement fails, the bucket takes the row path."""
-        if _capturing(x.device):
-            return
         k = x.shape[-1]
         m, n = x.numel() // k, weight.shape[0]
         try:
+            if _capturing(x.device):
+                return
             selection = self.select(Program.parse(program), x.dtype, tuple(p.dtype for p in params), (m, n, k),
                                     x.device, bias is not None, tuple(tuple(p.shape) for p in params),
                                     operands=(x, weight, bias, params), build=False)
