@@ -11,8 +11,9 @@ Two paths run a program on the GPU: the row path (the GEMM on cuBLAS, then the p
 pass over its output) and, where a GEMM module was built (Hopper, bf16/fp16 or TF32, the in-GEMM
 epilogue of gemm_codegen.py), one CUTLASS kernel per call in one of several configurations.
 ``select`` times them once per (program, dtype, parameter dtypes, N, K, bucket of M) when a graph
-compiles, tells the runtime which to route such calls to, and keeps the measurement on disk beside
-the builds, so a warm compile measures nothing. Asked to, it times one more candidate beside them
+compiles (a bucket no compile timed, as a graph with a symbolic batch meets them, on its first call:
+``measure_call``), tells the runtime which to route such calls to, and keeps the measurement on disk
+beside the builds, so a warm compile measures nothing. Asked to, it times one more candidate beside them
 (beside the row path alone, for a program without a GEMM module): the chain as Inductor compiles
 it on its own (cuBLAS, then its generated kernels), so that the backend can leave the chain to
 Inductor where Inductor is faster on this card at this shape.
