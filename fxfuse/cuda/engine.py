@@ -128,6 +128,7 @@ class Engine:
         self._replaced: list = []  # modules that a module for more calls took the place of
         self._gemm_errors: dict[tuple, str] = {}
         self.selections: dict[tuple, Selection] = {}  # (key, param dtypes, n, k, bucket)
+        self._timed_at_call: set[tuple] = set()  # selections' keys timed at a call, on a module as held
         self._runtime_module = None  # built once, on the first prepare
         self._flags = 0  # FxFlags: eager's rounding on this target, found when the runtime loads
         self._lock = threading.Lock()
@@ -308,6 +309,11 @@ class Engine:
         key = (program.to_string(), dtype, _index(device))
         skey = (key, tuple(param_dtypes), n, k, bucket, weight_is_kn)
         selection = self.selections.get(skey)
+        if build and skey in self._timed_at_call:  # the module may have grown for these rows since
+            selection = None
+            self._timed_at_call.discard(skey)
+        elif not build:
+            self._timed_at_call.add(skey)
         if selection is not None and (selection.inductor_is_faster() is not None or not against_inductor):
             return selection
         timed = module if module is not None else self._modules[key]  # the row module: its key

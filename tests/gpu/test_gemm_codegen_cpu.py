@@ -975,6 +975,14 @@ def test_a_call_in_a_bucket_no_selection_timed_is_timed_once_on_its_own_operands
     assert timed[0] == sorted(screen) and all(run.data_ptr() == x.data_ptr() for run in runs)  # the call's x
     assert routed == [(text, DTYPE_CODES[bf16], -1, 300, 128, 32, 1)]  # the bucket of 300 rows: pingpong's
     assert engine.selections[((text, bf16, -1), (), 128, 32, 9, False)].path == "pingpong"
+    # a compile traced in that bucket later times it again, on the module it builds for those rows
+    grown = SimpleNamespace(**{**vars(module), "key": "grown module key"})
+    monkeypatch.setattr(engine, "prepare_gemm", lambda *args: grown)
+    at_call = len(timed)  # the screen and the final of the timing at the call
+    engine.select(program, bf16, (), (300, 128, 32), torch.device("cpu"), True)
+    assert len(timed) == 2 * at_call
+    engine.select(program, bf16, (), (300, 128, 32), torch.device("cpu"), True)
+    assert len(timed) == 2 * at_call  # held from then on
 
     def failing(calls, settle_s=0.05, passes=2, warm_up_s=2.0):
         raise RuntimeError("no timing here")
