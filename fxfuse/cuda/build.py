@@ -495,6 +495,8 @@ def _build_generated(key: str, kind: str, label: str, name: str, entry: str, sou
         units = [directory / file for file in sources if not file.endswith(".cuh")]
         path = _load_extension(name, units, directory, target, python_module=False, cutlass=cutlass)
         _drop_intermediates(directory, csrc)
+        if cutlass is not None:
+            probe_size_queries(Path(path), entry)
         return {"library": Path(path).name, "entry": entry, "kind": kind}, None
 
     for attempt in range(2):  # a cached entry that does not load is built again, once
@@ -515,6 +517,37 @@ def _build_generated(key: str, kind: str, label: str, name: str, entry: str, sou
             raise BuildError(f"cannot load {path}: {error}") from error
         return library, info, path
     raise AssertionError("unreachable")
+
+
+# Calls the size queries of a new GEMM module answer before it is loaded: few rows, odd sizes, many
+PROBE_SHAPES = ((1, 64, 64), (7, 520, 264), (4096, 4096, 4096))
+_PROBE_NOT_RUN = 3  # the probe's exit status where it cannot import fxfuse (the module is not blamed)
+_PROBE = f"""
+import ctypes, sys
+try:
+    from fxfuse.cuda.build import PROBE_SHAPES, GemmInfoView
+except ImportError:
+    sys.exit({_PROBE_NOT_RUN})
+entry = getattr(ctypes.CDLL(sys.argv[1]), sys.argv[2])
+entry.restype = ctypes.c_void_p
+info = GemmInfoView.from_address(entry())
+for m, n, k in PROBE_SHAPES:
+    for config in range(info.num_configs):
+        info.supports(m, n, k, config), info.workspace(m, n, k, 132, config)
+"""
+
+
+def probe_size_queries(library: Path, entry: str) -> None:
+    """Run a new GEMM module's size queries (supports and workspace, host code CUTLASS checks
+    arguments with) for every configuration on ``PROBE_SHAPES`` in a child process, before any
+    process of the user's loads the module: BuildError where they crash (undefined behaviour in
+    host code turns into a trap or a segfault), so that such a module falls back like a failed
+    build instead of taking the user's process down."""
+    result = subprocess.run([sys.executable, "-c", _PROBE, str(library), entry], capture_output=True, text=True,
+                            timeout=300)
+    if result.returncode not in (0, _PROBE_NOT_RUN):
+        how = f"signal {-result.returncode}" if result.returncode < 0 else f"exit {result.returncode}"
+        raise BuildError(f"the size queries of {library.name} failed on the host ({how}):\n{_tail(result.stderr)}")
 
 
 def program_key(program: Program, dtype: torch.dtype, target: Target, csrc: Path = CSRC) -> str:

@@ -368,3 +368,36 @@ def test_a_cached_module_that_does_not_load_is_rebuilt(tmp_path, emulate_target)
     assert again.returncode == 0, again.stderr
     assert "is corrupt (cannot load" in again.stderr and "rebuilding it" in again.stderr
     assert Path(again.stdout.strip().splitlines()[-1]) == library and library.read_bytes()[:4] == b"\x7fELF"
+
+
+FAKE_GEMM_MODULE = r"""
+#include "fx_abi.h"
+static const char* const kNames[] = {"first", "second"};
+static int32_t answers(int64_t, int64_t, int64_t, int32_t) { return 1; }
+static int32_t crashes(int64_t, int64_t, int64_t, int32_t config) {
+  return config == 1 ? *static_cast<volatile int32_t*>(nullptr) : 1;  // a fault in one configuration's query
+}
+static int64_t no_workspace(int64_t, int64_t, int64_t, int32_t, int32_t) { return 0; }
+static const FxGemmInfo kAnswers = {FX_ABI_VERSION, 0, 0, 0, 0, 0, 0, nullptr, nullptr, 0, 2, 2, kNames,
+                                    &answers, &no_workspace, nullptr};
+static const FxGemmInfo kCrashes = {FX_ABI_VERSION, 0, 0, 0, 0, 0, 0, nullptr, nullptr, 0, 2, 2, kNames,
+                                    &crashes, &no_workspace, nullptr};
+extern "C" const FxGemmInfo* fx_answers() { return &kAnswers; }
+extern "C" const FxGemmInfo* fx_crashes() { return &kCrashes; }
+"""
+
+
+def test_a_gemm_module_whose_size_queries_crash_fails_its_build_instead_of_the_users_process(tmp_path):
+    """A new GEMM module's size queries run in a child process before the module is loaded: one
+    that crashes there (undefined behaviour in host code) is a failed build, which falls back to
+    the row path; one that answers passes."""
+    compiler = shutil.which("g++") or shutil.which("c++")
+    if compiler is None:
+        pytest.skip("needs a host C++ compiler")
+    (tmp_path / "fake.cpp").write_text(FAKE_GEMM_MODULE)
+    library = tmp_path / "fake.so"
+    subprocess.run([compiler, "-shared", "-fPIC", "-O0", f"-I{build.CSRC}", str(tmp_path / "fake.cpp"), "-o",
+                    str(library)], check=True)
+    build.probe_size_queries(library, "fx_answers")
+    with pytest.raises(BuildError, match=r"size queries of fake.so failed on the host \(signal 11\)"):
+        build.probe_size_queries(library, "fx_crashes")
