@@ -29,6 +29,7 @@ if __package__ in (None, ""):  # run as a script: make the repository root impor
 import torch  # noqa: E402
 
 from bench.compile_time import DTYPES, FourChains  # noqa: E402
+from fxfuse.cuda.timing import time_us  # noqa: E402
 
 BACKENDS = ("inductor", "fxfuse")
 
@@ -44,18 +45,12 @@ def per_call_ms(call, device: str, calls: int) -> float:
     for _ in range(10):
         call()
     synchronize(device)
-    if device != "cuda":
-        start = time.perf_counter()
-        for _ in range(calls):
-            call()
-        return (time.perf_counter() - start) * 1000.0 / calls
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
+    if device == "cuda":
+        return time_us(call, calls) / 1000.0
+    start = time.perf_counter()
     for _ in range(calls):
         call()
-    end.record()
-    end.synchronize()
-    return start.elapsed_time(end) / calls
+    return (time.perf_counter() - start) * 1000.0 / calls
 
 
 def run_sizes(backend: str, args) -> list[dict]:
