@@ -311,9 +311,6 @@ class Engine:
         selection = self.selections.get(skey)
         if build and skey in self._timed_at_call:  # the module may have grown for these rows since
             selection = None
-            self._timed_at_call.discard(skey)
-        elif not build:
-            self._timed_at_call.add(skey)
         if selection is not None and (selection.inductor_is_faster() is not None or not against_inductor):
             return selection
         timed = module if module is not None else self._modules[key]  # the row module: its key
@@ -326,6 +323,10 @@ class Engine:
         if module is not None:
             runtime.choose(key[0], DTYPE_CODES[dtype], key[2], m, n, k, selection.config)
         self.selections[skey] = selection
+        if build:
+            self._timed_at_call.discard(skey)
+        else:
+            self._timed_at_call.add(skey)
         return selection
 
     def _measure(self, program, dtype, param_dtypes, shape, device, has_bias, module, param_shapes,
