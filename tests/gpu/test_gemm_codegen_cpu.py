@@ -150,7 +150,8 @@ def test_one_unit_per_kernel_of_the_menu_and_an_entry_point():
     assert "using Element = cutlass::half_t;" in sources["gemm_program.cuh"]
     assert ("using Menu = fxg::Menu<fxg::Config<128, 256, 64, 2, 1, false>, fxg::Config<256, 128, 64, 2, 1, false>, "
             "fxg::Config<128, 128, 64, 2, 1, true>, fxg::Config<128, 128, 64, 1, 2, false>, "
-            "fxg::Swapped<64, 16, 128>, fxg::Swapped<64, 32, 128>, fxg::Swapped<64, 64, 128>>;") in sources["gemm_program.cuh"]
+            "fxg::Swapped<64, 16, 128>, fxg::Swapped<64, 32, 128>, fxg::Swapped<64, 64, 128>>;"
+            ) in sources["gemm_program.cuh"]
 
 
 @pytest.mark.parametrize("name", ["s01_scale_leaky", "s22_batch_eval_relu", "full_residual", "identity",
@@ -559,9 +560,10 @@ def test_a_modules_size_queries_answer_on_the_host_for_every_configuration(tmp_p
     """supports and workspace run CUTLASS's host checks on a launch without data, built with the
     module's own flags (-O3): a tree that reads parameters (S17: a column before the in-tile group
     norm) reads the launch's parameter table there too, which must not be a null pointer. The
-    queries run in a process of their own, so that a crash fails this test alone."""
+    queries run first in a process of their own (build.probe_size_queries), so that a crash fails
+    this test alone."""
+    import ctypes
     import subprocess
-    import sys
 
     program = gemm_codegen.canonical(PROGRAMS["s17_vec_hardtanh_mish_group"])
     kernels = (gemm_codegen.KERNELS[0], gemm_codegen.FEW_ROWS_KERNELS[1])
@@ -582,26 +584,19 @@ def test_a_modules_size_queries_answer_on_the_host_for_every_configuration(tmp_p
     linked = subprocess.run(["nvcc", "-shared", "-o", str(library), *[str(tmp_path / f"{u}.o") for u in units]],
                             capture_output=True, text=True, timeout=300)
     assert linked.returncode == 0, linked.stderr[-3000:]
-    query = f"""
-import ctypes
-from fxfuse.cuda.build import GemmInfoView
-entry = ctypes.CDLL({str(library)!r}).fx_gemm_info_t
-entry.restype = ctypes.c_void_p
-info = GemmInfoView.from_address(entry())
-for m, n, k in [(1, 64, 72), (7, 256, 264), (300, 128, 520), (1024, 512, 512)]:
-    for config in range(info.num_configs):
-        print(m, n, k, config, info.supports(m, n, k, config), info.workspace(m, n, k, 132, config))
-"""
-    result = subprocess.run([sys.executable, "-c", query], capture_output=True, text=True, timeout=120)
-    assert result.returncode == 0, result.stderr[-3000:]
-    answers = [line.split() for line in result.stdout.splitlines()]
-    assert len(answers) == 4 * len(kernels) * gemm_codegen.SCHEDULES
+    build.probe_size_queries(library, "fx_gemm_info_t")  # what a build runs: raises where the queries crash
+    entry = ctypes.CDLL(str(library)).fx_gemm_info_t  # then safe to load here
+    entry.restype = ctypes.c_void_p
+    info = build.GemmInfoView.from_address(entry())
+    assert info.num_configs == len(kernels) * gemm_codegen.SCHEDULES
+    shapes = [(1, 64, 72), (7, 256, 264), (300, 128, 520), (1024, 512, 512)]
     # S17's four groups: of 16, 64 and 32 columns each kernel covers at its first tile order, of 128
     # (wider than the subtile) none
-    covered = {(int(m), int(config)) for m, n, k, config, supports, _ in answers if supports == "1"}
+    configs = range(info.num_configs)
+    covered = {(m, config) for m, n, k in shapes for config in configs if info.supports(m, n, k, config)}
     assert {(m, c) for m in (1, 7, 300) for c in (0, gemm_codegen.SCHEDULES)} <= covered
     assert not any(m == 1024 for m, _ in covered)
-    assert all(int(workspace) >= 0 for *_, workspace in answers)
+    assert all(info.workspace(m, n, k, 132, config) >= 0 for m, n, k in shapes for config in configs)
 
 
 def test_gemm_modules_are_keyed_on_the_kernel_program_parameter_dtypes_and_cutlass(tmp_path, monkeypatch):
