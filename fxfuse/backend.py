@@ -170,7 +170,7 @@ def _operand_nodes(chains: list[Chain]) -> set:
         if not _on_cuda(chain) or records_backward(chain.gemm):
             continue
         f = chain.fusion
-        key = (f.program.to_string(), chain.dtype, tuple(example_value(f.x).shape), tuple(example_value(f.weight).shape))
+        key = (f.program.to_string(), chain.dtype, *(tuple(map(size_hint, example_value(n).shape)) for n in (f.x, f.weight)))
         if key not in seen and all(isinstance(p, torch.fx.Node) for p in f.params):
             seen.add(key)
             nodes.update(n for n in (f.x, f.weight, f.bias, *f.params) if n is not None)

@@ -67,12 +67,13 @@ LARGE_ELEMENTS = 1 << 20  # M x N from which the chains below measured slower th
 
 
 def size_hint(size) -> int:
-    """An int for a (possibly symbolic) size: its value, or the hint Dynamo traced it with."""
-    try:
+    """An int for a (possibly symbolic) size: its value, or the hint Dynamo traced it with. A
+    symbol's hint is read, not asked for with ``int()``, which would guard the graph on the traced
+    size and take a dynamic graph back to one size."""
+    if not isinstance(size, torch.SymInt):
         return int(size)
-    except Exception:  # noqa: BLE001 - an unbacked or unhinted symbol: assume a large batch
-        hint = getattr(getattr(size, "node", None), "hint", None)
-        return int(hint) if hint is not None else LARGE_ELEMENTS
+    hint = size.node.hint
+    return int(hint) if hint is not None else LARGE_ELEMENTS  # unbacked: assume a large batch
 
 
 def inductor_is_faster(program: Program, gemm_out: torch.Tensor, stopped_at: str | None = None,
