@@ -23,7 +23,7 @@ from __future__ import annotations
 from torch.fx import Graph, Node
 
 from . import patterns
-from .patterns import feature_pooling, reductions, rotary, shape_reads, split_gemms, written_norms
+from .patterns import feature_pooling, reductions, rotary, shape_reads, split_gemms, symbolic_scalars, written_norms
 from .canonical import (AliasOp, CanonicalOp, GemmOp, NormOp, PointwiseOp, PoolOp, ReduceOp, Rejected, ReshapeOp,
                         RotaryOp, RowSelection)
 
@@ -33,6 +33,7 @@ FRESH_VALUE_OPS = (GemmOp, PointwiseOp, NormOp, ReduceOp, PoolOp, RotaryOp)  # t
 def canonicalize(graph: Graph) -> dict[Node, CanonicalOp]:
     """Canonical op of every node fxfuse has a spelling for (rewires in-place readers in place,
     and rewrites norms written out op by op into the norm op they compute)."""
+    symbolic_scalars.specialize_floats(graph)
     written_norms.recognise(graph)
     reductions.recognise(graph)
     shape_reads.detach_from_values(graph)

@@ -13,9 +13,10 @@ import inspect
 from dataclasses import dataclass, replace
 from typing import Callable
 
+import torch
 from torch.fx import Node
 
-from ..canonical import CanonicalOp, PointwiseOp, Rejected
+from ..canonical import CanonicalOp, PointwiseOp, Rejected, example_value
 
 
 @dataclass(frozen=True)
@@ -62,6 +63,14 @@ def reset_table() -> None:
     _TABLE = None
 
 
+def has_spelling(node: Node) -> bool:
+    """Whether some spelling covers ``node``'s target (its arguments unchecked)."""
+    try:
+        return node.op in ("call_function", "call_method") and (node.op, node.target) in lookup_table()
+    except TypeError:  # an unhashable target
+        return False
+
+
 def lookup(node: Node) -> CanonicalOp | None:
     """The canonical meaning of ``node``, or None when no spelling covers its target."""
     try:
@@ -75,7 +84,13 @@ def lookup(node: Node) -> CanonicalOp | None:
         inspect.signature(row.build).bind(*node.args, **node.kwargs)
     except TypeError as error:
         return Rejected(f"unexpected arguments: {error}")
-    op = row.build(*node.args, **node.kwargs)
+    try:
+        op = row.build(*node.args, **node.kwargs)
+    except (TypeError, ValueError) as error:
+        computed = [a.name for a in node.all_input_nodes if not isinstance(example_value(a), torch.Tensor)]
+        if not computed:
+            raise
+        return Rejected(f"{', '.join(computed)} computed in the graph where a number is expected ({error})")
     if inplace and isinstance(op, PointwiseOp):
         op = replace(op, inplace=True)
     return op

@@ -64,3 +64,62 @@ def test_on_the_gpu_a_symbolic_batch_is_measured_at_its_traced_size_and_the_grap
     assert [shape[0] for shape in timed] == [8, 17]
     assert all(type(size) is int for shape in timed for size in shape)
     assert all(r.status == "fused" for r in fxfuse.last_report().rows)
+
+
+class Scaled(torch.nn.Module):
+    """An epilogue whose constants are the module's float attributes."""
+
+    def __init__(self):
+        super().__init__()
+        self.linear = torch.nn.Linear(K, 32)
+        self.divisor, self.slope = 10.0, 0.2
+
+    def forward(self, x):
+        return torch.nn.functional.leaky_relu(self.linear(x) / self.divisor, self.slope)
+
+
+def test_under_dynamic_true_float_attributes_are_compiled_in_and_a_new_value_compiles_again():
+    """``dynamic=True`` makes a module's floats graph inputs; the epilogue reads their values (the
+    graph guards on them) while the batch stays symbolic: one graph serves every size, and a new
+    value compiles again and is used."""
+    model = Scaled()
+    fxfuse.reset_report()
+    compiled = torch.compile(model, backend="fxfuse", dynamic=True, options={"allow_cpu": True, "policy": "always"})
+    torch._dynamo.utils.counters.clear()
+    for batch in (8, 17, 64):
+        x = torch.randn(batch, K)
+        torch.testing.assert_close(compiled(x), model(x), atol=1e-4, rtol=1e-4)
+    assert _counting_frames() == 1
+    assert [r.status for r in fxfuse.last_report().rows] == ["fused"]
+    fxfuse.reset_report()
+    model.divisor = 3.0
+    x = torch.randn(5, K)
+    torch.testing.assert_close(compiled(x), model(x), atol=1e-4, rtol=1e-4)
+    assert _counting_frames() == 2
+    assert [r.status for r in fxfuse.last_report().rows] == ["fused"]
+
+
+class SlopeOfTheBatch(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.linear = torch.nn.Linear(K, 32)
+
+    def forward(self, x):
+        return torch.nn.functional.leaky_relu(torch.relu(self.linear(x)), 1.0 / x.shape[0])
+
+
+def test_a_constant_computed_from_the_batch_size_stays_symbolic_and_only_its_op_is_left_unfused():
+    """A LeakyReLU slope of 1 / batch is no constant of the kernel: its op ends the chain, with the
+    reason in the report, the GEMM and ReLU before it still fuse, and the graph still serves every
+    batch size (the size is not specialized)."""
+    model = SlopeOfTheBatch()
+    fxfuse.reset_report()
+    compiled = torch.compile(model, backend="fxfuse", dynamic=True, options={"allow_cpu": True, "policy": "always"})
+    torch._dynamo.utils.counters.clear()
+    for batch in (8, 17, 64):
+        x = torch.randn(batch, K)
+        torch.testing.assert_close(compiled(x), model(x), atol=1e-4, rtol=1e-4)
+    assert _counting_frames() == 1
+    (row,) = fxfuse.last_report().rows
+    assert row.fused == ["linear", "relu"]
+    assert "computed in the graph where a number is expected" in row.reason
