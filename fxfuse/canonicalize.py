@@ -1,5 +1,7 @@
 """Step 1: give every node of a Dynamo graph its canonical meaning, and functionalize in-place ops.
 
+Floats Dynamo left symbolic that an op with a spelling reads become their values where that is
+safe (patterns/symbolic_scalars.py: under ``dynamic=True``, and constants the graph computes).
 Norms written out op by op (transformers' RMSNorms) become the norm op first
 (patterns/written_norms.py); norms of order 1 and ±∞ the reductions of |y| they are, and softmin
 the softmax of -y (patterns/reductions.py); ops that read only a value's dtype and device

@@ -4,8 +4,12 @@ Under ``torch.compile(..., dynamic=True)`` a module's float attributes (a diviso
 slope, a clamp bound) reach the graph as inputs read with ``.item()``: symbolic floats. An
 epilogue compiles its constants into its kernel, so where an op fxfuse has a spelling for reads
 such a float, it reads the value instead. Reading it guards the graph on that value: a new value
-compiles again, as it would without ``dynamic=True``. Symbolic integers are left as they are: they
-are sizes, and a batch size must stay symbolic; so are floats computed from sizes (``1 / batch``).
+compiles again, as it would without ``dynamic=True``. Without ``dynamic=True`` Dynamo makes a
+float symbolic only once it has seen it change (a float passed to each call, an annealed dropout
+rate): that one stays symbolic, and its op ends the chain, lest every new value compile again.
+Symbolic integers are left as they are: they are sizes, and a batch size must stay symbolic; so
+are floats computed from sizes (``1 / batch``). A float the graph computes from constants alone
+(``math.sqrt(2 / math.pi)`` once pi was specialized) is its value everywhere, with no guard.
 """
 
 from __future__ import annotations
@@ -19,24 +23,31 @@ from . import has_spelling
 
 
 def specialize_floats(graph: Graph) -> int:
-    """Replace every traced symbolic float that a spelled op reads by its value in those readers
-    (the graph now guards on it); how many floats."""
+    """Replace every float a spelled op reads that the graph computes from constants, and under
+    ``dynamic=True`` every traced symbolic float of the graph's float inputs, by its value in those
+    readers (the graph guards on the latter); how many floats."""
+    guards_allowed = not torch._dynamo.config.assume_static_by_default  # else symbolic: seen to change
     found = 0
     for node in list(graph.nodes):
-        value = example_value(node)
-        if not isinstance(value, torch.SymFloat) or value.node.hint is None or not _of_float_inputs(value):
-            continue  # (no value to specialize on, or a size's: its readers stay unfused)
-        readers = [user for user in node.users if has_spelling(user)]
-        if not readers:
-            continue
-        number = float(value)  # the guard
+        number = _number(example_value(node), guards_allowed) if node.op in ("call_function", "call_method") else None
+        readers = [user for user in node.users if has_spelling(user)] if number is not None else []
         for user in readers:
             user.replace_input_with(node, number)
-        found += 1
+        found += bool(readers)
     return found
 
 
-def _of_float_inputs(value: torch.SymFloat) -> bool:
-    """Whether ``value`` is computed from the graph's float inputs alone (no size in it)."""
+def _number(value, guards_allowed: bool) -> float | None:
+    """The float ``value`` is, where it is a constant (a SymFloat of no symbol: ``math.sqrt(2 /
+    math.pi)`` once pi was specialized) or, with ``guards_allowed``, a function of float inputs
+    alone with a traced value (reading it guards); None otherwise (a size's, or an unbacked one)."""
+    if isinstance(value, float):
+        return value
+    if not isinstance(value, torch.SymFloat):
+        return None
     symbols = value.node.expr.free_symbols
-    return bool(symbols) and all(symbol_is_type(symbol, SymT.FLOAT) for symbol in symbols)
+    if not symbols:
+        return float(value)
+    if guards_allowed and value.node.hint is not None and all(symbol_is_type(s, SymT.FLOAT) for s in symbols):
+        return float(value)  # the guard
+    return None

@@ -13,13 +13,15 @@ from fxfuse.accuracy import rule_breaks
 TOLERANCE = {torch.float64: 1e-7, torch.float32: 1e-4, torch.bfloat16: 1e-2, torch.float16: 1e-2}
 
 
-def compile_fxfuse(model: torch.nn.Module, mode: str | None = None, **options):
+def compile_fxfuse(model: torch.nn.Module, mode: str | None = None, dynamic: bool | None = None, **options):
     """fxfuse with the reference kernel on CPU, and every chain fused (policy "always"): the tests
     specify what fusion does, also where the default policy would leave a chain to Inductor.
-    With a ``mode`` the options are fxfuse's defaults: torch.compile takes a mode or options."""
+    With a ``mode`` the options are fxfuse's defaults: torch.compile takes a mode or options.
+    ``dynamic`` is torch.compile's."""
     if mode is not None:
-        return torch.compile(model, backend="fxfuse", mode=mode)
-    return torch.compile(model, backend="fxfuse", options={"allow_cpu": True, "policy": "always", **options})
+        return torch.compile(model, backend="fxfuse", mode=mode, dynamic=dynamic)
+    return torch.compile(model, backend="fxfuse", dynamic=dynamic,
+                         options={"allow_cpu": True, "policy": "always", **options})
 
 
 def captured(model: torch.nn.Module, *inputs) -> tuple[torch.fx.GraphModule, list]:
@@ -46,12 +48,13 @@ def check_against_eager(
     device: str = "cpu",
     autocast: torch.dtype | None = None,
     mode: str | None = None,
+    dynamic: bool | None = None,
 ) -> fxfuse.Report:
     """Run eager and fxfuse side by side on ``draws`` fresh inputs; assert outputs, dtypes,
     buffers (BatchNorm statistics) and, with ``grads``, input and parameter gradients agree.
     Returns the coverage report of the compiled model. With ``autocast`` both run under
     ``torch.autocast(device, autocast)`` over a ``dtype`` model (the tolerance is autocast's);
-    ``mode`` is torch.compile's (it reaches Inductor).
+    ``mode`` and ``dynamic`` are torch.compile's (the mode reaches Inductor).
 
     Low-precision results (bf16, fp16, autocast) are judged by the correctness rule against a
     float64 run of the same model (its low-precision parameters, widened): an output element
@@ -64,7 +67,7 @@ def check_against_eager(
     fxfuse.reset_report()
     eager = make_model().to(device=device, dtype=dtype).train(train)
     fused = copy.deepcopy(eager)
-    compiled = compile_fxfuse(fused, mode=mode)
+    compiled = compile_fxfuse(fused, mode=mode, dynamic=dynamic)
     tol = TOLERANCE[autocast or dtype]
     region = torch.autocast(device, dtype=autocast, enabled=autocast is not None)
     for _ in range(draws):

@@ -123,3 +123,29 @@ def test_a_constant_computed_from_the_batch_size_stays_symbolic_and_only_its_op_
     (row,) = fxfuse.last_report().rows
     assert row.fused == ["linear", "relu"]
     assert "computed in the graph where a number is expected" in row.reason
+
+
+def test_a_float_seen_to_change_between_calls_stays_symbolic_and_ends_the_chain_without_recompiles():
+    """Without ``dynamic=True`` Dynamo makes a float symbolic once it changed: a scale passed to
+    every call. Compiling its value in would compile again for every value; it stays an input,
+    its op ends the chain (with the reason), and later values run the same graph."""
+
+    class ScaledByCall(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.linear = torch.nn.Linear(K, 32)
+
+        def forward(self, x, scale: float):
+            return torch.relu(self.linear(x)) * scale
+
+    model = ScaledByCall()
+    compiled = compile_fxfuse(model)
+    torch._dynamo.utils.counters.clear()
+    x = torch.randn(8, K)
+    fxfuse.reset_report()
+    for scale in (0.5, 1.5, 2.5, 3.5):
+        torch.testing.assert_close(compiled(x, scale), model(x, scale), atol=1e-4, rtol=1e-4)
+    assert _counting_frames() == 2  # the first value static, then one graph for every value
+    static, symbolic = fxfuse.last_report().rows
+    assert static.fused == ["linear", "relu", "mul(0.5)"]
+    assert symbolic.fused == ["linear", "relu"] and "symbolic scalar" in symbolic.reason

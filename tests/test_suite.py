@@ -50,7 +50,7 @@ DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 
 
 def _check(row: suite.SuiteRow, dtype: torch.dtype, train: bool, grads: bool = False, batch=None,
-           autocast: torch.dtype | None = None):
+           autocast: torch.dtype | None = None, dynamic: bool | None = None):
     mod = suite.load(row)
     size = mod.SIZES["small"]
 
@@ -61,7 +61,7 @@ def _check(row: suite.SuiteRow, dtype: torch.dtype, train: bool, grads: bool = F
 
     return check_against_eager(
         lambda: mod.Model(*mod.get_init_inputs("small")), inputs, dtype=dtype,
-        train=train and not row.eval_mode, grads=grads, autocast=autocast,
+        train=train and not row.eval_mode, grads=grads, autocast=autocast, dynamic=dynamic,
     )
 
 
@@ -99,6 +99,14 @@ def test_suite_gradients_match_eager(row, dtype):
 def test_decode_shapes_of_s23_fuse_and_match_eager(row_id, batch):
     report = _check(suite.get_row(row_id), torch.float32, train=True, batch=batch)
     assert [r.fused for r in report.rows] == EXPECTED_FUSED[row_id]
+
+
+@pytest.mark.parametrize("row", BASE_ROWS, ids=[r.id for r in BASE_ROWS])
+def test_suite_model_compiled_with_dynamic_true_fuses_as_a_static_compile_does(row):
+    """``torch.compile(..., dynamic=True)``: every size is symbolic and the module's floats are
+    graph inputs; each chain still fuses in full (its constants compiled in) and matches eager."""
+    report = _check(row, torch.float32, train=True, dynamic=True)
+    assert_fused_in_full(report, row)
 
 
 @pytest.mark.parametrize("row", BASE_ROWS, ids=[r.id for r in BASE_ROWS])
