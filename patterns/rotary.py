@@ -72,7 +72,8 @@ def recognise(graph: Graph) -> int:
         with graph.inserting_before(node):
             cos_rows, sin_rows = (_per_row(graph, t) for t in (cos, sin))
             rotated = graph.call_function(rotary_embedding, (rows, cos_rows, sin_rows))
-            heads = graph.call_method("view", (rotated, tuple(example_value(view).shape)))
+            # the view's own size arguments (graph values where sizes are symbolic, not the sizes traced)
+            heads = graph.create_node(view.op, view.target, (rotated, *view.args[1:]), dict(view.kwargs))
             out = graph.call_method("transpose", (heads, 1, 2))
         rotated.meta = {"example_value": out_value.new_empty(rows_value.shape), LABEL: "rotary_embedding"}
         heads.meta = {"example_value": out_value.new_empty(example_value(view).shape)}

@@ -141,3 +141,26 @@ def test_a_real_model_training_with_its_dropout_fuses_as_without(name):
     for param_name, param in model.named_parameters():
         if param.grad is not None:
             assert torch.isfinite(param.grad).all(), param_name
+
+
+@pytest.mark.parametrize("name", ["bert", "gpt2", "llama", "vit"])
+def test_a_real_model_compiled_with_dynamic_true_serves_every_size_with_one_graph_fused_as_the_table_says(name):
+    """``torch.compile(..., dynamic=True)``: batch and sequence symbolic, the models' floats graph
+    inputs (GPT-2's ``math.pi``). One graph serves three shapes, equal to eager, and fuses what a
+    static compile fuses; the graph fxfuse hands on holds no size it traced (FX warns of one)."""
+    import warnings
+
+    torch.manual_seed(0)
+    model = RealModel(name, train=False).eval()
+    fxfuse.reset_report()
+    compiled = compile_fxfuse(model, dynamic=True)
+    torch._dynamo.utils.counters.clear()
+    with warnings.catch_warnings(record=True) as caught, torch.no_grad():
+        warnings.simplefilter("always")
+        for batch, seq in ((2, SEQ), (3, SEQ + 5), (5, SEQ - 3)):
+            x = torch.randn(batch, 3, 32, 32) if name == "vit" else torch.randint(0, VOCAB, (batch, seq))
+            torch.testing.assert_close(compiled(x), model(x), atol=1e-4, rtol=1e-4)
+    assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == 1
+    rows = fxfuse.last_report().rows
+    assert (sum(r.status == "fused" for r in rows), len(rows)) == FUSED[name]["eval"]
+    assert not [str(w.message) for w in caught if "fxfuse" in str(w.message) or "Raw SymInt" in str(w.message)]
