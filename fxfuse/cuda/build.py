@@ -3,10 +3,12 @@
 Builds go through ``torch.utils.cpp_extension.load`` (ninja). Each module lives in
 ``<cache>/<key>/`` where the key hashes everything that changes its binary: the program and dtype,
 the contents of csrc/, the codegen version, torch's and CUDA's versions and the target (device
-arch, or the host emulator). A build runs in a private temporary directory under a file lock
-(stale locks are broken) and is renamed into place with an ``ok`` marker (its manifest, with the
-library's SHA-256), so concurrent processes neither corrupt the cache nor build twice, and a
-crashed build leaves nothing that looks finished. An entry whose library is missing, differs from
+arch, or the host emulator). A build runs in ``<key>.partial/`` under a file lock (stale locks are
+broken) and is renamed into place with an ``ok`` marker (its manifest, with the library's SHA-256),
+so concurrent processes neither corrupt the cache nor build twice, and a crashed build leaves
+nothing that looks finished. A build that was killed or interrupted leaves its units there: the
+next build of the key resumes (ninja compiles only the units that did not finish; a GEMM module's
+units take a minute or more each). A build that fails removes it. An entry whose library is missing, differs from
 its checksum or fails to load is removed and built again once, with a warning; a cache directory
 that cannot be written is replaced by a private temporary one, with a warning.
 
@@ -36,7 +38,6 @@ import sys
 import threading
 import tempfile
 import time
-import uuid
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
@@ -303,9 +304,10 @@ def _cached_build(key: str, label: str, compile_into) -> tuple[Path, dict, objec
         manifest = _intact(final, label)
         if manifest is not None:
             return final, manifest, None
-        work = root / f"{key}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
-        work.mkdir(parents=True)
-        head = f"fxfuse: building {label} ..."
+        work = root / f"{key}.partial"  # the key's lock makes it this builder's alone
+        resumed = work.is_dir()
+        work.mkdir(parents=True, exist_ok=True)
+        head = f"fxfuse: building {label}{' (resumed)' if resumed else ''} ..."
         if not _whole_lines:
             print(head, end="", file=sys.stderr, flush=True)
         start = time.perf_counter()
@@ -313,7 +315,8 @@ def _cached_build(key: str, label: str, compile_into) -> tuple[Path, dict, objec
             manifest, loaded = compile_into(work)
         except BaseException as error:
             print(f"{head if _whole_lines else ''} failed", file=sys.stderr, flush=True)
-            shutil.rmtree(work, ignore_errors=True)
+            if isinstance(error, Exception):  # it would fail again; an interrupt keeps the finished units
+                shutil.rmtree(work, ignore_errors=True)
             if isinstance(error, BuildError):
                 raise
             if isinstance(error, Exception):
@@ -331,7 +334,7 @@ def _cached_build(key: str, label: str, compile_into) -> tuple[Path, dict, objec
         return final, manifest, loaded
 
 
-_ENTRY_NAME = re.compile(r"^[0-9a-f]{32}(\.lock|\.lock\.guard|\.tmp-.*)?$")
+_ENTRY_NAME = re.compile(r"^[0-9a-f]{32}(\.lock|\.lock\.guard|\.partial|\.tmp-.*)?$")
 
 
 @dataclass(frozen=True)
@@ -437,6 +440,9 @@ def _load_extension(name: str, sources: list[Path], directory: Path, target: Tar
 
     _use_cuda_home(target)
     include = directory / "include"
+    # cpp_extension's own lock file in the directory: one a killed build left would make load wait
+    # for it forever (the directory is this process's alone while it holds the key's lock)
+    (directory / "lock").unlink(missing_ok=True)
     return cpp_extension.load(
         name=name,
         sources=[str(s) for s in sources],
@@ -454,6 +460,13 @@ def _copy_headers(directory: Path, csrc: Path) -> None:
     include.mkdir(parents=True, exist_ok=True)
     for path in _sources(csrc):
         shutil.copy2(path, include / path.name)
+
+
+def _write_if_changed(path: Path, content: str) -> None:
+    """A resumed build's sources keep their times where they are unchanged, so that ninja keeps
+    the units compiled from them."""
+    if not path.is_file() or path.read_text() != content:
+        path.write_text(content)
 
 
 def _drop_intermediates(directory: Path, csrc: Path) -> None:
@@ -491,7 +504,7 @@ def _build_generated(key: str, kind: str, label: str, name: str, entry: str, sou
     def compile_into(directory: Path):
         _copy_headers(directory, csrc)
         for file, content in sources.items():
-            (directory / "include" / file if file.endswith(".cuh") else directory / file).write_text(content)
+            _write_if_changed(directory / "include" / file if file.endswith(".cuh") else directory / file, content)
         units = [directory / file for file in sources if not file.endswith(".cuh")]
         path = _load_extension(name, units, directory, target, python_module=False, cutlass=cutlass)
         _drop_intermediates(directory, csrc)

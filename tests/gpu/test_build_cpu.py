@@ -173,7 +173,7 @@ def test_concurrent_builds_of_one_key_build_once(tmp_path):
     assert len({r[0] for r in results}) == 1
     final = Path(results[0][0])
     assert (final / "ok").is_file() and (final / "artifact").read_text() == "ok"
-    assert not list((tmp_path / "cache").glob("*.tmp-*"))
+    assert not list((tmp_path / "cache").glob("*.partial"))
 
 
 def test_failed_build_leaves_nothing_and_raises(tmp_path, monkeypatch, capsys):
@@ -184,7 +184,7 @@ def test_failed_build_leaves_nothing_and_raises(tmp_path, monkeypatch, capsys):
 
     with pytest.raises(BuildError, match="the real message"):
         build._cached_build("f" * 32, "broken program", compile_into)
-    assert not (tmp_path / ("f" * 32)).exists() and not list(tmp_path.glob("*.tmp-*"))
+    assert not (tmp_path / ("f" * 32)).exists() and not list(tmp_path.glob("*.partial"))
     assert "fxfuse: building broken program ... failed" in capsys.readouterr().err
 
 
@@ -227,6 +227,43 @@ def test_a_cached_module_keeps_its_library_and_generated_sources_not_its_objects
     assert (entry / "module.cpp").is_file() and (entry / "include" / "program.cuh").is_file()
     assert not list(entry.rglob("*.o"))
     assert not [p for p in (entry / "include").iterdir() if p.name != "program.cuh"]  # csrc/ is the key's
+
+
+def test_an_interrupted_build_resumes_without_compiling_its_finished_units_again(tmp_path, monkeypatch, capsys,
+                                                                                 emulate_target):
+    """A build interrupted after ninja compiled its units (Ctrl-C, or a process killed at a time
+    limit) leaves them in ``<key>.partial``; the next build of the module resumes there, past the
+    lock file cpp_extension left in it, and compiles none of them again."""
+    monkeypatch.setenv("FXFUSE_CACHE_DIR", str(tmp_path / "cache"))
+    program, drop = PROGRAMS["s13_sub_mul_relu"], build._drop_intermediates
+
+    def interrupted(directory, csrc):
+        raise KeyboardInterrupt
+
+    from torch.utils import cpp_extension
+
+    # each build as in a process of its own: cpp_extension has built nothing of that name there
+    monkeypatch.setattr(cpp_extension.JIT_EXTENSION_VERSIONER, "entries", {})
+    monkeypatch.setattr(build, "_drop_intermediates", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        build.build_program(program, torch.float32, emulate_target)
+    (partial,) = (tmp_path / "cache").glob("*.partial")
+    units = {path.name: path.stat().st_mtime_ns for path in partial.glob("*.o")}
+    assert units
+    (partial / "lock").write_text("")  # cpp_extension's, as a killed build leaves it
+    compiled = {}
+
+    def dropping(directory, csrc):
+        compiled.update({path.name: path.stat().st_mtime_ns for path in directory.glob("*.o")})
+        drop(directory, csrc)
+
+    monkeypatch.setattr(build, "_drop_intermediates", dropping)
+    monkeypatch.setattr(cpp_extension.JIT_EXTENSION_VERSIONER, "entries", {})
+    capsys.readouterr()
+    module = build.build_program(program, torch.float32, emulate_target)
+    assert compiled == units  # the same object files, not compiled again
+    assert "(resumed)" in capsys.readouterr().err
+    assert (module.path.parent / "ok").is_file() and not list((tmp_path / "cache").glob("*.partial"))
 
 
 def test_unsupported_program_raises_build_error(emulate_target):
