@@ -8,6 +8,8 @@ from pathlib import Path
 import pytest
 import torch
 
+import fxfuse
+
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/: support, test_suite
 
 from examples import suite  # noqa: E402
@@ -53,6 +55,32 @@ def test_suite_model_on_cuda_full_size(row_id, dtype):
 @pytest.mark.parametrize("row_id", ["S01", "S02", "S04", "S10"])
 def test_decode_shapes_on_cuda(row_id, batch):
     _check(suite.get_row(row_id), "full", torch.bfloat16, batch=batch, draws=2)
+
+
+def test_a_graph_with_a_symbolic_batch_fuses_on_cuda_and_serves_every_later_size():
+    """Dynamo compiles the first batch size as a static graph and the second as one with a
+    symbolic batch. The chains of both fuse (the selection times the second at the size it was
+    traced with, without guarding on it), and the second serves every later size without
+    compiling again, a bucket no compile timed timed on its first call; every output keeps the
+    correctness rule against eager and a float64 run."""
+    import copy
+
+    from fxfuse.accuracy import rule_breaks
+
+    mod = suite.load(suite.get_row("S10"))
+    torch.manual_seed(0)
+    eager = mod.Model(*mod.get_init_inputs("full")).to("cuda", torch.bfloat16).eval()
+    exact = copy.deepcopy(eager).double()
+    compiled = torch.compile(copy.deepcopy(eager), backend="fxfuse", options={"policy": "always"})  # fxfuse's paths
+    fxfuse.reset_report()
+    torch._dynamo.utils.counters.clear()
+    with torch.no_grad():
+        for batch in (1024, 300, 3000, 40):
+            x = torch.rand(batch, mod.SIZES["full"]["in_features"], device="cuda", dtype=torch.bfloat16)
+            out = compiled(x)
+            assert not rule_breaks(out, eager(x), exact(x.double()), 1e-2).any(), batch
+    assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == 2
+    assert [r.status for r in fxfuse.last_report().rows] == ["fused", "fused"]
 
 
 def test_tf32_is_honoured_like_eager():
