@@ -63,20 +63,22 @@ def reset_table() -> None:
     _TABLE = None
 
 
+def _entry(node: Node) -> tuple[Spelling, bool] | None:
+    """The (row, in place) of the spelling that covers ``node``'s target, or None."""
+    try:
+        return lookup_table().get((node.op, node.target))
+    except TypeError:  # an unhashable target
+        return None
+
+
 def has_spelling(node: Node) -> bool:
     """Whether some spelling covers ``node``'s target (its arguments unchecked)."""
-    try:
-        return node.op in ("call_function", "call_method") and (node.op, node.target) in lookup_table()
-    except TypeError:  # an unhashable target
-        return False
+    return _entry(node) is not None
 
 
 def lookup(node: Node) -> CanonicalOp | None:
     """The canonical meaning of ``node``, or None when no spelling covers its target."""
-    try:
-        entry = lookup_table().get((node.op, node.target))
-    except TypeError:  # an unhashable target
-        return None
+    entry = _entry(node)
     if entry is None:
         return None
     row, inplace = entry

@@ -8,9 +8,10 @@ broken) and is renamed into place with an ``ok`` marker (its manifest, with the 
 so concurrent processes neither corrupt the cache nor build twice, and a crashed build leaves
 nothing that looks finished. A build that was killed or interrupted leaves its units there: the
 next build of the key resumes (ninja compiles only the units that did not finish; a GEMM module's
-units take a minute or more each). A build that fails removes it. An entry whose library is missing, differs from
-its checksum or fails to load is removed and built again once, with a warning; a cache directory
-that cannot be written is replaced by a private temporary one, with a warning.
+units take a minute or more each). A build that fails removes it. An entry whose library is
+missing, differs from its checksum or fails to load is removed and built again once, with a
+warning; a cache directory that cannot be written is replaced by a private temporary one, with a
+warning.
 
 Targets: ``cuda`` compiles the kernels with nvcc for the current device; ``emulate`` compiles the
 same sources as host C++ with FX_EMULATE (csrc/fx_emulate.h) so machines without a GPU can run
