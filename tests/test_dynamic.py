@@ -20,7 +20,7 @@ def test_marked_dynamic_batch_runs_8_17_64_without_recompile():
         torch._dynamo.mark_dynamic(x, 0)
         torch.testing.assert_close(compiled(x), model(x), atol=1e-4, rtol=1e-4)
     assert _counting_frames() == 1
-
+    assert [r.status for r in fxfuse.last_report().rows] == ["fused"]
 
 
 def test_automatic_dynamic_after_the_first_change_recompiles_once():
@@ -84,7 +84,7 @@ def test_under_dynamic_true_float_attributes_are_compiled_in_and_a_new_value_com
     value compiles again and is used."""
     model = Scaled()
     fxfuse.reset_report()
-    compiled = torch.compile(model, backend="fxfuse", dynamic=True, options={"allow_cpu": True, "policy": "always"})
+    compiled = compile_fxfuse(model, dynamic=True)
     torch._dynamo.utils.counters.clear()
     for batch in (8, 17, 64):
         x = torch.randn(batch, K)
@@ -114,7 +114,7 @@ def test_a_constant_computed_from_the_batch_size_stays_symbolic_and_only_its_op_
     batch size (the size is not specialized)."""
     model = SlopeOfTheBatch()
     fxfuse.reset_report()
-    compiled = torch.compile(model, backend="fxfuse", dynamic=True, options={"allow_cpu": True, "policy": "always"})
+    compiled = compile_fxfuse(model, dynamic=True)
     torch._dynamo.utils.counters.clear()
     for batch in (8, 17, 64):
         x = torch.randn(batch, K)
