@@ -47,8 +47,9 @@ from types import ModuleType
 import torch
 
 from ..ir import Program
-from . import codegen
+from . import codegen, gemm_info
 from .errors import BuildError
+from .gemm_info import GemmInfoView
 from .lock import FileLock, LockTimeout
 
 
@@ -533,33 +534,15 @@ def _build_generated(key: str, kind: str, label: str, name: str, entry: str, sou
     raise AssertionError("unreachable")
 
 
-# Calls the size queries of a new GEMM module answer before it is loaded: few rows, odd sizes, many
-PROBE_SHAPES = ((1, 64, 64), (7, 520, 264), (4096, 4096, 4096))
-_PROBE_NOT_RUN = 3  # the probe's exit status where it cannot import fxfuse (the module is not blamed)
-_PROBE = f"""
-import ctypes, sys
-try:
-    from fxfuse.cuda.build import PROBE_SHAPES, GemmInfoView
-except ImportError:
-    sys.exit({_PROBE_NOT_RUN})
-entry = getattr(ctypes.CDLL(sys.argv[1]), sys.argv[2])
-entry.restype = ctypes.c_void_p
-info = GemmInfoView.from_address(entry())
-for m, n, k in PROBE_SHAPES:
-    for config in range(info.num_configs):
-        info.supports(m, n, k, config), info.workspace(m, n, k, 132, config)
-"""
-
-
 def probe_size_queries(library: Path, entry: str) -> None:
     """Run a new GEMM module's size queries (supports and workspace, host code CUTLASS checks
-    arguments with) for every configuration on ``PROBE_SHAPES`` in a child process, before any
-    process of the user's loads the module: BuildError where they crash (undefined behaviour in
-    host code turns into a trap or a segfault), so that such a module falls back like a failed
-    build instead of taking the user's process down."""
-    result = subprocess.run([sys.executable, "-c", _PROBE, str(library), entry], capture_output=True, text=True,
-                            timeout=300)
-    if result.returncode not in (0, _PROBE_NOT_RUN):
+    arguments with; gemm_info.query_sizes) in a child process, before any process of the user's
+    loads the module: BuildError where they crash (undefined behaviour in host code turns into a
+    trap or a segfault), so that such a module falls back like a failed build instead of taking
+    the user's process down."""
+    result = subprocess.run([sys.executable, "-I", gemm_info.__file__, str(library), entry], capture_output=True,
+                            text=True, timeout=300)
+    if result.returncode != 0:
         how = f"signal {-result.returncode}" if result.returncode < 0 else f"exit {result.returncode}"
         raise BuildError(f"the size queries of {library.name} failed on the host ({how}):\n{_tail(result.stderr)}")
 
@@ -584,23 +567,6 @@ def build_program(program: Program, dtype: torch.dtype, target: Target, csrc: Pa
     library, info, path = _build_generated(key, "program", short_label(text, dtype), f"fxp_{short}", entry, sources,
                                            target, csrc)
     return ProgramModule(library, info, path, key)
-
-
-class GemmInfoView(ctypes.Structure):
-    """csrc/fx_abi.h's FxGemmInfo, read from Python (the configurations, their supports and
-    workspace sizes; launches go through csrc/runtime.cpp)."""
-
-    _fields_ = [
-        ("abi_version", ctypes.c_int32), ("dtype", ctypes.c_int32), ("out_dtype", ctypes.c_int32),
-        ("out_kind", ctypes.c_int32), ("batch_train", ctypes.c_int32), ("channels_dim1", ctypes.c_int32),
-        ("num_params", ctypes.c_int32), ("param_kinds", ctypes.POINTER(ctypes.c_int32)),
-        ("param_dtypes", ctypes.POINTER(ctypes.c_int32)), ("gated_block", ctypes.c_int32),
-        ("first_gated_config", ctypes.c_int32), ("num_configs", ctypes.c_int32),
-        ("config_names", ctypes.POINTER(ctypes.c_char_p)),
-        ("supports", ctypes.CFUNCTYPE(ctypes.c_int32, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64, ctypes.c_int32)),
-        ("workspace", ctypes.CFUNCTYPE(ctypes.c_int64, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64, ctypes.c_int32,
-                                       ctypes.c_int32)),
-    ]
 
 
 @dataclass

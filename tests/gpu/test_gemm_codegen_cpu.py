@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from fxfuse import expr as E
-from fxfuse.cuda import build, gemm_codegen
+from fxfuse.cuda import build, gemm_codegen, gemm_info
 from fxfuse.cuda.gemm_codegen import Kernel
 from fxfuse.cuda.engine import Selection, read_measurement, write_measurement
 from fxfuse.cuda.timing import GRAPH_TIMING
@@ -587,7 +587,7 @@ def test_a_modules_size_queries_answer_on_the_host_for_every_configuration(tmp_p
     build.probe_size_queries(library, "fx_gemm_info_t")  # what a build runs: raises where the queries crash
     entry = ctypes.CDLL(str(library)).fx_gemm_info_t  # then safe to load here
     entry.restype = ctypes.c_void_p
-    info = build.GemmInfoView.from_address(entry())
+    info = gemm_info.GemmInfoView.from_address(entry())
     assert info.num_configs == len(kernels) * gemm_codegen.SCHEDULES
     shapes = [(1, 64, 72), (7, 256, 264), (300, 128, 520), (1024, 512, 512)]
     # S17's four groups: of 16, 64 and 32 columns each kernel covers at its first tile order, of 128
