@@ -16,6 +16,7 @@ import warnings
 from dataclasses import replace
 
 import torch
+from torch._dynamo.exc import RestartAnalysis
 from torch.fx import Graph, GraphModule
 
 from . import op as _op  # noqa: F401  (registers torch.ops.fxfuse.*)
@@ -71,6 +72,8 @@ def _faster_of(compiled, chains: list[Chain], gm: GraphModule, fused: GraphModul
     faster (fxfuse.graph_timing), with the report's rows saying which and by how much."""
     try:
         times, alone = compare(compiled, lambda: _compiled(gm, example_inputs, None, {}), gm, fused, example_inputs)
+    except RestartAnalysis:  # Dynamo's request to trace again, not a failure to time
+        raise
     except Exception as error:  # noqa: BLE001 - the chains' own measurements stand
         warnings.warn(f"fxfuse: the whole graph could not be timed ({type(error).__name__}: {error})")
         return compiled, chains
@@ -109,6 +112,8 @@ def fuse_chains(gm: GraphModule, allow_cpu: bool = False, policy: str = "fastest
             chains = [_unfused_if_slower(chain, after_selection=True) for chain in chains]
         rewrite(graph, chains)
         graph.lint()
+    except RestartAnalysis:  # Dynamo's request to trace again (a float specialized), not a failure
+        raise
     except Exception as error:  # never fail the user's compile
         warnings.warn(f"fxfuse: fusion skipped for this graph ({type(error).__name__}: {error})")
         return gm, []

@@ -149,3 +149,31 @@ def test_a_float_seen_to_change_between_calls_stays_symbolic_and_ends_the_chain_
     static, symbolic = fxfuse.last_report().rows
     assert static.fused == ["linear", "relu", "mul(0.5)"]
     assert symbolic.fused == ["linear", "relu"] and "symbolic scalar" in symbolic.reason
+
+
+def test_a_restart_dynamo_asks_for_during_fusion_is_passed_on_not_taken_for_a_failure(monkeypatch):
+    """Dynamo asks for its trace again by raising (as when a float it left symbolic was read as a
+    number): fxfuse passes that on instead of skipping fusion for the graph, and the graph traced
+    again fuses."""
+    import warnings
+
+    from torch._dynamo.exc import TensorifyScalarRestartAnalysis
+
+    from fxfuse import backend
+
+    real, asked = backend.canonicalize, []
+
+    def restarting_once(graph):
+        if not asked:
+            asked.append(True)
+            raise TensorifyScalarRestartAnalysis
+        return real(graph)
+
+    monkeypatch.setattr(backend, "canonicalize", restarting_once)
+    model = Chain(lambda m, y: torch.relu(y) * m.vector)
+    fxfuse.reset_report()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", UserWarning)  # "fusion skipped for this graph" would raise
+        x = torch.randn(8, K)
+        torch.testing.assert_close(compile_fxfuse(model)(x), model(x), atol=1e-4, rtol=1e-4)
+    assert asked and [r.status for r in fxfuse.last_report().rows] == ["fused"]
