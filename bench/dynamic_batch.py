@@ -11,7 +11,8 @@ timed on its first call (Engine.measure_call). For each size in order this print
 wall time (synchronized: compiles, builds and that timing included) and then the GPU time per call
 of ``--calls`` calls back to back (after a warm-up), fxfuse against Inductor. Builds come from
 the caches as they are (bench/compile_time.py times cold compiles); Dynamo is reset before each
-backend's run, so both see the first size static and the second symbolic. On a CPU
+backend's run, so both see the first size static and the second symbolic. fxfuse's coverage
+report follows the table: its graphs' chains, their paths and measured times. On a CPU
 (``--device cpu``, fxfuse's reference kernels under ``allow_cpu``) it checks the script only.
 """
 
@@ -27,6 +28,8 @@ if __package__ in (None, ""):  # run as a script: make the repository root impor
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
+
+import fxfuse  # noqa: E402
 
 from bench.compile_time import DTYPES, FourChains  # noqa: E402
 from fxfuse.cuda.timing import time_us  # noqa: E402
@@ -85,15 +88,19 @@ def main() -> int:
     parser.add_argument("--calls", type=int, default=200)
     parser.add_argument("--json", default=None)
     args = parser.parse_args()
+    fxfuse.reset_report()
     results = {backend: run_sizes(backend, args) for backend in BACKENDS}
     name = torch.cuda.get_device_name() if args.device == "cuda" else "CPU"
     print(f"{name}, torch {torch.__version__}, {args.dtype}, FourChains({args.hidden}), sizes in this order")
     print(f"{'rows':>6}{'Inductor first s':>18}{'fxfuse first s':>16}{'Inductor ms':>13}{'fxfuse ms':>11}"
           f"{'fxfuse / Inductor':>19}")
-    for inductor, fxfuse in zip(results["inductor"], results["fxfuse"]):
-        print(f"{inductor['rows']:>6}{inductor['first_s']:>18.2f}{fxfuse['first_s']:>16.2f}"
-              f"{inductor['per_call_ms']:>13.3f}{fxfuse['per_call_ms']:>11.3f}"
-              f"{fxfuse['per_call_ms'] / inductor['per_call_ms']:>19.2f}")
+    for inductor, ours in zip(results["inductor"], results["fxfuse"]):
+        print(f"{inductor['rows']:>6}{inductor['first_s']:>18.2f}{ours['first_s']:>16.2f}"
+              f"{inductor['per_call_ms']:>13.3f}{ours['per_call_ms']:>11.3f}"
+              f"{ours['per_call_ms'] / inductor['per_call_ms']:>19.2f}")
+    rows = fxfuse.last_report().rows  # the static graph's chains, then the symbolic graph's
+    print(f"fxfuse fused {sum(r.status == 'fused' for r in rows)} of {len(rows)} chains in its graphs:")
+    print(fxfuse.last_report())
     if args.json:
         Path(args.json).write_text(json.dumps({"device": name, "torch": torch.__version__, "dtype": args.dtype,
                                                "hidden": args.hidden, **results}, indent=1))
