@@ -66,6 +66,19 @@ def test_on_the_gpu_a_symbolic_batch_is_measured_at_its_traced_size_and_the_grap
     assert all(r.status == "fused" for r in fxfuse.last_report().rows)
 
 
+def _one_dynamic_graph_for_every_batch(model: torch.nn.Module):
+    """``model`` compiled with ``dynamic=True``, equal to eager at batches of 8, 17 and 64 from one
+    graph (the report reset before it)."""
+    fxfuse.reset_report()
+    compiled = compile_fxfuse(model, dynamic=True)
+    torch._dynamo.utils.counters.clear()
+    for batch in (8, 17, 64):
+        x = torch.randn(batch, K)
+        torch.testing.assert_close(compiled(x), model(x), atol=1e-4, rtol=1e-4)
+    assert _counting_frames() == 1
+    return compiled
+
+
 class Scaled(torch.nn.Module):
     """An epilogue whose constants are the module's float attributes."""
 
@@ -83,13 +96,7 @@ def test_under_dynamic_true_float_attributes_are_compiled_in_and_a_new_value_com
     graph guards on them) while the batch stays symbolic: one graph serves every size, and a new
     value compiles again and is used."""
     model = Scaled()
-    fxfuse.reset_report()
-    compiled = compile_fxfuse(model, dynamic=True)
-    torch._dynamo.utils.counters.clear()
-    for batch in (8, 17, 64):
-        x = torch.randn(batch, K)
-        torch.testing.assert_close(compiled(x), model(x), atol=1e-4, rtol=1e-4)
-    assert _counting_frames() == 1
+    compiled = _one_dynamic_graph_for_every_batch(model)
     assert [r.status for r in fxfuse.last_report().rows] == ["fused"]
     fxfuse.reset_report()
     model.divisor = 3.0
@@ -112,14 +119,7 @@ def test_a_constant_computed_from_the_batch_size_stays_symbolic_and_only_its_op_
     """A LeakyReLU slope of 1 / batch is no constant of the kernel: its op ends the chain, with the
     reason in the report, the GEMM and ReLU before it still fuse, and the graph still serves every
     batch size (the size is not specialized)."""
-    model = SlopeOfTheBatch()
-    fxfuse.reset_report()
-    compiled = compile_fxfuse(model, dynamic=True)
-    torch._dynamo.utils.counters.clear()
-    for batch in (8, 17, 64):
-        x = torch.randn(batch, K)
-        torch.testing.assert_close(compiled(x), model(x), atol=1e-4, rtol=1e-4)
-    assert _counting_frames() == 1
+    _one_dynamic_graph_for_every_batch(SlopeOfTheBatch())
     (row,) = fxfuse.last_report().rows
     assert row.fused == ["linear", "relu"]
     assert "computed in the graph where a number is expected" in row.reason
