@@ -648,7 +648,8 @@ def build_gemm(program: Program, dtype: torch.dtype, param_dtypes: tuple[torch.d
     short = key[:20]
     entry = f"fx_gemm_info_{short}"
     try:
-        sources = gemm_codegen.generate(program, dtype, param_dtypes, f"fxg_{short}", entry, kernels)
+        sources = gemm_codegen.generate(program, dtype, param_dtypes, f"fxg_{short}", entry, kernels,
+                                        files=build_jobs())
     except codegen.UnsupportedProgram as error:
         raise BuildError(f"no in-GEMM kernel for {text!r} ({dtype}): {error}") from error
 
@@ -709,6 +710,15 @@ def cache_dir(path: str | os.PathLike):
             os.environ.pop("FXFUSE_CACHE_DIR", None)
         else:
             os.environ["FXFUSE_CACHE_DIR"] = old
+
+
+def build_jobs() -> int:
+    """The compiles a build runs at once: MAX_JOBS (which prepare_many's workers set for each
+    build, and cpp_extension hands ninja), else the usable cores."""
+    try:
+        return max(1, int(os.environ["MAX_JOBS"]))
+    except (KeyError, ValueError):
+        return usable_cpus()
 
 
 def usable_cpus() -> int:

@@ -347,11 +347,14 @@ def canonical(program: Program) -> Program:
 
 
 def generate(program: Program, dtype: torch.dtype, param_dtypes: tuple[torch.dtype, ...], namespace: str,
-             entry: str, kernels: tuple[Kernel, ...] | None = None) -> dict[str, str]:
+             entry: str, kernels: tuple[Kernel, ...] | None = None, files: int | None = None) -> dict[str, str]:
     """The sources of one GEMM module: file name -> text (``gemm_program.cuh``, ``main.cu`` with
-    the exported ``entry`` returning the module's FxGemmInfo, ``config_<i>.cu`` per kernel of the
-    menu (``kernels``, the program's ``menu`` unless given), and for a program with a second GEMM
-    ``gated_<i>.cu`` per kernel running it in the kernel beside those reading its cuBLAS output)."""
+    the exported ``entry`` returning the module's FxGemmInfo, and the units: ``config_<i>.cu`` per
+    kernel of the menu (``kernels``, the program's ``menu`` unless given), and for a program with a
+    second GEMM ``gated_<i>.cu`` per kernel running it in the kernel beside those reading its
+    cuBLAS output). With ``files`` fewer than the units, the units are compiled as about that
+    many files (``units_<j>.cu``, ``grouped_units``): the cores a build has, where they are fewer
+    than its kernels."""
     reason = unsupported_reason(program, dtype)
     if reason is not None:
         raise UnsupportedProgram(reason)
@@ -380,10 +383,45 @@ def generate(program: Program, dtype: torch.dtype, param_dtypes: tuple[torch.dty
         *[f"FX_DECLARE_GEMM_UNIT({name})" for _, _, name, _ in units],
         f"const fxg::Unit kUnits[] = {{{', '.join(f'FX_GEMM_UNIT({name})' for _, _, name, _ in units)}}};",
         f"FX_DEFINE_GEMM_INFO(Prog, {entry}, {'GatedProg::kGatedBlock' if gated else 0})")
-    for file, prog, name, index in units:
-        sources[f"{file}.cu"] = unit_file(f"FX_DEFINE_GEMM_UNIT({prog}, Menu::At<{index}>, {name})",
-                                          pdl=kernels[index].pdl)
+    groups = grouped_units([(prog, kernels[index].swapped, kernels[index].pdl) for _, prog, _, index in units], files)
+    for j, group in enumerate(groups):
+        file = units[group[0]][0] if len(group) == 1 else f"units_{j}"
+        sources[f"{file}.cu"] = unit_file(*(f"FX_DEFINE_GEMM_UNIT({prog}, Menu::At<{index}>, {name})"
+                                            for _, prog, name, index in (units[u] for u in group)),
+                                          pdl=kernels[units[group[0]][3]].pdl)
     return sources
+
+
+UNITS_PER_FILE = 4  # four kernels in one file compiled in 5.3 GB of memory, seven in 8.3 GB
+
+
+def grouped_units(kinds: list[tuple], files: int | None) -> list[list[int]]:
+    """The units (each its kind: tree, swapped, PDL; in menu order) as about ``files`` groups of
+    consecutive units of one kind (None, or as many files as units: a unit each), a file each. A
+    CUTLASS unit's compile is mostly parsing: on one core S01's first kernel compiled in 25-33 s,
+    its first four kernels in one file in 44 s, its three swapped ones in 42 s, all seven in 81 s
+    (8 GB). So where a build has fewer cores than units, a file per core takes less time and far
+    less work than a unit at a time. Kernels of one kind share the most templates; a PDL kernel's
+    file stays apart in any case (it defines CUTLASS_ENABLE_GDC_FOR_SM90 first); no file holds more
+    than UNITS_PER_FILE (the compiler's memory grows with them)."""
+    if files is None or files >= len(kinds):
+        return [[u] for u in range(len(kinds))]
+    runs: list[list[int]] = []  # maximal runs of units of one kind
+    for u, kind in enumerate(kinds):
+        if runs and kinds[runs[-1][0]] == kind:
+            runs[-1].append(u)
+        else:
+            runs.append([u])
+    groups = []
+    for run in runs:
+        count = min(len(run), max(1, round(files * len(run) / len(kinds)), -(-len(run) // UNITS_PER_FILE)))
+        size, extra = divmod(len(run), count)
+        start = 0
+        for g in range(count):
+            end = start + size + (g < extra)
+            groups.append(run[start:end])
+            start = end
+    return groups
 
 
 def _program_header(program: Program, dtype: torch.dtype, param_dtypes: tuple[torch.dtype, ...],

@@ -319,6 +319,32 @@ def test_a_kernel_launched_as_a_programmatic_dependent_alone_enables_cutlass_gri
     assert "CUTLASS_ENABLE_GDC_FOR_SM90" not in sources["config_1.cu"] + sources["main.cu"]
 
 
+def test_a_build_with_fewer_cores_than_kernels_compiles_a_file_per_core_kernels_of_a_kind_together():
+    """A CUTLASS unit's compile is mostly parsing, so with two cores for S01's seven kernels the
+    module compiles two files: its four kernels for many rows, and its three swapped ones. The
+    units and the entry's table are the same as with a file each."""
+    one_each = gemm_codegen.generate(S01_BF16, torch.bfloat16, (), "fxg_t", "fx_gemm_info_t")
+    two = gemm_codegen.generate(S01_BF16, torch.bfloat16, (), "fxg_t", "fx_gemm_info_t", files=2)
+    assert sorted(two) == ["gemm_program.cuh", "main.cu", "units_0.cu", "units_1.cu"]
+    assert two["main.cu"] == one_each["main.cu"] and two["gemm_program.cuh"] == one_each["gemm_program.cuh"]
+    defined = {file: [line for line in text.splitlines() if line.startswith("FX_DEFINE_GEMM_UNIT")]
+               for file, text in two.items() if file.startswith("units_")}
+    assert defined == {"units_0.cu": [f"FX_DEFINE_GEMM_UNIT(Prog, Menu::At<{i}>, {i})" for i in range(4)],
+                       "units_1.cu": [f"FX_DEFINE_GEMM_UNIT(Prog, Menu::At<{i}>, {i})" for i in range(4, 7)]}
+    assert sorted(gemm_codegen.generate(S01_BF16, torch.bfloat16, (), "fxg_t", "fx_gemm_info_t", files=7)) == sorted(
+        one_each)
+
+
+def test_grouped_units_keep_kinds_and_programmatic_dependents_apart_and_at_most_four_to_a_file():
+    many, swapped, pdl = ("Prog", False, False), ("Prog", True, False), ("Prog", False, True)
+    assert gemm_codegen.grouped_units([many] * 4 + [swapped] * 3, 3) == [[0, 1], [2, 3], [4, 5, 6]]
+    assert gemm_codegen.grouped_units([many] * 4 + [swapped] * 3, 1) == [[0, 1, 2, 3], [4, 5, 6]]
+    assert gemm_codegen.grouped_units([many, pdl, many], 1) == [[0], [1], [2]]
+    assert gemm_codegen.grouped_units([many] * 8 + [("GatedProg", False, False)] * 8, 2) == [
+        [0, 1, 2, 3], [4, 5, 6, 7], [8, 9, 10, 11], [12, 13, 14, 15]]
+    assert gemm_codegen.grouped_units([many] * 4, None) == gemm_codegen.grouped_units([many] * 4, 4) == [[0], [1], [2], [3]]
+
+
 @pytest.mark.parametrize("name,dtype,reason", [
     ("s01_scale_leaky", torch.float32, "allow_tf32 is off"),
     ("s01_scale_leaky", torch.float64, "bfloat16, float16 and (as TF32) float32"),
@@ -566,9 +592,11 @@ def test_a_modules_size_queries_answer_on_the_host_for_every_configuration(tmp_p
     import subprocess
 
     program = gemm_codegen.canonical(PROGRAMS["s17_vec_hardtanh_mish_group"])
-    kernels = (gemm_codegen.KERNELS[0], gemm_codegen.FEW_ROWS_KERNELS[1])
+    kernels = (gemm_codegen.KERNELS[0], gemm_codegen.KERNELS[1], gemm_codegen.FEW_ROWS_KERNELS[1])
+    # as a build on one core compiles them: the two kernels for many rows in one file, the swapped one in another
     sources = gemm_codegen.generate(program, torch.bfloat16, (torch.bfloat16,) * 3, "fxg_t", "fx_gemm_info_t",
-                                    kernels)
+                                    kernels, files=1)
+    assert sorted(sources) == ["config_2.cu", "gemm_program.cuh", "main.cu", "units_0.cu"]
     for name, text in sources.items():
         (tmp_path / name).write_text(text)
     target = build.Target("cuda", *build.arch_flags(9, 0))
@@ -594,15 +622,16 @@ def test_a_modules_size_queries_answer_on_the_host_for_every_configuration(tmp_p
     # (wider than the subtile) none
     configs = range(info.num_configs)
     covered = {(m, config) for m, n, k in shapes for config in configs if info.supports(m, n, k, config)}
-    assert {(m, c) for m in (1, 7, 300) for c in (0, gemm_codegen.SCHEDULES)} <= covered
+    assert {(m, i * gemm_codegen.SCHEDULES) for m in (1, 7, 300) for i in range(len(kernels))} <= covered
     assert not any(m == 1024 for m, _ in covered)
     assert all(info.workspace(m, n, k, 132, config) >= 0 for m, n, k in shapes for config in configs)
 
 
 def test_gemm_modules_are_keyed_on_the_kernel_program_parameter_dtypes_and_cutlass(tmp_path, monkeypatch):
-    """What build_gemm hands the compiler: the CUTLASS include, a unit per kernel, a key that two
-    spellings of one kernel share and parameter dtypes, another menu or another CUTLASS version
-    change."""
+    """What build_gemm hands the compiler: the CUTLASS include, a unit per kernel (grouped into a
+    file per compile it may run at once where those are fewer), a key that two spellings of one
+    kernel share and parameter dtypes, another menu or another CUTLASS version change, and the
+    grouping does not."""
     include = tmp_path / "include"
     (include / "cutlass").mkdir(parents=True)
     (include / "cutlass" / "cutlass.h").write_text("")
@@ -616,12 +645,16 @@ def test_gemm_modules_are_keyed_on_the_kernel_program_parameter_dtypes_and_cutla
         return None, 0, tmp_path / "lib.so"
 
     monkeypatch.setattr(build, "_build_generated", fake_build)
+    monkeypatch.setenv("MAX_JOBS", "16")
     target = build.Target("cuda", "sm_90a", (), None)
     plain = Program.parse("linear(bias=True) | pointwise(leaky_relu(x * 2.0, 0.1))")
     keys = [build.build_gemm(p, torch.bfloat16, (), target).key for p in (S01_BF16, plain)]
     assert keys[0] == keys[1]
     assert built[0]["cutlass"] == include and built[0]["label"].startswith("in-GEMM ")
     assert built[0]["sources"] == [*(f"config_{i}.cu" for i in range(7)), "gemm_program.cuh", "main.cu"]
+    monkeypatch.setenv("MAX_JOBS", "2")
+    assert build.build_gemm(S01_BF16, torch.bfloat16, (), target).key == keys[0]
+    assert built[-1]["sources"] == ["gemm_program.cuh", "main.cu", "units_0.cu", "units_1.cu"]
     col = Program(Gemm(True), (Pointwise(E.add(X, E.param(0))),), ("col",))
     assert (build.build_gemm(col, torch.bfloat16, (torch.bfloat16,), target).key
             != build.build_gemm(col, torch.bfloat16, (torch.float32,), target).key)
