@@ -400,8 +400,8 @@ def grouped_units(kinds: list[tuple], files: int | None) -> list[list[int]]:
     consecutive units of one kind (None, or as many files as units: a unit each), a file each. A
     CUTLASS unit's compile is mostly parsing: on one core S01's first kernel compiled in 25-33 s,
     its first four kernels in one file in 44 s, its three swapped ones in 42 s, all seven in 81 s
-    (8 GB). So where a build has fewer cores than units, a file per core takes less time and far
-    less work than a unit at a time. Kernels of one kind share the most templates; a PDL kernel's
+    (8 GB). So where a build has fewer cores than units, a file per core takes less time and about
+    half the work of a unit at a time. Kernels of one kind share the most templates; a PDL kernel's
     file stays apart in any case (it defines CUTLASS_ENABLE_GDC_FOR_SM90 first); no file holds more
     than UNITS_PER_FILE (the compiler's memory grows with them)."""
     if files is None or files >= len(kinds):
