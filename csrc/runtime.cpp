@@ -322,25 +322,31 @@ std::vector<int64_t> output_shape(const Tensor& x, int32_t out_kind, int64_t wid
 // output is kept: a call that must save it for the backward takes the row path). nullopt where
 // the module does not cover the call (layout, alignment, dtypes, sizes); the caller then takes
 // the row path.
-Result run_gemm(const FxGemmInfo* gemm, int32_t config, const Tensor& x, const Tensor& weight,
-                const std::optional<Tensor>& bias, at::TensorList params) {
+// Whether the GEMM module computes this call in some configuration at all: its operands' devices,
+// dtypes, layouts and alignment (each configuration's sizes aside: gemm->supports)
+bool gemm_takes(const FxGemmInfo* gemm, const Tensor& x, const Tensor& weight, const std::optional<Tensor>& bias,
+                at::TensorList params) {
   TORCH_CHECK(gemm->abi_version == FX_ABI_VERSION, "fxfuse: GEMM module ABI ", gemm->abi_version,
               " != runtime ABI ", FX_ABI_VERSION);
-  if (config < 0 || config >= gemm->num_configs) return std::nullopt;
-  if (x.dim() < 1 || weight.dim() != 2 || !on_kernel_device(x) || weight.device() != x.device()) return std::nullopt;
-  if (gemm->channels_dim1 && x.dim() != 2) return std::nullopt;  // the row path and the reference decide
-  if (scalar_type_of(gemm->dtype) != x.scalar_type() || weight.scalar_type() != x.scalar_type()) return std::nullopt;
+  if (x.dim() < 1 || weight.dim() != 2 || !on_kernel_device(x) || weight.device() != x.device()) return false;
+  if (gemm->channels_dim1 && x.dim() != 2) return false;  // the row path and the reference decide
+  if (scalar_type_of(gemm->dtype) != x.scalar_type() || weight.scalar_type() != x.scalar_type()) return false;
   // a float32 module computes in TF32: only while torch allows TF32 for cuBLAS's matmuls
-  if (gemm->dtype == FX_F32 && !at::globalContext().allowTF32CuBLAS()) return std::nullopt;
-  if (!x.is_contiguous() || !weight.is_contiguous() || x.size(-1) != weight.size(1)) return std::nullopt;
-  if (static_cast<int64_t>(params.size()) != gemm->num_params) return std::nullopt;
+  if (gemm->dtype == FX_F32 && !at::globalContext().allowTF32CuBLAS()) return false;
+  if (!x.is_contiguous() || !weight.is_contiguous() || x.size(-1) != weight.size(1)) return false;
+  if (static_cast<int64_t>(params.size()) != gemm->num_params) return false;
   if (bias && (bias->scalar_type() != x.scalar_type() || bias->device() != x.device() || !bias->is_contiguous() ||
                bias->numel() != weight.size(0) || !aligned16(bias->data_ptr()))) {
-    return std::nullopt;
+    return false;
   }
+  return aligned16(x.data_ptr()) && aligned16(weight.data_ptr());
+}
+
+Result run_gemm(const FxGemmInfo* gemm, int32_t config, const Tensor& x, const Tensor& weight,
+                const std::optional<Tensor>& bias, at::TensorList params) {
+  if (config < 0 || config >= gemm->num_configs || !gemm_takes(gemm, x, weight, bias, params)) return std::nullopt;
   const int64_t n = weight.size(0), k = weight.size(1);
   const int64_t m = k > 0 ? x.numel() / k : 0;
-  if (!aligned16(x.data_ptr()) || !aligned16(weight.data_ptr())) return std::nullopt;
   if (!gemm->supports(m, n, k, config)) return std::nullopt;
 
   at::AutoDispatchBelowADInplaceOrView below_autograd;
@@ -684,10 +690,9 @@ Outputs linear_epilogue_kernel(c10::string_view program, const Tensor& x, const 
     const int64_t n = weight.dim() == 2 ? weight.size(0) : 0;
     const int32_t device = x.is_cpu() ? -1 : x.get_device();
     ProgramTable::Route route = table.route(program, *dtype, device, m, n, k);
-    // where the GEMM module may serve the call (run_gemm's own conditions: no saved GEMM output, a
-    // weight read as it lies, TF32 allowed for float32)
-    if (!route.measured && table.measure() != nullptr && !save_gemm && m > 0 && weight.is_contiguous() &&
-        (*dtype != FX_F32 || at::globalContext().allowTF32CuBLAS())) {
+    // where the GEMM module may serve the call (run's and run_gemm's conditions)
+    if (!route.measured && table.measure() != nullptr && !save_gemm && m > 0 &&
+        gemm_takes(reinterpret_cast<const FxGemmInfo*>(route.gemm), x, weight, bias, params)) {
       // the first call in this bucket: the engine times the module's configurations against the
       // row path on it and routes the bucket (it raises nothing), then the call takes that route
       {
