@@ -20,7 +20,9 @@ them on CPU tensors (tests only).
 GEMM modules (the in-GEMM back end, fxfuse/cuda/gemm_codegen.py) compile CUTLASS 3.x kernels for
 Hopper (sm_90a) against the headers of the ``nvidia-cutlass`` package (``pip install
 "fxfuse[cutlass]"``), or of a CUTLASS checkout named by ``$CUTLASS_PATH``; their key adds the
-parameter dtypes and the CUTLASS version.
+parameter dtypes, the CUTLASS version and the kernels of the module's menu. A finished module of the
+same program holding every kernel asked for serves in place of a build of just those
+(``covering_kernels``).
 """
 
 from __future__ import annotations
@@ -40,7 +42,7 @@ import threading
 import tempfile
 import time
 import warnings
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from types import ModuleType
 
@@ -498,10 +500,12 @@ class ProgramModule:
 
 
 def _build_generated(key: str, kind: str, label: str, name: str, entry: str, sources: dict[str, str],
-                     target: Target, csrc: Path, cutlass: Path | None = None) -> tuple[ctypes.CDLL, int, Path]:
+                     target: Target, csrc: Path, cutlass: Path | None = None,
+                     manifest: dict | None = None) -> tuple[ctypes.CDLL, int, Path]:
     """Compile generated ``sources`` (headers beside csrc/'s, units compiled) into the cache entry
-    ``key`` (or find it there; its manifest names the ``kind`` of module), load the library and
-    call ``entry``: (library, the info address it returns, the library's path), its ABI checked."""
+    ``key`` (or find it there; its manifest names the ``kind`` of module, with ``manifest``'s
+    entries), load the library and call ``entry``: (library, the info address it returns, the
+    library's path), its ABI checked."""
 
     def compile_into(directory: Path):
         _copy_headers(directory, csrc)
@@ -512,14 +516,14 @@ def _build_generated(key: str, kind: str, label: str, name: str, entry: str, sou
         _drop_intermediates(directory, csrc)
         if cutlass is not None:
             probe_size_queries(Path(path), entry)
-        return {"library": Path(path).name, "entry": entry, "kind": kind}, None
+        return {**(manifest or {}), "library": Path(path).name, "entry": entry, "kind": kind}, None
 
     for attempt in range(2):  # a cached entry that does not load is built again, once
-        directory, manifest, _ = _cached_build(key, label, compile_into)
-        path = directory / manifest["library"]
+        directory, held, _ = _cached_build(key, label, compile_into)
+        path = directory / held["library"]
         try:
             library = ctypes.CDLL(str(path))
-            function = getattr(library, manifest["entry"])
+            function = getattr(library, held["entry"])
             function.restype = ctypes.c_void_p
             info = function()
             abi = ctypes.c_int32.from_address(info).value
@@ -618,16 +622,63 @@ def gemm_program(program: Program, dtype: torch.dtype) -> Program:
     return gemm_codegen.canonical(program) if gemm_codegen.unsupported_reason(program, dtype) is None else program
 
 
+def _gemm_payload(program: Program, dtype: torch.dtype, param_dtypes: tuple[torch.dtype, ...]) -> str:
+    params = " ".join(str(d).removeprefix("torch.") for d in param_dtypes)
+    return f"{program.to_string()}\n{dtype}\n{params}\ncutlass {cutlass_version(cutlass_include())}"
+
+
 def gemm_key(program: Program, dtype: torch.dtype, param_dtypes: tuple[torch.dtype, ...], target: Target,
              csrc: Path = CSRC, kernels: tuple | None = None) -> str:
     """The cache key of the GEMM module of ``program`` (as gemm_program gives it). Needs the
     CUTLASS headers (their version is in it)."""
     from . import gemm_codegen
 
-    params = " ".join(str(d).removeprefix("torch.") for d in param_dtypes)
     menu = " ".join(kernel.cpp for kernel in tuple(kernels or gemm_codegen.menu(program)))
-    payload = f"{program.to_string()}\n{dtype}\n{params}\ncutlass {cutlass_version(cutlass_include())}\n{menu}"
-    return cache_key("gemm", payload, target, csrc)
+    return cache_key("gemm", f"{_gemm_payload(program, dtype, param_dtypes)}\n{menu}", target, csrc)
+
+
+def gemm_family(program: Program, dtype: torch.dtype, param_dtypes: tuple[torch.dtype, ...], target: Target,
+                csrc: Path = CSRC) -> str:
+    """The key the GEMM modules of one program share whatever their kernels (``covering_kernels``)."""
+    return cache_key("gemm family", _gemm_payload(program, dtype, param_dtypes), target, csrc)
+
+
+def covering_kernels(family: str, kernels: tuple) -> tuple | None:
+    """The kernels of the smallest finished GEMM module of ``family`` in the cache that holds every
+    one of ``kernels`` (as that module orders them: its key), or None. A module grown for several
+    kinds of call (prefill and decode) or built ahead for many (a prebuild) so serves a process
+    whose calls need fewer of its kernels, where building the exact menu would take minutes."""
+    wanted = set(kernels)
+    held = [menu for menu in _finished_menus(cache_root()).get(family, ()) if wanted <= set(menu)]
+    return min(held, key=len) if held else None
+
+
+_menus_seen: dict[Path, tuple[int, dict]] = {}
+
+
+def _finished_menus(root: Path) -> dict[str, list[tuple]]:
+    """family -> the kernel tuples of its finished GEMM modules in ``root``, from their manifests;
+    read again whenever an entry appears or goes (the directory's mtime)."""
+    from .gemm_codegen import Kernel
+
+    try:
+        stamp = root.stat().st_mtime_ns
+    except OSError:
+        return {}
+    seen = _menus_seen.get(root)
+    if seen is not None and seen[0] == stamp:
+        return seen[1]
+    menus: dict[str, list[tuple]] = {}
+    for path in root.iterdir():
+        if not _ENTRY_NAME.fullmatch(path.name) or "." in path.name:
+            continue
+        try:
+            manifest = json.loads((path / "ok").read_text())
+            menus.setdefault(manifest["family"], []).append(tuple(Kernel(**k) for k in manifest["kernels"]))
+        except (OSError, ValueError, KeyError, TypeError):
+            continue  # unfinished, not a GEMM module, or of an older layout
+    _menus_seen[root] = (stamp, menus)
+    return menus
 
 
 def build_gemm(program: Program, dtype: torch.dtype, param_dtypes: tuple[torch.dtype, ...], target: Target,
@@ -645,6 +696,11 @@ def build_gemm(program: Program, dtype: torch.dtype, param_dtypes: tuple[torch.d
     text = program.to_string()
     kernels = tuple(kernels or gemm_codegen.menu(program))
     key = gemm_key(program, dtype, param_dtypes, target, csrc, kernels)
+    family = gemm_family(program, dtype, param_dtypes, target, csrc)
+    if not (cache_root() / key / "ok").is_file():
+        held = covering_kernels(family, kernels)
+        if held is not None:
+            kernels, key = held, gemm_key(program, dtype, param_dtypes, target, csrc, held)
     short = key[:20]
     entry = f"fx_gemm_info_{short}"
     try:
@@ -654,7 +710,8 @@ def build_gemm(program: Program, dtype: torch.dtype, param_dtypes: tuple[torch.d
         raise BuildError(f"no in-GEMM kernel for {text!r} ({dtype}): {error}") from error
 
     library, info, path = _build_generated(key, "in-GEMM", "in-GEMM " + short_label(text, dtype), f"fxg_{short}",
-                                           entry, sources, target, csrc, cutlass=include)
+                                           entry, sources, target, csrc, cutlass=include,
+                                           manifest={"family": family, "kernels": [asdict(k) for k in kernels]})
     return GemmModule(library, info, path, key, kernels)
 
 
@@ -732,9 +789,9 @@ def usable_cpus() -> int:
 
 def is_built(program_text: str, dtype: torch.dtype, target: Target,
              param_dtypes: tuple[torch.dtype, ...] | None = None, kernels: tuple | None = None) -> bool:
-    """Whether build_in_subprocess's module of these arguments has a finished cache entry (its
-    integrity is checked when it loads): a warm compile then starts no build worker, each of
-    which imports torch afresh."""
+    """Whether build_in_subprocess's module of these arguments has a finished cache entry, or for
+    a GEMM module one holding its kernels (its integrity is checked when it loads): a warm
+    compile then starts no build worker, each of which imports torch afresh."""
     if program_text == RUNTIME_SOURCE:
         key = runtime_key(target)
     elif param_dtypes is None:
@@ -742,7 +799,13 @@ def is_built(program_text: str, dtype: torch.dtype, target: Target,
     elif gemm_target_reason(target) is not None:
         return False  # the worker reports why
     else:
-        key = gemm_key(gemm_program(Program.parse(program_text), dtype), dtype, param_dtypes, target, kernels=kernels)
+        from . import gemm_codegen
+
+        program = gemm_program(Program.parse(program_text), dtype)
+        kernels = tuple(kernels or gemm_codegen.menu(program))
+        key = gemm_key(program, dtype, param_dtypes, target, kernels=kernels)
+        if not (cache_root() / key / "ok").is_file():
+            return covering_kernels(gemm_family(program, dtype, param_dtypes, target), kernels) is not None
     return (cache_root() / key / "ok").is_file()
 
 

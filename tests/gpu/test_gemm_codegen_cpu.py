@@ -7,6 +7,7 @@ themselves run in test_gemm_epilogue.py on a Hopper GPU.
 
 from __future__ import annotations
 
+import json
 import shutil
 from pathlib import Path
 
@@ -640,10 +641,11 @@ def test_gemm_modules_are_keyed_on_the_kernel_program_parameter_dtypes_and_cutla
     monkeypatch.setenv("CUTLASS_PATH", str(tmp_path))
     built = []
 
-    def fake_build(key, kind, label, name, entry, sources, target, csrc, cutlass=None):
+    def fake_build(key, kind, label, name, entry, sources, target, csrc, cutlass=None, manifest=None):
         built.append(dict(key=key, label=label, sources=sorted(sources), cutlass=cutlass))
         return None, 0, tmp_path / "lib.so"
 
+    monkeypatch.setenv("FXFUSE_CACHE_DIR", str(tmp_path / "cache"))
     monkeypatch.setattr(build, "_build_generated", fake_build)
     monkeypatch.setenv("MAX_JOBS", "16")
     target = build.Target("cuda", "sm_90a", (), None)
@@ -664,6 +666,50 @@ def test_gemm_modules_are_keyed_on_the_kernel_program_parameter_dtypes_and_cutla
     version.write_text("#define CUTLASS_MAJOR 4\n#define CUTLASS_MINOR 3\n#define CUTLASS_PATCH 0\n")
     assert build.build_gemm(plain, torch.bfloat16, (), target).key != keys[0]
     build.cutlass_version.cache_clear()
+
+
+def test_a_finished_module_holding_the_kernels_asked_for_serves_in_place_of_building_them(tmp_path, monkeypatch):
+    """A module is keyed on its kernels, so a process whose calls need fewer kernels than one in
+    the cache holds (decode alone, after a run that grew the module for prefill too; a test run
+    after a prebuild) would build a module of minutes again: the smallest finished module of the
+    same program, dtypes and toolchain holding them all serves instead. A menu that none holds,
+    another program's, or a module still unfinished is built."""
+    include = tmp_path / "include"
+    (include / "cutlass").mkdir(parents=True)
+    (include / "cutlass" / "cutlass.h").write_text("")
+    (include / "cutlass" / "version.h").write_text("#define CUTLASS_MAJOR 4\n#define CUTLASS_MINOR 2\n"
+                                                   "#define CUTLASS_PATCH 0\n")
+    monkeypatch.setenv("CUTLASS_PATH", str(tmp_path))
+    cache = tmp_path / "cache"
+    monkeypatch.setenv("FXFUSE_CACHE_DIR", str(cache))
+    compiled = []
+
+    def finished_build(key, kind, label, name, entry, sources, target, csrc, cutlass=None, manifest=None):
+        entry_dir = cache / key
+        if not (entry_dir / "ok").is_file():  # what _cached_build leaves: the manifest in ``ok``
+            compiled.append(key)
+            entry_dir.mkdir(parents=True)
+            (entry_dir / "ok").write_text(json.dumps({**manifest, "library": "lib.so", "kind": kind}))
+        return None, 0, entry_dir / "lib.so"
+
+    monkeypatch.setattr(build, "_build_generated", finished_build)
+    target = build.Target("cuda", "sm_90a", (), None)
+    few, many = gemm_codegen.FEW_ROWS_KERNELS, gemm_codegen.KERNELS
+    tree = build.build_gemm(S01_BF16, torch.bfloat16, (), target, kernels=many)
+    every = build.build_gemm(S01_BF16, torch.bfloat16, (), target, kernels=many + few)
+    assert compiled == [tree.key, every.key]
+    decode = build.build_gemm(S01_BF16, torch.bfloat16, (), target, kernels=few[:1])
+    assert decode.key == every.key and decode.kernels == many + few and len(compiled) == 2
+    assert build.build_gemm(S01_BF16, torch.bfloat16, (), target, kernels=many[1:3]).key == tree.key  # the smaller
+    assert build.is_built(S01_BF16.to_string(), torch.bfloat16, target, (), few[2:])
+    pdl = (Kernel(256, 128, cluster_m=2, pdl=True),)
+    assert not build.is_built(S01_BF16.to_string(), torch.bfloat16, target, (), pdl)
+    assert build.build_gemm(S01_BF16, torch.bfloat16, (), target, kernels=pdl).key == compiled[-1] != tree.key
+    col = Program(Gemm(True), (Pointwise(E.add(X, E.param(0))),), ("col",))
+    assert build.build_gemm(col, torch.bfloat16, (torch.bfloat16,), target, kernels=few[:1]).key == compiled[-1]
+    (cache / tree.key / "ok").unlink()  # unfinished (or evicted): the larger one serves
+    assert build.build_gemm(S01_BF16, torch.bfloat16, (), target, kernels=many[1:3]).key == every.key
+    assert len(compiled) == 4
 
 
 def test_the_selection_times_each_candidate_alone_for_a_while():
