@@ -27,12 +27,14 @@ same program holding every kernel asked for serves in place of a build of just t
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 import ctypes
 import functools
 import hashlib
 import importlib.util
 import json
+import multiprocessing
 import os
 import re
 import shutil
@@ -45,6 +47,7 @@ import warnings
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from types import ModuleType
+from typing import Callable
 
 import torch
 
@@ -771,11 +774,38 @@ def cache_dir(path: str | os.PathLike):
 
 def build_jobs() -> int:
     """The compiles a build runs at once: MAX_JOBS (which prepare_many's workers set for each
-    build, and cpp_extension hands ninja), else the usable cores."""
+    build, and cpp_extension hands ninja), else compile_slots()."""
     try:
         return max(1, int(os.environ["MAX_JOBS"]))
     except (KeyError, ValueError):
-        return usable_cpus()
+        return compile_slots()
+
+
+# nvcc's peak on a file of four CUTLASS kernels (gemm_codegen.grouped_units: 5.3 GB; 8.3 GB for seven,
+# which no file holds)
+COMPILE_BYTES = 6 << 30
+
+
+def compile_slots() -> int:
+    """The compiles that may run at once: a core each, no more than memory holds at a CUTLASS
+    file's peak (a 16-core host of 64 GB, or any host running as many compiles as cores, would
+    otherwise swap or lose compiles to the out-of-memory killer)."""
+    return max(1, min(usable_cpus(), usable_memory() // COMPILE_BYTES))
+
+
+def usable_memory() -> int:
+    """The bytes of memory this process's builds may use: the host's, or its cgroup's limit where
+    lower (a container's)."""
+    try:
+        total = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (AttributeError, ValueError, OSError):
+        return 1 << 62  # unknown: the cores decide
+    for limit in ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes"):
+        try:
+            total = min(total, int(Path(limit).read_text().split()[0]))
+        except (OSError, ValueError, IndexError):  # absent, or "max"
+            continue
+    return total
 
 
 def usable_cpus() -> int:
@@ -807,6 +837,75 @@ def is_built(program_text: str, dtype: torch.dtype, target: Target,
         if not (cache_root() / key / "ok").is_file():
             return covering_kernels(gemm_family(program, dtype, param_dtypes, target), kernels) is not None
     return (cache_root() / key / "ok").is_file()
+
+
+def build_plan(param_dtypes: list, slots: int, gemm_units: int, workers: int | None = None) -> tuple[int, list[int]]:
+    """prepare_many's worker processes (``workers`` where asked), and how many units each of its
+    builds compiles at once (its jobs' ``param_dtypes``: None for the runtime and program modules,
+    a tuple for a GEMM module of up to ``gemm_units`` units), on ``slots`` compiles at once
+    (build.compile_slots). A GEMM module is the long pole of a cold compile (a CUTLASS unit takes
+    a minute): where they are fewer than the slots they share them, up to a unit each at once (four
+    on 16 cores compiled their units two at a time, in two rounds of a minute, while the program
+    modules' short units were long done), and the other modules keep a worker's share. Where they
+    are as many as the slots or more (a prebuild of the tests' and the suite's), each takes a
+    worker and one compile: its kernels then share a file of each kind (gemm_codegen.grouped_units),
+    which parses CUTLASS once where a unit or a file a compile parsed it once each. On few slots a
+    worker a slot keeps them busy through each build's serial steps (ninja and cpp_extension
+    start-up, the link)."""
+    gemms = sum(params is not None for params in param_dtypes)
+    if workers is None:
+        workers = slots if slots < 4 or gemms >= slots else slots // 2
+    workers = max(1, min(workers, len(param_dtypes)))
+    share = max(1, slots // workers)
+    gemm_share = max(share, min(gemm_units, slots // max(1, gemms)))
+    return workers, [share if params is None else gemm_share for params in param_dtypes]
+
+
+
+@dataclass(frozen=True)
+class BuildJob:
+    """One module for build_many: the runtime (``program`` RUNTIME_SOURCE), a program module, or
+    with ``param_dtypes`` a GEMM module of ``kernels`` (None: the program's menu)."""
+
+    program: str
+    dtype: torch.dtype
+    param_dtypes: tuple[torch.dtype, ...] | None = None
+    kernels: tuple | None = None
+
+    def units(self) -> int:
+        """Its compile units: a GEMM module's kernels (its main unit aside), a program's one."""
+        from . import gemm_codegen
+
+        if self.param_dtypes is None:
+            return 1
+        return len(self.kernels or gemm_codegen.menu(Program.parse(self.program)))
+
+
+def build_many(jobs, target: Target, workers: int | None = None, on_built: Callable | None = None) -> dict:
+    """Build the modules of ``jobs`` (BuildJob) that are not in the cache, in parallel worker
+    processes (``workers``, else build_plan's), the GEMM modules first, most units first (the long
+    poles; the short program units fill the workers around them); {job: the error text, or None}.
+    ``on_built(job, error, done, total)`` hears of each build as it ends."""
+    jobs = list(dict.fromkeys(jobs))
+    errors = dict.fromkeys(jobs)
+    # only the modules not in the cache go to the workers (each worker imports torch afresh:
+    # seconds of a warm compile, for nothing)
+    todo = sorted((job for job in jobs if not is_built(job.program, job.dtype, target, job.param_dtypes,
+                                                           job.kernels)),
+                  key=lambda job: -job.units() if job.param_dtypes is not None else 0)
+    if not todo:
+        return errors
+    gemm_units = max(job.units() for job in todo) + 1
+    workers, compiles = build_plan([job.param_dtypes for job in todo], compile_slots(), gemm_units, workers)
+    with concurrent.futures.ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn")) as pool:
+        running = {pool.submit(build_in_subprocess, job.program, job.dtype, target, jobs_at_once, job.param_dtypes,
+                               job.kernels): job for job, jobs_at_once in zip(todo, compiles)}
+        for done, future in enumerate(concurrent.futures.as_completed(running), 1):
+            job = running[future]
+            errors[job] = future.result()
+            if on_built is not None:
+                on_built(job, errors[job], done, len(todo))
+    return errors
 
 
 def build_in_subprocess(program_text: str, dtype: torch.dtype, target: Target, max_jobs: int,

@@ -21,10 +21,8 @@ Inductor where Inductor is faster on this card at this shape.
 
 from __future__ import annotations
 
-import concurrent.futures
 import hashlib
 import json
-import multiprocessing
 import os
 import threading
 import warnings
@@ -226,44 +224,20 @@ class Engine:
         dtype, param dtypes, rows) items: ``rows`` the calls' rows, None for any, as
         ``prepare_gemm``'s), in parallel processes, then load them; the failures of the pairs (a
         GEMM module that fails leaves its program on the row path)."""
-        from . import gemm_codegen
-        from .build import RUNTIME_SOURCE, build_in_subprocess, gemm_target_reason, is_built, usable_cpus
+        from .build import RUNTIME_SOURCE, BuildJob, build_many, gemm_target_reason
 
         pairs = list(dict.fromkeys((program.to_string(), dtype) for program, dtype in items))
         target = self._target_for(device)
-        gemms: dict[tuple, frozenset] = {}  # (text, dtype, params) -> the calls it serves (rows_served)
-        if gemm_target_reason(target) is None:
-            for program, dtype, params, rows in gemm_items:
-                if gemm_codegen.unsupported_reason(program, dtype) is None:
-                    item = (program.to_string(), dtype, tuple(params))
-                    gemms[item] = gemms.get(item, frozenset()) | gemm_codegen.rows_served(rows)
-        cpus = usable_cpus()
-        # the GEMM modules first: each is several CUTLASS units of half a minute or more, the
-        # program modules one short unit, so those fill the workers while the GEMM modules finish;
-        # a job: (text, dtype, parameter dtypes, kernels), the last two None for the others
+        gemms = gemm_modules_served(gemm_items) if gemm_target_reason(target) is None else {}
         menus = {}  # the modules to build: one held for other calls, with the kernels for its calls and these
         for (text, dtype, params), served in gemms.items():
             kernels = self._kernels_to_build(((text, dtype, _index(device)), params), Program.parse(text), served)
             if kernels is not None:
                 menus[(text, dtype, params)] = kernels
-        jobs = ([(RUNTIME_SOURCE, torch.float32, None, None)] + [(*item, kernels) for item, kernels in menus.items()]
-                + [(t, d, None, None) for t, d in pairs])
-        # only the modules not in the cache go to the workers (each worker imports torch afresh:
-        # seconds of a warm compile, for nothing)
-        todo = [job for job in jobs if not is_built(*job[:2], target, *job[2:])]
-        errors = dict.fromkeys(jobs)
-        if todo:
-            # a module's units compile in parallel too; on few cores a worker a core keeps them
-            # busy through each build's serial steps (ninja and cpp_extension start-up, the link)
-            workers = max(1, min(workers or (cpus if cpus < 4 else cpus // 2), len(todo)))
-            context = multiprocessing.get_context("spawn")
-            with concurrent.futures.ProcessPoolExecutor(workers, mp_context=context) as pool:
-                texts, dtypes, params, kernels = zip(*todo)
-                units = max(len(menu) for menu in menus.values()) + 1 if menus else 1
-                errors.update(zip(todo, pool.map(build_in_subprocess, texts, dtypes, [target] * len(todo),
-                                                 unit_jobs(params, cpus, workers, units), params, kernels)))
-        failed = {(t, d): BuildError(errors[(t, d, None, None)]) for t, d in pairs
-                  if errors[(t, d, None, None)] is not None}
+        jobs = ([BuildJob(RUNTIME_SOURCE, torch.float32)] + [BuildJob(*item, kernels) for item, kernels in menus.items()]
+                + [BuildJob(t, d) for t, d in pairs])
+        failed = {(job.program, job.dtype): BuildError(error) for job, error in build_many(jobs, target, workers).items()
+                  if error is not None and job.param_dtypes is None and job.program != RUNTIME_SOURCE}
         for text, dtype in pairs:
             if (text, dtype) not in failed:
                 try:
@@ -606,17 +580,18 @@ def disagreement(out: torch.Tensor, expected: torch.Tensor) -> str | None:
             f"against {expected[tuple(where)].item():.4g}")
 
 
-def unit_jobs(param_dtypes: tuple, cpus: int, workers: int, gemm_units: int) -> list[int]:
-    """How many units each of prepare_many's builds compiles at once (its jobs' ``param_dtypes``:
-    None for the runtime and program modules, a tuple for a GEMM module of ``gemm_units`` units):
-    the cores a worker gets, and for GEMM modules, the long pole of a cold compile (a CUTLASS unit
-    takes a minute), the cores shared among the GEMM modules where they are few, up to a unit
-    each. Four GEMM modules on 16 cores compiled their units two at a time, in two rounds of a
-    minute, while the program modules' short units were long done."""
-    share = max(1, cpus // workers)
-    gemms = sum(params is not None for params in param_dtypes)
-    gemm_share = max(share, min(gemm_units, cpus // max(1, gemms)))
-    return [share if params is None else gemm_share for params in param_dtypes]
+def gemm_modules_served(gemm_items) -> dict[tuple, frozenset]:
+    """The GEMM modules ``gemm_items`` ((program, dtype, param dtypes, rows) as prepare_many's)
+    ask for, as (program text, dtype, param dtypes) -> the calls each serves (rows_served): one a
+    program, for the calls of all its items; none where the in-GEMM path does not take it."""
+    from . import gemm_codegen
+
+    gemms: dict[tuple, frozenset] = {}
+    for program, dtype, params, rows in gemm_items:
+        if gemm_codegen.unsupported_reason(program, dtype) is None:
+            item = (program.to_string(), dtype, tuple(params))
+            gemms[item] = gemms.get(item, frozenset()) | gemm_codegen.rows_served(rows)
+    return gemms
 
 
 def _selection_file(module_key: str, shape, bucket: int, device: torch.device):

@@ -316,16 +316,63 @@ def test_prepare_many_of_cached_modules_starts_no_build_worker(emulate_target, m
 
 def test_few_gemm_modules_share_the_cores_a_unit_each():
     """A cold compile's long pole is its GEMM modules (a CUTLASS unit takes a minute): where they
-    are few, they share the cores up to a unit each at once; the runtime and program modules, and
-    many GEMM modules (a prebuild of the tests'), keep a worker's share."""
-    from fxfuse.cuda.engine import unit_jobs
+    are fewer than the compile slots, they share them up to a unit each at once, and the runtime
+    and program modules keep a worker's share."""
+    from fxfuse.cuda.build import build_plan
 
     gemm, other = (torch.bfloat16,), None
-    # four chains on 16 cores, 8 workers: the runtime, four GEMM modules of five units, four programs
-    assert unit_jobs([other] + [gemm] * 4 + [other] * 4, 16, 8, 5) == [2] + [4] * 4 + [2] * 4
-    assert unit_jobs([gemm], 16, 1, 5) == [16]  # a worker's share is never cut
-    assert unit_jobs([gemm, other], 16, 2, 5) == [8, 8]
-    assert unit_jobs([gemm] * 60, 64, 32, 5) == [2] * 60  # many: as many processes as before
+    # four chains on 16 cores: the runtime, four GEMM modules of five units, four programs
+    assert build_plan([other] + [gemm] * 4 + [other] * 4, 16, 5) == (8, [2] + [4] * 4 + [2] * 4)
+    assert build_plan([gemm], 16, 5) == (1, [16])  # a worker's share is never cut
+    assert build_plan([gemm, other], 16, 5) == (2, [8, 8])
+    assert build_plan([gemm, other], 16, 5, workers=1) == (1, [16, 16])  # the workers asked for
+    assert build_plan([other] * 3, 2, 1) == (2, [1, 1, 1])  # few cores: a worker each
+
+
+def test_many_gemm_modules_take_a_worker_and_a_compile_each():
+    """As many GEMM modules as compile slots or more (a prebuild of the tests' and the suite's):
+    each takes a worker and one compile, so that a module's kernels of a kind share one file and
+    CUTLASS's headers are parsed once a kind, not once a compile."""
+    from fxfuse.cuda.build import build_plan
+
+    gemm, other = (torch.bfloat16,), None
+    assert build_plan([gemm] * 140 + [other] * 250, 64, 8) == (64, [1] * 390)
+    assert build_plan([gemm] * 64, 64, 8) == (64, [1] * 64)
+    assert build_plan([gemm] * 40 + [other] * 100, 64, 8) == (32, [2] * 140)  # fewer: two a worker
+
+
+def test_compiles_at_once_are_as_many_as_memory_holds_at_a_cutlass_files_peak(monkeypatch):
+    """A compile slot is a core and COMPILE_BYTES of memory: a host of many cores and little
+    memory (or a container's limit) runs fewer compiles than cores, never swapping."""
+    from fxfuse.cuda import build
+
+    monkeypatch.delenv("MAX_JOBS", raising=False)
+    monkeypatch.setattr(build, "usable_cpus", lambda: 16)
+    monkeypatch.setattr(build, "usable_memory", lambda: 512 << 30)
+    assert build.compile_slots() == build.build_jobs() == 16
+    monkeypatch.setattr(build, "usable_memory", lambda: 64 << 30)
+    assert build.compile_slots() == build.build_jobs() == 64 // 6
+    monkeypatch.setattr(build, "usable_memory", lambda: 4 << 30)
+    assert build.compile_slots() == 1
+    monkeypatch.setenv("MAX_JOBS", "3")  # prepare_many's workers set it for each build
+    assert build.build_jobs() == 3
+
+
+def test_the_memory_builds_may_use_is_the_cgroups_limit_where_lower(tmp_path, monkeypatch):
+    from fxfuse.cuda import build
+
+    host = build.usable_memory()
+    limit = tmp_path / "memory.max"
+    real_path = build.Path
+
+    def cgroup_file(path):
+        return real_path(limit) if str(path) == "/sys/fs/cgroup/memory.max" else real_path(tmp_path / "absent")
+
+    monkeypatch.setattr(build, "Path", cgroup_file)
+    limit.write_text("max\n")
+    assert build.usable_memory() == host
+    limit.write_text(f"{8 << 30}\n")
+    assert build.usable_memory() == min(host, 8 << 30)
 
 
 def test_builds_count_the_cores_the_process_may_run_on_not_the_hosts(monkeypatch):
