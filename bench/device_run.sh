@@ -3,9 +3,10 @@
 # in $OUT.
 #   bash bench/device_run.sh STAGES [bench args...]
 # STAGES, comma-separated: prebuild (only the builds: every module the tests and the suite use,
-# into the cache, which stays while the machine does; cold, more than one 10-minute call of a
-# 64-core host (BENCHMARKS.md section 40): run it alone, again if its call is cut off, since a build
-# cut off resumes where it stopped, then the other stages), tests (tests/gpu, the suite tests in
+# into the cache, which stays while the machine does; cold, it took more than one 10-minute call
+# of a 64-core host before the tests' modules came down to a kernel or two each (BENCHMARKS.md
+# sections 40-41): run it alone, again if its call is cut off, since a build cut off resumes
+# where it stopped, then the other stages), tests (tests/gpu, the suite tests in
 # parallel shards, spread over the host's GPUs), profile (the epilogue breakdown and an ncu
 # summary of each kernel; PROFILE_ARGS), bench (bench/bench.py; BENCH_PARTS times groups of rows
 # in processes of their own and merges them), sanitize
@@ -24,19 +25,17 @@ source "$(dirname "$0")/device_setup.sh"
 LOGS=$OUT/logs  # per-process logs, under $OUT so a call cut short by its limit still returns them
 mkdir -p "$LOGS"
 has() { [[ ",$stages," == *",$1,"* ]]; }
-# Build every module first, in parallel (a build per chain at compile time is sequential).
-# PREBUILD_ARGS narrow the suite modules (bench/prebuild_suite.py's flags); by default every size
-# and dtype where tests run, else the benchmark's (the suite's size, bench's --dtype): all of them
-# took 460 s of a 64-core host. The tests' modules are built only with the tests stage.
+# Build every module first, in parallel (a build per chain at compile time is sequential): the
+# tests' and every suite model's at every size and dtype the tests run (tests/gpu/prebuild.py
+# --suite, one line a module as it ends), else the benchmark's suite modules (PREBUILD_ARGS:
+# bench/prebuild_suite.py's flags; by default the suite's size, bench's --dtype).
 bench_dtype=bf16; prev=
 for arg in "$@"; do [ "$prev" = --dtype ] && bench_dtype=$arg; prev=$arg; done
-if has tests || has prebuild; then default_prebuild=; else default_prebuild="--sizes full --dtypes ${bench_dtype/tf32/fp32}"; fi
 suite_stages=0  # the stages that compile suite models (timing, compile and sanitize build their own)
-for stage in tests prebuild bench profile gradients train; do has $stage && suite_stages=1; done
-{ if has tests || has sanitize || has prebuild; then python3 tests/gpu/prebuild.py; fi
-  if [ "$suite_stages" = 1 ]; then python3 bench/prebuild_suite.py ${PREBUILD_ARGS-$default_prebuild}; fi; } 2>&1 \
-  | grep --line-buffered -v "^fxfuse: building" \
-  | tee "$OUT/prebuild.log"
+for stage in bench profile gradients train; do has $stage && suite_stages=1; done
+{ if has tests || has prebuild; then python3 tests/gpu/prebuild.py --suite
+  elif [ "$suite_stages" = 1 ]; then python3 bench/prebuild_suite.py ${PREBUILD_ARGS:---sizes full --dtypes ${bench_dtype/tf32/fp32}}; fi; } 2>&1 \
+  | tee "$OUT/prebuild.log" | grep --line-buffered -v "^fxfuse: building\|^prebuild: [0-9]"
 status=0
 sanitize_pid=
 if has sanitize; then  # beside the tests: neither is timed

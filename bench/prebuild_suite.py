@@ -1,7 +1,7 @@
 """Build the CUDA modules of every suite program in parallel, ahead of tests and benchmarks.
 
     python bench/prebuild_suite.py [--sizes full,small] [--dtypes bf16,fp32,fp16,autocast,autocast-fp16]
-                                   [--rows S01,...]
+                                   [--rows S01,...] [--trace-to JOBS.json]
 
 Dynamo traces each suite model on the GPU, fxfuse's matcher names its programs, and
 ``fxfuse.cuda.prepare_many`` compiles all of them at once into the build cache, their in-GEMM
@@ -13,6 +13,8 @@ another; here all cores work together).
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import json
 import sys
 import time
 from pathlib import Path
@@ -24,6 +26,10 @@ import torch  # noqa: E402
 from examples import suite  # noqa: E402
 from fxfuse.backend import param_dtypes, rows_of  # noqa: E402
 from fxfuse.canonicalize import canonicalize  # noqa: E402
+from fxfuse.cuda import gemm_codegen  # noqa: E402
+from fxfuse.cuda.build import RUNTIME_SOURCE, BuildJob  # noqa: E402
+from fxfuse.cuda.engine import gemm_modules_served  # noqa: E402
+from fxfuse.ir import Program  # noqa: E402
 from fxfuse.match import match_all  # noqa: E402
 
 # name -> (the model's dtype, autocast's dtype or None)
@@ -36,17 +42,19 @@ DTYPES = {
 }
 
 
-def suite_programs(rows, sizes, dtypes, device: str = "cuda") -> tuple[set, set]:
+def suite_programs(rows, sizes, dtypes, device: str = "cuda", batches=()) -> tuple[set, set]:
     """(program, dtype) of every fused chain of ``rows`` at ``sizes`` in ``dtypes`` (DTYPES
     values), on ``device``, and (program, dtype, parameter dtypes, rows) of each for its GEMM
-    module, as the backend asks for it."""
+    module, as the backend asks for it (for calls of each of ``batches`` rows instead, where
+    given: the decode tests' inputs of the model's features)."""
     found, gemms = set(), set()
 
     def collect(gm, example_inputs, **kwargs):
         for chain in match_all(gm.graph, canonicalize(gm.graph), allow_cpu=device == "cpu"):
             if chain.program is not None:
                 found.add((chain.program, chain.dtype))
-                gemms.add((chain.program, chain.dtype, param_dtypes(chain), rows_of(chain)))
+                for calls in batches or [rows_of(chain)]:
+                    gemms.add((chain.program, chain.dtype, param_dtypes(chain), calls))
         return gm.forward
 
     for row in rows:
@@ -63,19 +71,58 @@ def suite_programs(rows, sizes, dtypes, device: str = "cuda") -> tuple[set, set]
     return found, gemms
 
 
+def build_jobs(pairs, gemms) -> list[BuildJob]:
+    """The builds of suite_programs's modules, as prepare_many would compile them in one process:
+    each GEMM module with the kernels for every call of its program."""
+    served = gemm_modules_served(gemms)
+    return ([BuildJob(RUNTIME_SOURCE, torch.float32)]
+            + [BuildJob(text, dtype, params, gemm_codegen.menu(Program.parse(text), calls))
+               for (text, dtype, params), calls in served.items()]
+            + [BuildJob(program.to_string(), dtype) for program, dtype in pairs])
+
+
+def write_jobs(path: Path, jobs: list[BuildJob]) -> None:
+    rows = [{"program": job.program, "dtype": str(job.dtype).removeprefix("torch."),
+             "params": None if job.param_dtypes is None else [str(d).removeprefix("torch.") for d in job.param_dtypes],
+             "kernels": None if job.kernels is None else [dataclasses.asdict(k) for k in job.kernels]} for job in jobs]
+    path.write_text(json.dumps(rows))
+
+
+def read_jobs(path: Path) -> list[BuildJob]:
+    return [BuildJob(row["program"], getattr(torch, row["dtype"]),
+                     None if row["params"] is None else tuple(getattr(torch, d) for d in row["params"]),
+                     None if row["kernels"] is None else tuple(gemm_codegen.Kernel(**k) for k in row["kernels"]))
+            for row in json.loads(path.read_text())]
+
+
 def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--sizes", default="full,small")
     parser.add_argument("--dtypes", default=",".join(DTYPES))
     parser.add_argument("--rows", default=None)
     parser.add_argument("--workers", type=int, default=None)
+    parser.add_argument("--decode", default=None, metavar="ROWS:BATCHES",
+                        help="also these rows' modules at full size in bf16 for calls of these rows, as "
+                             "tests/gpu/test_suite_cuda.py's decode tests make them (S01,S04:1,16)")
+    parser.add_argument("--trace-to", type=Path, default=None,
+                        help="trace only, and write the builds (read_jobs) to this JSON file: tests/gpu/prebuild.py "
+                             "--suite builds them beside the tests' own")
     args = parser.parse_args()
     import fxfuse.cuda as fxcuda
 
     rows = [r for r in suite.select(args.rows.split(",") if args.rows else None) if "-M" not in r.id]
     start = time.time()
     pairs, gemms = suite_programs(rows, args.sizes.split(","), [DTYPES[d] for d in args.dtypes.split(",")])
+    if args.decode:
+        decode_rows, batches = args.decode.split(":")
+        _, decode_gemms = suite_programs(suite.select(decode_rows.split(",")), ["full"], [DTYPES["bf16"]],
+                                         batches=[int(b) for b in batches.split(",")])
+        gemms |= decode_gemms
     traced = time.time() - start
+    if args.trace_to is not None:
+        write_jobs(args.trace_to, build_jobs(pairs, gemms))
+        print(f"{len(pairs)} suite programs traced in {traced:.0f} s", flush=True)
+        return 0
     print(f"{len(pairs)} programs ({len(gemms)} with their parameters' dtypes) traced in {traced:.0f} s; building",
           flush=True)  # a run stopped during the builds still says where its time went
     failed = fxcuda.prepare_many(sorted(pairs, key=str), workers=args.workers, gemm_items=sorted(gemms, key=str))

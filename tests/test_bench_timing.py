@@ -111,6 +111,31 @@ def test_the_suite_prebuild_names_each_programs_gemm_module_with_its_parameters_
     assert any("batch_norm" in text and len(params) == 3 for text, params in by_text.items())
 
 
+def test_the_suite_prebuild_gives_a_program_one_gemm_module_with_the_kernels_of_all_its_calls(tmp_path):
+    """tests/gpu/prebuild.py --suite builds what bench/prebuild_suite.py traced: one GEMM module a
+    (program, dtype, parameter dtypes), with the kernels for the calls of every size and of the
+    decode tests' batches (a test process that needs fewer of them loads it: build.covering_kernels),
+    written to a file and read back as they were."""
+    import torch
+
+    from bench.prebuild_suite import DTYPES, build_jobs, read_jobs, suite_programs, write_jobs
+    from examples import suite
+    from fxfuse.cuda import gemm_codegen
+
+    rows = suite.select(["S01"])
+    pairs, gemms = suite_programs(rows, ["small"], [DTYPES["bf16"]], device="cpu")
+    _, decode = suite_programs(rows, ["full"], [DTYPES["bf16"]], device="cpu", batches=[16, 64])
+    assert {calls for *_, calls in decode} == {16, 64}
+    jobs = build_jobs(pairs, gemms | decode)
+    (gemm,) = [job for job in jobs if job.param_dtypes is not None]
+    assert gemm.dtype == torch.bfloat16
+    assert gemm.kernels == (gemm_codegen.FEW_ROWS_KERNELS[0], gemm_codegen.FEW_ROWS_KERNELS[2])  # 8 and 16 rows; 64
+    assert {(job.program, job.dtype) for job in jobs if job.param_dtypes is None} >= {
+        (program.to_string(), dtype) for program, dtype in pairs}
+    write_jobs(tmp_path / "jobs.json", jobs)
+    assert read_jobs(tmp_path / "jobs.json") == jobs
+
+
 def _report(dtype: str, rows: dict) -> dict:
     """A bench.py report of rows {id: (gemm, inductor, fxfuse) GPU = pipelined ms, fused?}."""
     def variant(ms):

@@ -10,8 +10,9 @@ import torch
 
 import fxfuse.cuda as fxcuda
 from fxfuse import reference
-from fxfuse.cuda.build import cuda_target, gemm_target_reason
-from fxfuse.cuda.gemm_codegen import SCHEDULES, canonical
+from fxfuse.cuda import build, gemm_codegen
+from fxfuse.cuda.build import BuildJob, cuda_target, gemm_target_reason
+from fxfuse.cuda.gemm_codegen import FEW_ROWS_KERNELS, KERNELS, SCHEDULES, Kernel, canonical, swaps, unsupported_reason
 from fxfuse.ir import Program
 from programs import make_params
 from selected import parameters, selected
@@ -26,51 +27,63 @@ def param_dtypes(program: Program, dtype: torch.dtype) -> tuple[torch.dtype, ...
     return tuple(torch.float32 if program.widens else dtype for _ in program.params)
 
 
-def build_modules(cases: dict[str, tuple[Program, torch.dtype]]) -> dict:
-    """The GEMM module of each named (program, dtype), built in parallel (skips without a Hopper
-    GPU, nvcc or CUTLASS)."""
+def checking_menu(program: Program, turn: int) -> tuple[Kernel, ...]:
+    """The kernels of a module built only to check that its kernels compute ``program``: one of the
+    production menu's for many rows and, where the program swaps, one of those for few rows, each
+    the ``turn``-th in turn. Programs given turns in order check every kernel on programs of every
+    stage, at a fraction of the builds of every kernel for every program (those were 287 CUTLASS
+    kernels, the GPU tests' prebuild more than ten minutes of a 64-core host)."""
+    many = (KERNELS[turn % len(KERNELS)],)
+    return many + ((FEW_ROWS_KERNELS[turn % len(FEW_ROWS_KERNELS)],) if swaps(program) else ())
+
+
+def on_checking_menus(cases: dict, every_kernel: set) -> dict:
+    """``cases`` ((name, dtype) -> (program, dtype)), those outside ``every_kernel`` (which keep
+    the production menu) on a checking_menu each, turns in order."""
+    return {key: case if key in every_kernel else (*case, checking_menu(case[0], turn))
+            for turn, (key, case) in enumerate(cases.items())}
+
+
+def gemm_jobs(cases: dict) -> list[BuildJob]:
+    """The builds of the GEMM modules of ``cases`` (name -> (program, dtype) for the production
+    menu's, or (program, dtype, kernels)) and of their programs' row modules (their fallback)."""
+    jobs = []
+    for program, dtype, *menu in cases.values():
+        jobs.append(BuildJob(program.to_string(), dtype))
+        if unsupported_reason(program, dtype) is None:
+            kernels = menu[0] if menu else gemm_codegen.menu(program)
+            jobs.append(BuildJob(program.to_string(), dtype, param_dtypes(program, dtype), kernels))
+    return jobs
+
+
+def build_modules(cases: dict) -> dict:
+    """The GEMM module of each named case (gemm_jobs), built in parallel: the production menu's
+    as a compile prepares it (the engine holds it, so the selection's tests run on it), or one of
+    the kernels given (skips without a Hopper GPU, nvcc or CUTLASS)."""
     if not fxcuda.available():
         pytest.skip("no CUDA toolchain (nvcc + ninja)")
-    reason = gemm_target_reason(cuda_target(torch.device(DEVICE)))
+    device = torch.device(DEVICE, torch.cuda.current_device())
+    target = cuda_target(device)
+    reason = gemm_target_reason(target)
     if reason is not None:
         pytest.skip(reason)
-    items = [(program, dtype) for program, dtype in cases.values()]
-    gemms = [(program, dtype, param_dtypes(program, dtype)) for program, dtype in cases.values()]
     allowed = torch.backends.cuda.matmul.allow_tf32
     torch.backends.cuda.matmul.allow_tf32 = True  # float32 cases: TF32 modules
-    try:  # modules for calls of any rows: every kernel of the menu, the swapped ones included
-        assert not fxcuda.prepare_many(items, gemm_items=[(*gemm, None) for gemm in gemms])
-        device = torch.device(DEVICE, torch.cuda.current_device())
+    try:
+        errors = build.build_many([BuildJob(build.RUNTIME_SOURCE, torch.float32), *gemm_jobs(cases)], target)
+        assert not any(errors.values()), [error for error in errors.values() if error]
+        assert not fxcuda.prepare_many([(program, dtype) for program, dtype, *_ in cases.values()])  # loads
         built = {}
-        for name, (program, dtype, params) in zip(cases, gemms):
-            module = fxcuda.engine.prepare_gemm(program, dtype, params, device)
-            assert module is not None, fxcuda.engine.gemm_error(program, dtype, params, device)
-            built[name] = module
+        for name, (program, dtype, *menu) in cases.items():
+            params = param_dtypes(program, dtype)
+            if menu:
+                built[name] = build.build_gemm(program, dtype, params, target, kernels=menu[0])
+            else:
+                built[name] = fxcuda.engine.prepare_gemm(program, dtype, params, device)
+                assert built[name] is not None, fxcuda.engine.gemm_error(program, dtype, params, device)
     finally:
         torch.backends.cuda.matmul.allow_tf32 = allowed
     return built
-
-
-def build_menu_modules(programs: dict[str, Program], dtype: torch.dtype, menu: tuple) -> dict:
-    """The GEMM module of each named program with the kernels of ``menu`` (not the production
-    menu), built in parallel worker processes (build.build_in_subprocess, as prepare_many's), then
-    loaded from the cache (skips as build_modules)."""
-    import concurrent.futures
-    import multiprocessing
-
-    from fxfuse.cuda import build
-
-    build_modules({})
-    target = cuda_target(torch.device(DEVICE))
-    texts = [program.to_string() for program in programs.values()]
-    params = [param_dtypes(program, dtype) for program in programs.values()]
-    n = len(texts)
-    with concurrent.futures.ProcessPoolExecutor(n, mp_context=multiprocessing.get_context("spawn")) as pool:
-        errors = list(pool.map(build.build_in_subprocess, texts, [dtype] * n, [target] * n, [2] * n, params,
-                               [menu] * n))
-    assert not any(errors), [error for error in errors if error]
-    return {name: build.build_gemm(program, dtype, param_dtypes(program, dtype), target, kernels=menu)
-            for name, program in programs.items()}
 
 
 class Modules(dict):

@@ -1,15 +1,20 @@
 """Build every module the GPU tests use, in parallel worker processes (a script, not a test).
 
-    python tests/gpu/prebuild.py [--workers 8]
+    python tests/gpu/prebuild.py [--suite] [--workers N]
 
 Fills the build cache (FXFUSE_CACHE_DIR or ~/.cache/fxfuse) so that a later pytest run only loads
-modules; useful where one command has a time limit. Prints the failures and exits non-zero if any.
+modules; useful where one command has a time limit. ``--suite``: the suite models' modules too, as
+test_suite_cuda.py's compiles ask for them (bench/prebuild_suite.py traces them in a process of its
+own while the tests' own modules build). One line a module as it ends, with the count; the
+failures at the end, and a non-zero exit if any.
 """
 
 from __future__ import annotations
 
 import argparse
+import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -20,47 +25,69 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 import torch  # noqa: E402
 
 import fxfuse.cuda as fxcuda  # noqa: E402
+from fxfuse.cuda import build  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def tests_jobs() -> list[build.BuildJob]:
+    """The modules of tests/gpu's kernel and in-GEMM tests: a row module a (program, dtype), and
+    the GEMM modules of the in-GEMM test files' cases (their menus: gemm_harness.gemm_jobs)."""
+    import test_cuda_kernels
+    import test_gemm_batch_norm
+    import test_gemm_epilogue
+    import test_gemm_group_norm
+    from gemm_harness import gemm_jobs
+
+    rows = [build.BuildJob(program.to_string(), dtype) for program, dtype in test_cuda_kernels.all_builds()]
+    cases = {**{("epilogue", *key): case for key, case in test_gemm_epilogue.BUILDS.items()},
+             **{("group norm", *key): case for key, case in test_gemm_group_norm.CASES.items()},
+             **{("batch norm", *key): case for key, case in test_gemm_batch_norm.CASES.items()},
+             **{("programmatic dependents", key): case for key, case in test_gemm_epilogue.PDL_BUILDS.items()}}
+    return [build.BuildJob(build.RUNTIME_SOURCE, torch.float32), *gemm_jobs(cases), *rows]
 
 
 def main() -> int:
     parser = argparse.ArgumentParser()
+    parser.add_argument("--suite", action="store_true", help="the suite models' modules too")
     parser.add_argument("--workers", type=int, default=None)
     args = parser.parse_args()
     if not fxcuda.available():
         print("CUDA or its toolchain is not available")
         return 2
-    import sanitize
-    import test_cuda_kernels
-    import test_gemm_batch_norm
-    import test_gemm_epilogue
-    import test_gemm_group_norm
-    from gemm_harness import build_menu_modules, param_dtypes
-
-    # the in-GEMM tests' modules: a row module and a GEMM module per (program, dtype), as
-    # gemm_harness.build_modules builds them
-    in_gemm = [*test_gemm_epilogue.BUILDS.values(), *test_gemm_group_norm.CASES.values(),
-               *test_gemm_batch_norm.CASES.values(), *[(sanitize.PROGRAMS[n], d) for n, d, *_ in sanitize.GEMM_CALLS]]
-    torch.backends.cuda.matmul.allow_tf32 = True  # the float32 in-GEMM cases are TF32 modules (test_gemm_epilogue)
-    pairs = (test_cuda_kernels.all_builds() + [(sanitize.PROGRAMS[n], d) for n, d, *_ in sanitize.CALLS]
-             + in_gemm)
-    gemms = [(program, dtype, param_dtypes(program, dtype)) for program, dtype in in_gemm]
+    torch.backends.cuda.matmul.allow_tf32 = True  # the float32 in-GEMM cases are TF32 modules
+    target = build.cuda_target(torch.device("cuda", torch.cuda.current_device()))
     start = time.time()
-    failed = fxcuda.prepare_many(pairs, workers=args.workers, gemm_items=[(*gemm, None) for gemm in gemms])
-    unique = len({(p.to_string(), d) for p, d in pairs}) + len({(p.to_string(), d) for p, d in in_gemm})
-    device = torch.device("cuda", torch.cuda.current_device())
-    for program, dtype, params in gemms:
-        if fxcuda.engine.prepare_gemm(program, dtype, params, device) is None:
-            failed[(program.to_string(), dtype)] = fxcuda.engine.gemm_error(program, dtype, params, device)
-    # the programmatic-dependent kernel's modules (not the production menu: test_gemm_epilogue builds them itself)
-    pdl = {name: test_gemm_epilogue.PROGRAMS[name] for name in test_gemm_epilogue.PDL}
-    try:
-        build_menu_modules(pdl, torch.bfloat16, test_gemm_epilogue.PDL_MENU)
-    except Exception as error:  # noqa: BLE001 - reported with the others
-        failed[("programmatic-dependent modules", torch.bfloat16)] = error
-    unique += len(pdl)
-    print(f"{unique} modules ready in {time.time() - start:.0f} s on {torch.cuda.get_device_name()}, {len(failed)} failed")
-    for (program, dtype), error in failed.items():
-        print(f"FAILED {program} [{dtype}]\n{error}\n")
+
+    def progress(job, error, done, total):
+        what = f"{job.program[:60]} [{str(job.dtype).removeprefix('torch.')}]"
+        kind = "row module" if job.param_dtypes is None else f"GEMM module of {job.units()} kernels"
+        print(f"prebuild: {done}/{total} at {time.time() - start:.0f} s: {'FAILED' if error else 'built'} "
+              f"{kind} {what}", flush=True)
+
+    tracer, traced = None, Path(tempfile.mkdtemp()) / "suite_jobs.json"
+    if args.suite:
+        from test_suite_cuda import DECODE_BATCHES, DECODE_ROWS
+
+        decode = f"{','.join(DECODE_ROWS)}:{','.join(map(str, DECODE_BATCHES))}"
+        tracer = subprocess.Popen([sys.executable, str(ROOT / "bench" / "prebuild_suite.py"), "--decode", decode,
+                                   "--trace-to", str(traced)])
+    errors = build.build_many(tests_jobs(), target, args.workers, on_built=progress)
+    print(f"prebuild: the tests' {len(errors)} modules ready at {time.time() - start:.0f} s", flush=True)
+    if tracer is not None:
+        if tracer.wait() != 0:
+            print("prebuild: tracing the suite failed")
+            return 1
+        from bench.prebuild_suite import read_jobs
+
+        suite_jobs = read_jobs(traced)
+        errors.update(build.build_many(suite_jobs, target, args.workers, on_built=progress))
+        print(f"prebuild: the suite's {len(suite_jobs)} modules ready at {time.time() - start:.0f} s", flush=True)
+    failed = {job: error for job, error in errors.items() if error}
+    print(f"{len(errors)} modules ready in {time.time() - start:.0f} s on {torch.cuda.get_device_name()}, "
+          f"{len(failed)} failed")
+    for job, error in failed.items():
+        print(f"FAILED {job.program} [{job.dtype}]\n{error}\n")
     return 1 if failed else 0
 
 

@@ -5,8 +5,9 @@ The GEMM's epilogue stores the norm's input once and takes per (16-row strip, co
 it from the float32 accumulators, storing the input as its deviation from its strip's mean (so
 its rounding costs 2^-9 of the normalized value, not 2^-9 of the input's magnitude over the
 column's spread, as eager's rounding does); a finalize merges each column's strips and one pass
-normalizes in place and runs the rest of the chain. Every kernel computes the suite's training BatchNorm
-chains, and the batch statistics the op returns for the running statistics (mean, unbiased
+normalizes in place and runs the rest of the chain. Each kernel of the production menu computes
+S07's chain, and one of it in turn each other training BatchNorm chain of the suite, with the
+batch statistics the op returns for the running statistics (mean, unbiased
 variance), under the correctness rule: M of two rows up to many strips, strips cut short by M,
 N not a multiple of the tile, bfloat16, float16 and float32 as TF32, a widening chain, operands
 of the output's shape before the norm. NaN and infinities reach eager's columns; values far from
@@ -24,7 +25,8 @@ import torch
 import fxfuse.cuda as fxcuda
 from fxfuse import reference
 from fxfuse.ir import Gemm, Norm, Program
-from gemm_harness import Modules, assert_under_rule, draw, kernels, run_config_outputs, truth, truth_statistics
+from gemm_harness import (Modules, assert_under_rule, draw, kernels, on_checking_menus, run_config_outputs, truth,
+                          truth_statistics)
 from programs import PROGRAMS
 
 PROGRAMS_BN = {
@@ -35,9 +37,12 @@ PROGRAMS_BN = {
     "widen_s07": PROGRAMS["widen_s07_vec_batch_train"],
     "plain": Program(Gemm(False), (Norm("batch", 1e-3, training=True),)),
 }
-CASES = {**{(name, torch.bfloat16): (p, torch.bfloat16) for name, p in PROGRAMS_BN.items()},
-         ("s07", torch.float16): (PROGRAMS_BN["s07"], torch.float16),
-         ("s07", torch.float32): (PROGRAMS_BN["s07"], torch.float32)}  # float32 as TF32
+# S07 on the production menu, each kernel checked; the others on one kernel in turn
+# (gemm_harness.checking_menu)
+CASES = on_checking_menus({**{(name, torch.bfloat16): (p, torch.bfloat16) for name, p in PROGRAMS_BN.items()},
+                           ("s07", torch.float16): (PROGRAMS_BN["s07"], torch.float16),
+                           ("s07", torch.float32): (PROGRAMS_BN["s07"], torch.float32)},  # float32 as TF32
+                          {("s07", torch.bfloat16)})
 # (M, N, K): two rows (a column then normalizes to about +-d / sqrt(d^2 + 4 eps) of their
 # difference d: eager's rounding of the norm's input moves it by up to one where d is a few ulp,
 # the stored deviations by 2^-9); a strip cut short (7); a strip of one row (17: its deviation is

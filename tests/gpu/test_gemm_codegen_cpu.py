@@ -712,6 +712,32 @@ def test_a_finished_module_holding_the_kernels_asked_for_serves_in_place_of_buil
     assert len(compiled) == 4
 
 
+def test_the_in_gemm_tests_check_each_kernel_on_every_stage_kind_and_other_programs_on_one_or_two(monkeypatch):
+    """The GPU tests' GEMM modules: each kernel of the production menu on a program of each stage
+    kind (the modules the selection's tests route too), every other program on one kernel for many
+    rows and, where it swaps, one for few, in turn, so that between them the other programs run
+    every kernel: 136 CUTLASS kernels to build, where every program on every kernel was 287."""
+    import test_gemm_batch_norm
+    import test_gemm_epilogue
+    import test_gemm_group_norm
+    from gemm_harness import gemm_jobs
+
+    monkeypatch.setattr(torch.backends.cuda.matmul, "allow_tf32", True)  # the float32 cases: TF32 modules
+    every_kernel = set(gemm_codegen.KERNELS + gemm_codegen.FEW_ROWS_KERNELS)
+    files = [(test_gemm_epilogue.BUILDS, test_gemm_epilogue.EVERY_KERNEL),
+             (test_gemm_group_norm.CASES, {("s04", torch.bfloat16), ("s02", torch.bfloat16)}),
+             (test_gemm_batch_norm.CASES, {("s07", torch.bfloat16)})]
+    for cases, production in files:
+        assert {key for key, case in cases.items() if len(case) == 2} == production
+        for program, dtype, *menu in cases.values():
+            if menu:
+                assert len(menu[0]) == 1 + gemm_codegen.swaps(program) and set(menu[0]) <= every_kernel
+    checked = {kernel for program, _, *menu in test_gemm_epilogue.BUILDS.values() if menu for kernel in menu[0]}
+    assert checked == every_kernel
+    jobs = set(gemm_jobs({(file, *key): case for file, (cases, _) in enumerate(files) for key, case in cases.items()}))
+    assert sum(job.units() for job in jobs if job.param_dtypes is not None) == 136
+
+
 def test_the_selection_times_each_candidate_alone_for_a_while():
     """A candidate timed right after another runs in the state that one left (the card's clocks
     under its power limit): here the first call after the 1 % slower in-GEMM path runs 10 %

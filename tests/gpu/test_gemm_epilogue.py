@@ -1,12 +1,13 @@
 """The in-GEMM back end (csrc/gemm_epilogue.cuh, fxfuse/cuda/gemm_codegen.py) on a Hopper GPU.
 
-Every GEMM configuration of every pointwise and row-reduction program, of LayerNorms, RMSNorms and
-softmaxes (per (row, subtile) statistics in the epilogue, then a pass mapping the rows in place), of eval-mode
-batch norms (pointwise per column with the running statistics: 2-D x only, as torch takes dim 1 of
-a 3-D value as channels) (bf16, fp16, and float32 as
-TF32 while torch allows TF32) computes the program under the correctness rule: within 1e-2 of eager's result, or no further from the float64 truth than eager's own result
-(the epilogue computes in float32 on the accumulators and rounds once, where eager rounds the GEMM
-output and every op). Every element is written (outputs poisoned with NaN first), NaN and Inf reach
+Pointwise and row-reduction programs, LayerNorms, RMSNorms and softmaxes (per (row, subtile)
+statistics in the epilogue, then a pass mapping the rows in place), eval-mode batch norms
+(pointwise per column with the running statistics: 2-D x only, as torch takes dim 1 of a 3-D value
+as channels) (bf16, fp16, and float32 as TF32 while torch allows TF32) compute under the
+correctness rule, each kernel of the production menu on a program of each kind (EVERY_KERNEL) and
+each program on a kernel or two of the menu in turn: within 1e-2 of eager's result, or no further
+from the float64 truth than eager's own result (the epilogue computes in float32 on the
+accumulators and rounds once, where eager rounds the GEMM output and every op). Every element is written (outputs poisoned with NaN first), NaN and Inf reach
 the same positions as eager's, odd shapes run, and the selection routes a shape to a measured path
 that covers it.
 """
@@ -25,7 +26,7 @@ from fxfuse.cuda.gemm_codegen import FEW_ROWS_KERNELS, KERNELS, Kernel, unsuppor
 from fxfuse.ir import Gemm, Pointwise, Program, Reduce
 from fxfuse.vocabulary import call
 from gemm_harness import (DEVICE, SCHEDULES, TOL, Modules, assert_every_kernel_computes, assert_under_rule, build_modules,
-                          draw, every_schedule, kernels, names_of, run_config, truth)
+                          draw, every_schedule, kernels, names_of, on_checking_menus, run_config, truth)
 from programs import PROGRAMS, vocabulary_program
 
 X = E.X
@@ -66,7 +67,17 @@ def program_of(name: str) -> Program:
     return EXTRA.get(name) or PROGRAMS[name]
 
 
-BUILDS = {(name, dtype): (program_of(name), dtype) for name, dtype in CASES}  # also built by prebuild.py
+# The modules on the production menu, each kernel of it checked: a pointwise program of each
+# operand kind (scalar and column; of the output's shape), the gated pair, a row reduction, a
+# LayerNorm's and a softmax's partials, TF32, and those the selection's tests route. The others
+# carry a kernel or two in turn (gemm_harness.checking_menu).
+EVERY_KERNEL = {("s01_scale_leaky", torch.bfloat16), ("s01_scale_leaky", torch.float32), ("s10_div_gelu", torch.bfloat16),
+                ("s13_sub_mul_relu", torch.bfloat16), ("scalar_and_col", torch.bfloat16),
+                ("full_two_and_col", torch.bfloat16), ("gemm_gate_silu", torch.bfloat16),
+                ("s05_logsumexp_chain", torch.bfloat16), ("s20_layer_silu", torch.bfloat16),
+                ("s11_gelu_softmax", torch.bfloat16)}
+BUILDS = on_checking_menus({(name, dtype): (program_of(name), dtype) for name, dtype in CASES},
+                           EVERY_KERNEL)  # also built by prebuild.py
 
 
 @pytest.fixture(autouse=True)
@@ -494,14 +505,15 @@ def test_by_default_the_selection_times_inductors_kernels_and_the_faster_runs(ho
 # a program of each kind of kernel after the GEMM: none, a row reduction's finalize, a row map's
 # pass, a training BatchNorm's finalize and normalize
 PDL = ["s01_scale_leaky", "s05_logsumexp_chain", "s21_rms_silu", "s07_vec_batch_train"]
-PDL_MENU = (Kernel(256, 128, cluster_m=2, pdl=True),)  # also built by prebuild.py
+PDL_MENU = (Kernel(256, 128, cluster_m=2, pdl=True),)
+
+
+PDL_BUILDS = {name: (PROGRAMS[name], torch.bfloat16, PDL_MENU) for name in PDL}  # also built by prebuild.py
 
 
 @pytest.fixture(scope="module")
 def pdl_modules():
-    from gemm_harness import build_menu_modules
-
-    return build_menu_modules({name: PROGRAMS[name] for name in PDL}, torch.bfloat16, PDL_MENU)
+    return build_modules(PDL_BUILDS)
 
 
 @pytest.mark.parametrize("name", PDL)

@@ -51,8 +51,12 @@ def test_suite_model_on_cuda_full_size(row_id, dtype):
     _check(suite.get_row(row_id), "full", dtype, draws=2)
 
 
-@pytest.mark.parametrize("batch", [16, 1, 24, 64])  # the swapped GEMM's 16-, 32- and 64-wide tiles over the rows
-@pytest.mark.parametrize("row_id", ["S01", "S02", "S04", "S10"])
+DECODE_ROWS = ["S01", "S02", "S04", "S10"]  # also built by prebuild.py --suite
+DECODE_BATCHES = [16, 1, 24, 64]  # the swapped GEMM's 16-, 32- and 64-wide tiles over the rows
+
+
+@pytest.mark.parametrize("batch", DECODE_BATCHES)
+@pytest.mark.parametrize("row_id", DECODE_ROWS)
 def test_decode_shapes_on_cuda(row_id, batch):
     _check(suite.get_row(row_id), "full", torch.bfloat16, batch=batch, draws=2)
 
