@@ -622,7 +622,7 @@ def gemm_program(program: Program, dtype: torch.dtype) -> Program:
     where the generator takes it, so that modules are shared across rounding points."""
     from . import gemm_codegen
 
-    return gemm_codegen.canonical(program) if gemm_codegen.unsupported_reason(program, dtype) is None else program
+    return gemm_codegen.canonical(program) if gemm_codegen.build_reason(program, dtype) is None else program
 
 
 def _gemm_payload(program: Program, dtype: torch.dtype, param_dtypes: tuple[torch.dtype, ...]) -> str:

@@ -266,13 +266,23 @@ def group_size(norm: Norm, n: int) -> int | None:
 
 
 def unsupported_reason(program: Program, dtype: torch.dtype) -> str | None:
-    """Why the in-GEMM path cannot take ``program`` on ``dtype`` inputs (None: it can; a group
-    norm's group size is checked per call, by the module)."""
-    if dtype not in FX_DTYPES:
-        return f"the in-GEMM path takes bfloat16, float16 and (as TF32) float32 GEMMs, not {dtype}"
-    if dtype == torch.float32 and not torch.backends.cuda.matmul.allow_tf32:
+    """Why the in-GEMM path cannot take ``program``'s calls on ``dtype`` inputs now (None: it can;
+    a group norm's group size is checked per call, by the module): no module can be built for it
+    (build_reason), or a float32 GEMM while torch does not allow TF32."""
+    reason = build_reason(program, dtype)
+    if reason is None and dtype == torch.float32 and not torch.backends.cuda.matmul.allow_tf32:
         return ("a float32 GEMM is TF32 in the in-GEMM path, and torch.backends.cuda.matmul.allow_tf32 "
                 "is off: cuBLAS computes it in float32")
+    return reason
+
+
+def build_reason(program: Program, dtype: torch.dtype) -> str | None:
+    """Why no GEMM module can be generated for ``program`` on ``dtype`` inputs (None: one can).
+    Whatever the process's TF32 setting: a float32 module is TF32 by construction, and a build
+    worker, which starts with torch's defaults (TF32 off), must generate and key the module its
+    parent asked for (it failed them, and the parent built each again alone)."""
+    if dtype not in FX_DTYPES:
+        return f"the in-GEMM path takes bfloat16, float16 and (as TF32) float32 GEMMs, not {dtype}"
     if program.steps:
         return (f"{', '.join(program.steps)} of the GEMM output: a step turns the float32 accumulator's "
                 "last-bit difference from eager's rounded output into a jump, so the row pass takes it")
@@ -355,7 +365,7 @@ def generate(program: Program, dtype: torch.dtype, param_dtypes: tuple[torch.dty
     cuBLAS output). With ``files`` fewer than the units, the units are compiled as about that
     many files (``units_<j>.cu``, ``grouped_units``): the cores a build has, where they are fewer
     than its kernels."""
-    reason = unsupported_reason(program, dtype)
+    reason = build_reason(program, dtype)
     if reason is not None:
         raise UnsupportedProgram(reason)
     kernels = tuple(kernels or menu(program))

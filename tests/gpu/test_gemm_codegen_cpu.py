@@ -347,7 +347,6 @@ def test_grouped_units_keep_kinds_and_programmatic_dependents_apart_and_at_most_
 
 
 @pytest.mark.parametrize("name,dtype,reason", [
-    ("s01_scale_leaky", torch.float32, "allow_tf32 is off"),
     ("s01_scale_leaky", torch.float64, "bfloat16, float16 and (as TF32) float32"),
     ("widen_rms_then_group", torch.bfloat16, "more than one norm or reduction"),
     ("reduce_var_keep", torch.bfloat16, "var reductions are not in the in-GEMM epilogue"),
@@ -359,6 +358,15 @@ def test_programs_the_in_gemm_path_does_not_take_yet(name, dtype, reason):
     assert reason in gemm_codegen.unsupported_reason(PROGRAMS[name], dtype)
     with pytest.raises(ValueError):
         gemm_codegen.generate(PROGRAMS[name], dtype, (dtype,) * len(PROGRAMS[name].params), "n", "e")
+
+
+def test_a_float32_gemm_takes_the_in_gemm_path_only_while_torch_allows_tf32(monkeypatch):
+    """Its calls go to cuBLAS while TF32 is off; its module is still generated (a build worker
+    starts with TF32 off, building for a parent that allows it)."""
+    monkeypatch.setattr(torch.backends.cuda.matmul, "allow_tf32", False)
+    assert "allow_tf32 is off" in gemm_codegen.unsupported_reason(PROGRAMS["s01_scale_leaky"], torch.float32)
+    assert gemm_codegen.build_reason(PROGRAMS["s01_scale_leaky"], torch.float32) is None
+    assert "main.cu" in gemm_codegen.generate(PROGRAMS["s01_scale_leaky"], torch.float32, (), "n", "e")
 
 
 def test_a_norm_or_softmax_over_the_row_keeps_statistics_per_row_and_subtile_for_a_pass_after_the_gemm():
@@ -738,6 +746,27 @@ def test_the_in_gemm_tests_check_each_kernel_on_every_stage_kind_and_other_progr
     assert sum(job.units() for job in jobs if job.param_dtypes is not None) == 136
 
 
+def test_a_float32_module_is_generated_and_keyed_alike_whatever_the_processs_tf32_setting(tmp_path, monkeypatch):
+    """A build worker starts with torch's defaults (TF32 off): the TF32 module its parent asked for
+    must come out the same there (its sources and its key), or the worker fails it and the parent
+    builds it again alone. Whether a float32 call takes the module is decided per call."""
+    include = tmp_path / "include"
+    (include / "cutlass").mkdir(parents=True)
+    (include / "cutlass" / "cutlass.h").write_text("")
+    (include / "cutlass" / "version.h").write_text("#define CUTLASS_MAJOR 4\n#define CUTLASS_MINOR 2\n"
+                                                   "#define CUTLASS_PATCH 0\n")
+    monkeypatch.setenv("CUTLASS_PATH", str(tmp_path))
+    target = build.Target("cuda", "sm_90a", (), None)
+    made = []
+    for allowed in (True, False):
+        monkeypatch.setattr(torch.backends.cuda.matmul, "allow_tf32", allowed)
+        program = build.gemm_program(S01_BF16, torch.float32)
+        made.append((gemm_codegen.generate(program, torch.float32, (), "fxg_t", "fx_gemm_info_t"),
+                     build.gemm_key(program, torch.float32, (), target)))
+        assert (gemm_codegen.unsupported_reason(S01_BF16, torch.float32) is None) == allowed
+    assert made[0] == made[1]
+
+
 def test_the_selection_times_each_candidate_alone_for_a_while():
     """A candidate timed right after another runs in the state that one left (the card's clocks
     under its power limit): here the first call after the 1 % slower in-GEMM path runs 10 %
@@ -794,23 +823,26 @@ def test_a_configuration_whose_output_disagrees_with_the_row_pass_is_never_timed
     assert list(kept) == ["row", "cooperative, raster M"]
 
 
-def test_a_short_run_settles_for_ten_runs_time_not_the_whole_settling_time():
+def test_a_short_run_settles_for_ten_runs_time_not_the_whole_settling_time(monkeypatch):
     """A candidate whose run takes less than HEAVY_RUN_S (a decode size's microseconds, the tests'
     shapes) does not heat the card: it settles for about ten of its runs, so a selection of forty
-    small candidates stays quick."""
-    import time
+    small candidates stays quick. (On a simulated clock: a loaded host's sleep of a quarter of
+    HEAVY_RUN_S can overrun it and so settle for the whole minute.)"""
+    from types import SimpleNamespace
 
-    from fxfuse.cuda.timing import HEAVY_RUN_S, blocked_medians
+    from fxfuse.cuda import timing
 
-    runs = []
+    clock, runs = [0.0], []
+    monkeypatch.setattr(timing, "time", SimpleNamespace(perf_counter=lambda: clock[0]))
 
     def time_once(call):
-        time.sleep(HEAVY_RUN_S / 4)
+        clock[0] += timing.HEAVY_RUN_S / 4
         runs.append(call())
         return 1.0
 
-    blocked_medians({"row": lambda: "row"}, time_once, samples_per_block=1, passes=1, settle_s=60.0, warm_up_s=0.0)
-    assert 3 <= len(runs) <= 13  # the first untimed run, about ten more, one sample
+    timing.blocked_medians({"row": lambda: "row"}, time_once, samples_per_block=1, passes=1, settle_s=60.0,
+                           warm_up_s=0.0)
+    assert 10 <= len(runs) <= 12  # the first untimed run, more to ten runs' time, one sample
 
 
 def test_a_heavy_run_settles_for_the_whole_settling_time():
