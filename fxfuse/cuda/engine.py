@@ -236,8 +236,15 @@ class Engine:
                 menus[(text, dtype, params)] = kernels
         jobs = ([BuildJob(RUNTIME_SOURCE, torch.float32)] + [BuildJob(*item, kernels) for item, kernels in menus.items()]
                 + [BuildJob(t, d) for t, d in pairs])
-        failed = {(job.program, job.dtype): BuildError(error) for job, error in build_many(jobs, target, workers).items()
+        built = build_many(jobs, target, workers)
+        failed = {(job.program, job.dtype): BuildError(error) for job, error in built.items()
                   if error is not None and job.param_dtypes is None and job.program != RUNTIME_SOURCE}
+        for job, error in built.items():
+            if error is not None and job.param_dtypes is not None:  # not built again below: minutes, to fail alike
+                gkey = ((job.program, job.dtype, _index(device)), job.param_dtypes)
+                with self._lock:
+                    self._gemm_errors[gkey] = error
+                    self._gemms.setdefault(gkey, None)
         for text, dtype in pairs:
             if (text, dtype) not in failed:
                 try:

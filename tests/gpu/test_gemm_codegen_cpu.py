@@ -286,6 +286,26 @@ def test_a_graph_of_many_rows_after_one_of_few_builds_the_grown_module_once(monk
     assert len(built) == 2
 
 
+def test_a_gemm_module_whose_build_failed_in_a_worker_is_not_built_again_in_the_compiling_process(monkeypatch):
+    """It would fail alike, minutes later: the worker's error is the module's (gemm_error says it),
+    its program stays on the row path, and later calls do not try again."""
+    from types import SimpleNamespace
+
+    from fxfuse.cuda.engine import Engine
+
+    built = []
+    monkeypatch.setattr(build, "gemm_target_reason", lambda target: None)
+    monkeypatch.setattr(build, "build_many", lambda jobs, target, workers=None: {
+        job: "nvcc: out of memory" if job.param_dtypes is not None else None for job in jobs})
+    monkeypatch.setattr(build, "build_gemm", lambda *args, **kwargs: built.append(args))
+    engine = Engine(lambda device: None)
+    monkeypatch.setattr(engine, "prepare", lambda *args: None)
+    program, device, bf16 = PROGRAMS["s01_scale_leaky"], torch.device("cpu"), torch.bfloat16
+    assert not engine.prepare_many([(program, bf16)], device, gemm_items=[(program, bf16, (), 1024)])
+    assert engine.gemm_error(program, bf16, (), device) == "nvcc: out of memory" and not built
+    assert engine.prepare_gemm(program, bf16, (), device) is None and not built
+
+
 @pytest.mark.parametrize("name", ["s05_logsumexp_chain", "s20_layer_silu", "s11_gelu_softmax", "s07_vec_batch_train",
                                   "gemm_gate_silu"])
 def test_row_and_column_statistics_reductions_and_second_gemms_keep_the_menu_without_the_swapped_kernel(name):
