@@ -656,17 +656,28 @@ def test_a_modules_size_queries_answer_on_the_host_for_every_configuration(tmp_p
     assert all(info.workspace(m, n, k, 132, config) >= 0 for m, n, k in shapes for config in configs)
 
 
-def test_gemm_modules_are_keyed_on_the_kernel_program_parameter_dtypes_and_cutlass(tmp_path, monkeypatch):
+@pytest.fixture
+def fake_cutlass(tmp_path, monkeypatch) -> Path:
+    """CUTLASS_PATH at headers that only say their version (4.2.0), all a key reads of them; their
+    include directory."""
+    include = tmp_path / "include"
+    (include / "cutlass").mkdir(parents=True)
+    (include / "cutlass" / "cutlass.h").write_text("")
+    (include / "cutlass" / "version.h").write_text("#define CUTLASS_MAJOR 4\n#define CUTLASS_MINOR 2\n"
+                                                   "#define CUTLASS_PATCH 0\n")
+    monkeypatch.setenv("CUTLASS_PATH", str(tmp_path))
+    build.cutlass_version.cache_clear()
+    yield include
+    build.cutlass_version.cache_clear()
+
+
+def test_gemm_modules_are_keyed_on_the_kernel_program_parameter_dtypes_and_cutlass(tmp_path, monkeypatch,
+                                                                                   fake_cutlass):
     """What build_gemm hands the compiler: the CUTLASS include, a unit per kernel (grouped into a
     file per compile it may run at once where those are fewer), a key that two spellings of one
     kernel share and parameter dtypes, another menu or another CUTLASS version change, and the
     grouping does not."""
-    include = tmp_path / "include"
-    (include / "cutlass").mkdir(parents=True)
-    (include / "cutlass" / "cutlass.h").write_text("")
-    version = include / "cutlass" / "version.h"
-    version.write_text("#define CUTLASS_MAJOR 4\n#define CUTLASS_MINOR 2\n#define CUTLASS_PATCH 0\n")
-    monkeypatch.setenv("CUTLASS_PATH", str(tmp_path))
+    include, version = fake_cutlass, fake_cutlass / "cutlass" / "version.h"
     built = []
 
     def fake_build(key, kind, label, name, entry, sources, target, csrc, cutlass=None, manifest=None):
@@ -693,21 +704,15 @@ def test_gemm_modules_are_keyed_on_the_kernel_program_parameter_dtypes_and_cutla
     build.cutlass_version.cache_clear()
     version.write_text("#define CUTLASS_MAJOR 4\n#define CUTLASS_MINOR 3\n#define CUTLASS_PATCH 0\n")
     assert build.build_gemm(plain, torch.bfloat16, (), target).key != keys[0]
-    build.cutlass_version.cache_clear()
 
 
-def test_a_finished_module_holding_the_kernels_asked_for_serves_in_place_of_building_them(tmp_path, monkeypatch):
+def test_a_finished_module_holding_the_kernels_asked_for_serves_in_place_of_building_them(tmp_path, monkeypatch,
+                                                                                         fake_cutlass):
     """A module is keyed on its kernels, so a process whose calls need fewer kernels than one in
     the cache holds (decode alone, after a run that grew the module for prefill too; a test run
     after a prebuild) would build a module of minutes again: the smallest finished module of the
     same program, dtypes and toolchain holding them all serves instead. A menu that none holds,
     another program's, or a module still unfinished is built."""
-    include = tmp_path / "include"
-    (include / "cutlass").mkdir(parents=True)
-    (include / "cutlass" / "cutlass.h").write_text("")
-    (include / "cutlass" / "version.h").write_text("#define CUTLASS_MAJOR 4\n#define CUTLASS_MINOR 2\n"
-                                                   "#define CUTLASS_PATCH 0\n")
-    monkeypatch.setenv("CUTLASS_PATH", str(tmp_path))
     cache = tmp_path / "cache"
     monkeypatch.setenv("FXFUSE_CACHE_DIR", str(cache))
     compiled = []
@@ -766,16 +771,10 @@ def test_the_in_gemm_tests_check_each_kernel_on_every_stage_kind_and_other_progr
     assert sum(job.units() for job in jobs if job.param_dtypes is not None) == 136
 
 
-def test_a_float32_module_is_generated_and_keyed_alike_whatever_the_processs_tf32_setting(tmp_path, monkeypatch):
+def test_a_float32_module_is_generated_and_keyed_alike_whatever_the_processs_tf32_setting(monkeypatch, fake_cutlass):
     """A build worker starts with torch's defaults (TF32 off): the TF32 module its parent asked for
     must come out the same there (its sources and its key), or the worker fails it and the parent
     builds it again alone. Whether a float32 call takes the module is decided per call."""
-    include = tmp_path / "include"
-    (include / "cutlass").mkdir(parents=True)
-    (include / "cutlass" / "cutlass.h").write_text("")
-    (include / "cutlass" / "version.h").write_text("#define CUTLASS_MAJOR 4\n#define CUTLASS_MINOR 2\n"
-                                                   "#define CUTLASS_PATCH 0\n")
-    monkeypatch.setenv("CUTLASS_PATH", str(tmp_path))
     target = build.Target("cuda", "sm_90a", (), None)
     made = []
     for allowed in (True, False):
