@@ -848,10 +848,10 @@ def build_plan(param_dtypes: list, slots: int, gemm_units: int, workers: int | N
     on 16 cores compiled their units two at a time, in two rounds of a minute, while the program
     modules' short units were long done), and the other modules keep a worker's share. Where they
     are as many as the slots or more (a prebuild of the tests' and the suite's), each takes a
-    worker and one compile: its kernels then share a file of each kind (gemm_codegen.grouped_units),
-    which parses CUTLASS once where a unit or a file a compile parsed it once each. On few slots a
-    worker a slot keeps them busy through each build's serial steps (ninja and cpp_extension
-    start-up, the link)."""
+    worker and one compile: its kernels of a kind then share a file (gemm_codegen.grouped_units),
+    and CUTLASS's headers are parsed once a kind, not once a unit. On few slots a worker a slot
+    keeps them busy through each build's serial steps (ninja and cpp_extension start-up, the
+    link)."""
     gemms = sum(params is not None for params in param_dtypes)
     if workers is None:
         workers = slots if slots < 4 or gemms >= slots else slots // 2
@@ -859,7 +859,6 @@ def build_plan(param_dtypes: list, slots: int, gemm_units: int, workers: int | N
     share = max(1, slots // workers)
     gemm_share = max(share, min(gemm_units, slots // max(1, gemms)))
     return workers, [share if params is None else gemm_share for params in param_dtypes]
-
 
 
 @dataclass(frozen=True)
