@@ -652,35 +652,36 @@ def covering_kernels(family: str, kernels: tuple) -> tuple | None:
     kinds of call (prefill and decode) or built ahead for many (a prebuild) so serves a process
     whose calls need fewer of its kernels, where building the exact menu would take minutes."""
     wanted = set(kernels)
-    held = [menu for menu in _finished_menus(cache_root()).get(family, ()) if wanted <= set(menu)]
+    held = [menu for menu in _finished_menus(cache_root(), family) if wanted <= set(menu)]
     return min(held, key=len) if held else None
 
 
-_menus_seen: dict[Path, tuple[int, dict]] = {}
+_menus_read: dict[Path, dict[str, tuple[str, tuple] | None]] = {}  # root -> entry -> (family, kernels)
 
 
-def _finished_menus(root: Path) -> dict[str, list[tuple]]:
-    """family -> the kernel tuples of its finished GEMM modules in ``root``, from their manifests;
-    read again whenever an entry appears or goes (the directory's mtime)."""
+def _finished_menus(root: Path, family: str) -> list[tuple]:
+    """The kernel tuples of the finished GEMM modules of ``family`` in ``root``, from their
+    manifests, each read once a process (a manifest never changes; entries come and go)."""
     from .gemm_codegen import Kernel
 
     try:
-        stamp = root.stat().st_mtime_ns
+        names = [name for name in os.listdir(root) if _ENTRY_NAME.fullmatch(name) and "." not in name]
     except OSError:
-        return {}
-    seen = _menus_seen.get(root)
-    if seen is not None and seen[0] == stamp:
-        return seen[1]
-    menus: dict[str, list[tuple]] = {}
-    for path in root.iterdir():
-        if not _ENTRY_NAME.fullmatch(path.name) or "." in path.name:
-            continue
-        try:
-            manifest = json.loads((path / "ok").read_text())
-            menus.setdefault(manifest["family"], []).append(tuple(Kernel(**k) for k in manifest["kernels"]))
-        except (OSError, ValueError, KeyError, TypeError):
-            continue  # unfinished, not a GEMM module, or of an older layout
-    _menus_seen[root] = (stamp, menus)
+        return []
+    read = _menus_read.setdefault(root, {})
+    menus = []
+    for name in names:
+        if name not in read:
+            try:
+                manifest = json.loads((root / name / "ok").read_text())
+            except (OSError, ValueError):
+                continue  # unfinished: read again next time
+            try:
+                read[name] = (manifest["family"], tuple(Kernel(**k) for k in manifest["kernels"]))
+            except (KeyError, TypeError):
+                read[name] = None  # not a GEMM module, or of an older layout
+        if read[name] is not None and read[name][0] == family and (root / name / "ok").is_file():
+            menus.append(read[name][1])
     return menus
 
 
