@@ -118,6 +118,13 @@ KERNELS = (Kernel(128, 256, cluster_m=2), Kernel(256, 128, cluster_m=2), Kernel(
 FEW_ROWS_KERNELS = (Kernel(64, 16, 128, swapped=True), Kernel(64, 32, 128, swapped=True),
                     Kernel(64, 64, 128, swapped=True))
 
+# The kernel for few rows where no swapped kernel takes the epilogue (a reduction, a norm over the
+# row, a gated pair, a training BatchNorm): one of KERNELS, for the selection to measure against the
+# row path, not all four to compile. Their 128-row tiles ran 1.7-2.0x F.linear at 16 rows
+# (BENCHMARKS.md sections 30 and 37) where the row pass ran 1.15x (section 38); this one's cluster
+# lies along N, where one tile of rows leaves half of a cluster along M without rows.
+FEW_ROWS_TREE = Kernel(128, 128, cluster_n=2)
+
 
 # Which calls a GEMM module serves, by their rows: those of each kernel for few rows (Kernel.rows),
 # or many; a module met by calls of several kinds carries the kernels of each
@@ -159,9 +166,10 @@ def menu(program: Program, served: frozenset[str] = ANY_ROWS) -> tuple[Kernel, .
     sums a group along the tile's rows; the other register nodes do not). A module for few rows
     alone carries that kernel alone: KERNELS' 128-row tiles run 1.7-2.0x ``F.linear`` there, and
     each unit costs the cold compile (four programs on 16 cores: 114 s with KERNELS, 151 s with a
-    swapped kernel more; BENCHMARKS.md section 37). Other programs get KERNELS for any rows."""
+    swapped kernel more; BENCHMARKS.md section 37). Other programs get KERNELS for many rows, and
+    for few rows alone FEW_ROWS_TREE."""
     if not swaps(program):
-        return KERNELS
+        return KERNELS if MANY in served else (FEW_ROWS_TREE,)
     return (KERNELS if MANY in served else ()) + tuple(kernel for kernel in FEW_ROWS_KERNELS if kernel.rows in served)
 
 

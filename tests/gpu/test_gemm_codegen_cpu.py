@@ -182,7 +182,22 @@ def test_a_module_carries_the_kernels_for_the_rows_of_its_calls():
     assert gemm_codegen.menu(program, decode_and_prefill) == gemm_codegen.KERNELS + (narrow,)
     assert gemm_codegen.rows_served(None) == gemm_codegen.ANY_ROWS
     assert gemm_codegen.menu(program) == gemm_codegen.KERNELS + (narrow, mid, wide)
-    assert gemm_codegen.menu(PROGRAMS["s20_layer_silu"], gemm_codegen.rows_served(16)) == gemm_codegen.KERNELS
+
+
+
+@pytest.mark.parametrize("name", ["s05_logsumexp_chain", "s20_layer_silu", "s07_vec_batch_train", "gemm_gate_silu"])
+def test_a_program_no_swapped_kernel_takes_gets_one_kernel_for_few_rows_and_every_one_for_many(name):
+    """A reduction, a norm over the row, a training BatchNorm or a gated pair at up to 64 rows: the
+    tree kernels' 128-row tiles lose to the row pass there, so the module carries one of them for
+    the selection to measure (its cluster along N), not four to compile; calls of many rows, or a
+    module grown for both, every kernel."""
+    program = PROGRAMS[name]
+    for rows in (1, 16, 64):
+        assert gemm_codegen.menu(program, gemm_codegen.rows_served(rows)) == (Kernel(128, 128, cluster_n=2),)
+    assert gemm_codegen.FEW_ROWS_TREE in gemm_codegen.KERNELS
+    assert gemm_codegen.menu(program, gemm_codegen.rows_served(1024)) == gemm_codegen.KERNELS
+    assert gemm_codegen.menu(program, gemm_codegen.rows_served(16) | gemm_codegen.rows_served(1024)) == gemm_codegen.KERNELS
+    assert gemm_codegen.menu(program) == gemm_codegen.KERNELS
 
 
 def test_a_module_is_built_again_for_calls_of_other_rows_and_the_routes_follow_by_name(monkeypatch):
