@@ -13,7 +13,6 @@ another; here all cores work together).
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import sys
 import time
@@ -81,18 +80,21 @@ def build_jobs(pairs, gemms) -> list[BuildJob]:
             + [BuildJob(program.to_string(), dtype) for program, dtype in pairs])
 
 
-def write_jobs(path: Path, jobs: list[BuildJob]) -> None:
-    rows = [{"program": job.program, "dtype": str(job.dtype).removeprefix("torch."),
-             "params": None if job.param_dtypes is None else [str(d).removeprefix("torch.") for d in job.param_dtypes],
-             "kernels": None if job.kernels is None else [dataclasses.asdict(k) for k in job.kernels]} for job in jobs]
-    path.write_text(json.dumps(rows))
+def write_traced(path: Path, pairs, gemms) -> None:
+    """suite_programs's (pairs, gemms) as JSON, for a process that builds them with others'."""
+    def name(dtype):
+        return str(dtype).removeprefix("torch.")
+
+    path.write_text(json.dumps({"pairs": [[program.to_string(), name(dtype)] for program, dtype in pairs],
+                                "gemms": [[program.to_string(), name(dtype), [name(d) for d in params], rows]
+                                          for program, dtype, params, rows in gemms]}))
 
 
-def read_jobs(path: Path) -> list[BuildJob]:
-    return [BuildJob(row["program"], getattr(torch, row["dtype"]),
-                     None if row["params"] is None else tuple(getattr(torch, d) for d in row["params"]),
-                     None if row["kernels"] is None else tuple(gemm_codegen.Kernel(**k) for k in row["kernels"]))
-            for row in json.loads(path.read_text())]
+def read_traced(path: Path) -> tuple[set, set]:
+    traced = json.loads(path.read_text())
+    return ({(Program.parse(text), getattr(torch, dtype)) for text, dtype in traced["pairs"]},
+            {(Program.parse(text), getattr(torch, dtype), tuple(getattr(torch, d) for d in params), rows)
+             for text, dtype, params, rows in traced["gemms"]})
 
 
 def main() -> int:
@@ -105,8 +107,8 @@ def main() -> int:
                         help="also these rows' modules at full size in bf16 for calls of these rows, as "
                              "tests/gpu/test_suite_cuda.py's decode tests make them (S01,S04:1,16)")
     parser.add_argument("--trace-to", type=Path, default=None,
-                        help="trace only, and write the builds (read_jobs) to this JSON file: tests/gpu/prebuild.py "
-                             "--suite builds them beside the tests' own")
+                        help="trace only, and write the programs (read_traced) to this JSON file: tests/gpu/prebuild.py "
+                             "--suite builds them with the tests' own")
     args = parser.parse_args()
     import fxfuse.cuda as fxcuda
 
@@ -120,7 +122,7 @@ def main() -> int:
         gemms |= decode_gemms
     traced = time.time() - start
     if args.trace_to is not None:
-        write_jobs(args.trace_to, build_jobs(pairs, gemms))
+        write_traced(args.trace_to, pairs, gemms)
         print(f"{len(pairs)} suite programs traced in {traced:.0f} s", flush=True)
         return 0
     print(f"{len(pairs)} programs ({len(gemms)} with their parameters' dtypes) traced in {traced:.0f} s; building",

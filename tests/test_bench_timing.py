@@ -112,13 +112,13 @@ def test_the_suite_prebuild_names_each_programs_gemm_module_with_its_parameters_
 
 
 def test_the_suite_prebuild_gives_a_program_one_gemm_module_with_the_kernels_of_all_its_calls(tmp_path):
-    """tests/gpu/prebuild.py --suite builds what bench/prebuild_suite.py traced: one GEMM module a
-    (program, dtype, parameter dtypes), with the kernels for the calls of every size and of the
-    decode tests' batches (a test process that needs fewer of them loads it: build.covering_kernels),
-    written to a file and read back as they were."""
+    """tests/gpu/prebuild.py --suite builds what bench/prebuild_suite.py traced, in processes of
+    their own (written to a file and read back as they were): one GEMM module a (program, dtype,
+    parameter dtypes), with the kernels for the calls of every size and of the decode tests'
+    batches (a test process that needs fewer of them loads it: build.covering_kernels)."""
     import torch
 
-    from bench.prebuild_suite import DTYPES, build_jobs, read_jobs, suite_programs, write_jobs
+    from bench.prebuild_suite import DTYPES, build_jobs, read_traced, suite_programs, write_traced
     from examples import suite
     from fxfuse.cuda import gemm_codegen
 
@@ -126,14 +126,15 @@ def test_the_suite_prebuild_gives_a_program_one_gemm_module_with_the_kernels_of_
     pairs, gemms = suite_programs(rows, ["small"], [DTYPES["bf16"]], device="cpu")
     _, decode = suite_programs(rows, ["full"], [DTYPES["bf16"]], device="cpu", batches=[16, 64])
     assert {calls for *_, calls in decode} == {16, 64}
-    jobs = build_jobs(pairs, gemms | decode)
+    write_traced(tmp_path / "small.json", pairs, gemms)
+    write_traced(tmp_path / "decode.json", set(), decode)
+    assert read_traced(tmp_path / "small.json") == (pairs, gemms)
+    jobs = build_jobs(pairs, gemms | read_traced(tmp_path / "decode.json")[1])
     (gemm,) = [job for job in jobs if job.param_dtypes is not None]
     assert gemm.dtype == torch.bfloat16
     assert gemm.kernels == (gemm_codegen.FEW_ROWS_KERNELS[0], gemm_codegen.FEW_ROWS_KERNELS[2])  # 8 and 16 rows; 64
     assert {(job.program, job.dtype) for job in jobs if job.param_dtypes is None} >= {
         (program.to_string(), dtype) for program, dtype in pairs}
-    write_jobs(tmp_path / "jobs.json", jobs)
-    assert read_jobs(tmp_path / "jobs.json") == jobs
 
 
 def _report(dtype: str, rows: dict) -> dict:

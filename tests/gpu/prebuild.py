@@ -47,6 +47,17 @@ def tests_jobs() -> list[build.BuildJob]:
     return [build.BuildJob(build.RUNTIME_SOURCE, torch.float32), *gemm_jobs(cases), *rows]
 
 
+def suite_plan() -> list[list[str]]:
+    """bench/prebuild_suite.py's arguments for the suite models test_suite_cuda.py compiles: every
+    row at the small size in each dtype and under autocast; the full size's rows in bf16 and
+    float32, and the decode tests' rows and batches."""
+    from test_suite_cuda import DECODE_BATCHES, DECODE_ROWS, FULL_SIZE_ROWS
+
+    decode = f"{','.join(DECODE_ROWS)}:{','.join(map(str, DECODE_BATCHES))}"
+    return [["--sizes", "small", "--dtypes", "fp32,bf16,fp16,autocast,autocast-fp16"],
+            ["--sizes", "full", "--dtypes", "bf16,fp32", "--rows", ",".join(FULL_SIZE_ROWS), "--decode", decode]]
+
+
 def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--suite", action="store_true", help="the suite models' modules too")
@@ -65,22 +76,23 @@ def main() -> int:
         print(f"prebuild: {done}/{total} at {time.time() - start:.0f} s: {'FAILED' if error else 'built'} "
               f"{kind} {what}", flush=True)
 
-    tracer, traced = None, Path(tempfile.mkdtemp()) / "suite_jobs.json"
-    if args.suite:
-        from test_suite_cuda import DECODE_BATCHES, DECODE_ROWS
-
-        decode = f"{','.join(DECODE_ROWS)}:{','.join(map(str, DECODE_BATCHES))}"
-        tracer = subprocess.Popen([sys.executable, str(ROOT / "bench" / "prebuild_suite.py"), "--decode", decode,
-                                   "--trace-to", str(traced)])
+    tracers, traced = [], Path(tempfile.mkdtemp())
+    if args.suite:  # what test_suite_cuda.py compiles, traced in processes of their own meanwhile
+        tracers = [subprocess.Popen([sys.executable, str(ROOT / "bench" / "prebuild_suite.py"), *plan,
+                                     "--trace-to", str(traced / f"{i}.json")]) for i, plan in enumerate(suite_plan())]
     errors = build.build_many(tests_jobs(), target, args.workers, on_built=progress)
     print(f"prebuild: the tests' {len(errors)} modules ready at {time.time() - start:.0f} s", flush=True)
-    if tracer is not None:
-        if tracer.wait() != 0:
+    if tracers:
+        if any(tracer.wait() != 0 for tracer in tracers):
             print("prebuild: tracing the suite failed")
             return 1
-        from bench.prebuild_suite import read_jobs
+        from bench.prebuild_suite import build_jobs, read_traced
 
-        suite_jobs = read_jobs(traced)
+        pairs, gemms = set(), set()
+        for i in range(len(tracers)):
+            more_pairs, more_gemms = read_traced(traced / f"{i}.json")
+            pairs, gemms = pairs | more_pairs, gemms | more_gemms
+        suite_jobs = build_jobs(pairs, gemms)  # a module a program, with the kernels for all its calls
         errors.update(build.build_many(suite_jobs, target, args.workers, on_built=progress))
         print(f"prebuild: the suite's {len(suite_jobs)} modules ready at {time.time() - start:.0f} s", flush=True)
     failed = {job: error for job, error in errors.items() if error}
