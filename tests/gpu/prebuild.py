@@ -12,6 +12,7 @@ failures at the end, and a non-zero exit if any.
 from __future__ import annotations
 
 import argparse
+import hashlib
 import subprocess
 import sys
 import tempfile
@@ -47,6 +48,19 @@ def tests_jobs() -> list[build.BuildJob]:
     return [build.BuildJob(build.RUNTIME_SOURCE, torch.float32), *gemm_jobs(cases), *rows]
 
 
+TRACED = Path(tempfile.gettempdir()) / "fxfuse-prebuild"  # the suite's traced programs, by sources_digest
+
+
+def sources_digest(plan: list[str]) -> str:
+    """What a trace of the suite under ``plan`` depends on: fxfuse's and the examples' Python
+    sources, the suite tests', and the plan."""
+    digest = hashlib.sha256(" ".join(plan).encode())
+    for path in sorted([*(ROOT / "fxfuse").rglob("*.py"), *(ROOT / "examples").rglob("*.py"),
+                        ROOT / "tests" / "gpu" / "test_suite_cuda.py"]):
+        digest.update(path.read_bytes())
+    return digest.hexdigest()[:32]
+
+
 def suite_plan() -> list[list[str]]:
     """bench/prebuild_suite.py's arguments for the suite models test_suite_cuda.py compiles: every
     row at the small size in each dtype and under autocast; the full size's rows in bf16 and
@@ -76,21 +90,26 @@ def main() -> int:
         print(f"prebuild: {done}/{total} at {time.time() - start:.0f} s: {'FAILED' if error else 'built'} "
               f"{kind} {what}", flush=True)
 
-    tracers, traced = [], Path(tempfile.mkdtemp())
-    if args.suite:  # what test_suite_cuda.py compiles, traced in processes of their own meanwhile
-        tracers = [subprocess.Popen([sys.executable, str(ROOT / "bench" / "prebuild_suite.py"), *plan,
-                                     "--trace-to", str(traced / f"{i}.json")]) for i, plan in enumerate(suite_plan())]
+    # what test_suite_cuda.py compiles, traced in processes of their own meanwhile (minutes), or
+    # as traced before from the same sources
+    TRACED.mkdir(parents=True, exist_ok=True)
+    traced = [TRACED / f"{sources_digest(plan)}.json" for plan in suite_plan()] if args.suite else []
+    tracers = [subprocess.Popen([sys.executable, str(ROOT / "bench" / "prebuild_suite.py"), *plan, "--trace-to",
+                                 str(path.with_suffix(".partial"))])
+               for plan, path in zip(suite_plan(), traced) if not path.is_file()] if args.suite else []
     errors = build.build_many(tests_jobs(), target, args.workers, on_built=progress)
     print(f"prebuild: the tests' {len(errors)} modules ready at {time.time() - start:.0f} s", flush=True)
-    if tracers:
+    if args.suite:
         if any(tracer.wait() != 0 for tracer in tracers):
             print("prebuild: tracing the suite failed")
             return 1
         from bench.prebuild_suite import build_jobs, read_traced
 
         pairs, gemms = set(), set()
-        for i in range(len(tracers)):
-            more_pairs, more_gemms = read_traced(traced / f"{i}.json")
+        for path in traced:
+            if not path.is_file():
+                path.with_suffix(".partial").rename(path)
+            more_pairs, more_gemms = read_traced(path)
             pairs, gemms = pairs | more_pairs, gemms | more_gemms
         suite_jobs = build_jobs(pairs, gemms)  # a module a program, with the kernels for all its calls
         errors.update(build.build_many(suite_jobs, target, args.workers, on_built=progress))
