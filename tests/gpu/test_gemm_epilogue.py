@@ -7,9 +7,9 @@ as channels) (bf16, fp16, and float32 as TF32 while torch allows TF32) compute u
 correctness rule, each kernel of the production menu on a program of each kind (EVERY_KERNEL) and
 each program on a kernel or two of the menu in turn: within 1e-2 of eager's result, or no further
 from the float64 truth than eager's own result (the epilogue computes in float32 on the
-accumulators and rounds once, where eager rounds the GEMM output and every op). Every element is written (outputs poisoned with NaN first), NaN and Inf reach
-the same positions as eager's, odd shapes run, and the selection routes a shape to a measured path
-that covers it.
+accumulators and rounds once, where eager rounds the GEMM output and every op). Every element is
+written (outputs poisoned with NaN first), NaN and Inf reach the same positions as eager's, odd
+shapes run, and the selection routes a shape to a measured path that covers it.
 """
 
 from __future__ import annotations
@@ -506,8 +506,6 @@ def test_by_default_the_selection_times_inductors_kernels_and_the_faster_runs(ho
 # pass, a training BatchNorm's finalize and normalize
 PDL = ["s01_scale_leaky", "s05_logsumexp_chain", "s21_rms_silu", "s07_vec_batch_train"]
 PDL_MENU = (Kernel(256, 128, cluster_m=2, pdl=True),)
-
-
 PDL_BUILDS = {name: (PROGRAMS[name], torch.bfloat16, PDL_MENU) for name in PDL}  # also built by prebuild.py
 
 
