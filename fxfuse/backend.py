@@ -152,7 +152,9 @@ def _build(chains: list[Chain], against_inductor: bool = False, values_of=lambda
     for chain in chains:
         if _on_cuda(chain):
             wanted[(chain.program.to_string(), chain.dtype)] = chain.program
-            if not records_backward(chain.gemm):  # a training forward runs the row path (_with_path)
+            # a training forward runs the row path (_with_path); no GEMM configuration reads a (K, N)
+            # weight (GPT-2's Conv1D): neither builds a GEMM module, minutes of CUTLASS for no call
+            if not records_backward(chain.gemm) and not chain.fusion.weight_is_kn:
                 gemms.append((chain.program, chain.dtype, param_dtypes(chain), rows_of(chain)))
     if not wanted:
         return chains

@@ -520,6 +520,32 @@ def test_views_that_regroup_rows_stay_in_the_chain():
     assert row.program.endswith("|| full")  # the residual, of the viewed shape
 
 
+def test_on_the_gpu_a_weight_stored_k_by_n_builds_no_gemm_module(monkeypatch):
+    """No GEMM configuration reads a (K, N) weight (GPT-2's Conv1D): its chain asks for its row
+    module and the selection of row path against Inductor, never for a GEMM module's minutes of
+    CUTLASS; a Linear's chain asks for both. (The GPU back end stood in for: the chains count as
+    CUDA chains, nothing builds, and the build and the selection record what they are asked.)"""
+    from fxfuse import backend, cuda
+
+    asked, selected = [], []
+    monkeypatch.setattr(backend, "_on_cuda", lambda chain: chain.fusion is not None)
+    monkeypatch.setattr(cuda, "prepare_many", lambda items, workers=None, gemm_items=(): asked.append(gemm_items) or {})
+    monkeypatch.setattr(cuda, "select", lambda *args: selected.append(args[7]))  # weight_is_kn; None: the row path
+
+
+    class LinearBlock(Conv1DBlock):
+        def forward(self, x, residual):
+            return F.gelu(F.linear(x, self.weight.t(), self.bias), approximate="tanh") + residual
+
+    for block, gemm_modules, weight_is_kn in ((Conv1DBlock, 0, True), (LinearBlock, 1, False)):
+        asked.clear(), selected.clear()
+        model = block().requires_grad_(False)  # inference: the GEMM module may serve the calls
+        inputs = three_d()
+        torch.testing.assert_close(compile_fxfuse(model)(*inputs), model(*inputs), atol=1e-4, rtol=1e-4)
+        assert [len(items) for items in asked] == [gemm_modules] and selected == [weight_is_kn]
+        assert fxfuse.last_report().rows[0].status == "fused"
+
+
 def test_a_view_into_attention_heads_ends_the_chain_in_full_and_another_feature_view_stops_it():
     """Attention reads a projection's heads as the next GEMM would read its rows: the chain before
     the view is complete. A view that merges the rows into the features stops the chain."""

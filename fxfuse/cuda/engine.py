@@ -273,12 +273,13 @@ class Engine:
         ``against_inductor``: Inductor's kernels for the chain are timed too (in the same rounds);
         ``weight_is_kn``: the calls' weight is a (K, N) tensor read transposed (GPT-2's Conv1D),
         which the GEMM configurations do not read (their B is the (N, K) weight): the row path and
-        Inductor are timed with that layout. ``build``: a module without the kernels for these rows
-        is built again with them (at compile time), or timed as it is held (at a call).
+        Inductor are timed with that layout, and no module is built for it. ``build``: a module
+        without the kernels for these rows is built again with them (at compile time), or timed as
+        it is held (at a call).
         """
         from . import gemm_codegen
 
-        if build:
+        if build and not weight_is_kn:  # no configuration reads a (K, N) weight: none built for it
             module = self.prepare_gemm(program, dtype, param_dtypes, device, gemm_codegen.rows_served(shape[0]))
         else:
             module = self._gemms.get(((program.to_string(), dtype, _index(device)), tuple(param_dtypes)))
