@@ -54,13 +54,20 @@ if has tests; then
   # in-GEMM tests never reached); the CPU-side files run in CPU CI.
   # On a host of several GPUs the shards take them in turn; the two-GPU tests see them all.
   groups=("tests/gpu/test_cuda_kernels.py --deselect tests/gpu/test_cuda_kernels.py::test_kernels_match_reference tests/gpu/test_cuda_device_functions.py tests/gpu/test_dropout_cuda.py"
-          "tests/gpu/test_gemm_epilogue.py" "tests/gpu/test_gemm_group_norm.py tests/gpu/test_gemm_batch_norm.py"
+          "tests/gpu/test_gemm_group_norm.py tests/gpu/test_gemm_batch_norm.py"
           "tests/gpu/test_operands_cuda.py tests/gpu/test_pooling_cuda.py" "tests/gpu/test_graph_timing_cuda.py")
   gpus=$(nvidia-smi -L | wc -l) shard=0 pids=()
   next_gpu() { gpu=$((shard++ % gpus)); }  # in this shell, before the shard forks
   for i in "${!groups[@]}"; do
     next_gpu; CUDA_VISIBLE_DEVICES=$gpu timeout 420 python3 -m pytest ${groups[$i]} -q -rs --durations=15 -p no:cacheprovider \
       >"$LOGS/gpu_kernels_g$i.log" 2>&1 & pids+=($!)
+  done
+  # test_gemm_epilogue.py in two: its tests that compile models of their own build those modules
+  # one after another (a minute or two each), beside the others
+  own="compiled or grows or by_default"
+  for k in "$own" "not ($own)"; do
+    next_gpu; CUDA_VISIBLE_DEVICES=$gpu timeout 420 python3 -m pytest tests/gpu/test_gemm_epilogue.py -k "$k" -q -rs \
+      --durations=15 -p no:cacheprovider >"$LOGS/gpu_kernels_epilogue_${#pids[@]}.log" 2>&1 & pids+=($!)
   done
   timeout 420 python3 -m pytest tests/gpu/test_distributed.py -q -rs -p no:cacheprovider >"$LOGS/gpu_kernels_distributed.log" 2>&1 & pids+=($!)
   kernel_shards=("float32" "bfloat16" "float16 and not bfloat16")
