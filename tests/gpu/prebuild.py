@@ -64,12 +64,13 @@ def sources_digest(plan: list[str]) -> str:
 def suite_plan() -> list[list[str]]:
     """bench/prebuild_suite.py's arguments for the suite models test_suite_cuda.py compiles: every
     row at the small size in each dtype and under autocast; the full size's rows in bf16 and
-    float32, and the decode tests' rows and batches."""
-    from test_suite_cuda import DECODE_BATCHES, DECODE_ROWS, FULL_SIZE_ROWS
+    float32 (the symbolic-batch test's row with them), and the decode tests' rows and batches."""
+    from test_suite_cuda import DECODE_BATCHES, DECODE_ROWS, FULL_SIZE_ROWS, SYMBOLIC_BATCH_ROW
 
     decode = f"{','.join(DECODE_ROWS)}:{','.join(map(str, DECODE_BATCHES))}"
+    full = ",".join(dict.fromkeys([*FULL_SIZE_ROWS, SYMBOLIC_BATCH_ROW]))
     return [["--sizes", "small", "--dtypes", "fp32,bf16,fp16,autocast,autocast-fp16"],
-            ["--sizes", "full", "--dtypes", "bf16,fp32", "--rows", ",".join(FULL_SIZE_ROWS), "--decode", decode]]
+            ["--sizes", "full", "--dtypes", "bf16,fp32", "--rows", full, "--decode", decode]]
 
 
 def main() -> int:

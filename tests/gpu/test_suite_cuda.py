@@ -61,6 +61,9 @@ def test_decode_shapes_on_cuda(row_id, batch):
     _check(suite.get_row(row_id), "full", torch.bfloat16, batch=batch, draws=2)
 
 
+SYMBOLIC_BATCH_ROW = "S10"  # at the full size, in bf16: also built by prebuild.py --suite
+
+
 def test_a_graph_with_a_symbolic_batch_fuses_on_cuda_and_serves_every_later_size():
     """Dynamo compiles the first batch size as a static graph and the second as one with a
     symbolic batch. The chains of both fuse (the selection times the second at the size it was
@@ -71,7 +74,7 @@ def test_a_graph_with_a_symbolic_batch_fuses_on_cuda_and_serves_every_later_size
 
     from fxfuse.accuracy import rule_breaks
 
-    mod = suite.load(suite.get_row("S10"))
+    mod = suite.load(suite.get_row(SYMBOLIC_BATCH_ROW))
     torch.manual_seed(0)
     eager = mod.Model(*mod.get_init_inputs("full")).to("cuda", torch.bfloat16).eval()
     exact = copy.deepcopy(eager).double()
