@@ -685,6 +685,20 @@ def _finished_menus(root: Path, family: str) -> list[tuple]:
     return menus
 
 
+def _gemm_entry(program: Program, dtype: torch.dtype, param_dtypes: tuple[torch.dtype, ...], target: Target,
+                csrc: Path, kernels: tuple) -> tuple[tuple, str, str]:
+    """(kernels, key, family) of the module a build of ``kernels`` for ``program`` (as gemm_program
+    gives it) takes: its own where finished, else a finished one holding them all
+    (covering_kernels), else its own, to build."""
+    key = gemm_key(program, dtype, param_dtypes, target, csrc, kernels)
+    family = gemm_family(program, dtype, param_dtypes, target, csrc)
+    if not (cache_root() / key / "ok").is_file():
+        held = covering_kernels(family, kernels)
+        if held is not None:
+            return held, gemm_key(program, dtype, param_dtypes, target, csrc, held), family
+    return kernels, key, family
+
+
 def build_gemm(program: Program, dtype: torch.dtype, param_dtypes: tuple[torch.dtype, ...], target: Target,
                csrc: Path = CSRC, kernels: tuple | None = None) -> GemmModule:
     """Generate, compile (or find in the cache) and load the GEMM module of ``program`` for
@@ -698,13 +712,8 @@ def build_gemm(program: Program, dtype: torch.dtype, param_dtypes: tuple[torch.d
     include = cutlass_include()
     program = gemm_program(program, dtype)
     text = program.to_string()
-    kernels = tuple(kernels or gemm_codegen.menu(program))
-    key = gemm_key(program, dtype, param_dtypes, target, csrc, kernels)
-    family = gemm_family(program, dtype, param_dtypes, target, csrc)
-    if not (cache_root() / key / "ok").is_file():
-        held = covering_kernels(family, kernels)
-        if held is not None:
-            kernels, key = held, gemm_key(program, dtype, param_dtypes, target, csrc, held)
+    kernels, key, family = _gemm_entry(program, dtype, param_dtypes, target, csrc,
+                                       tuple(kernels or gemm_codegen.menu(program)))
     short = key[:20]
     entry = f"fx_gemm_info_{short}"
     try:
@@ -833,10 +842,7 @@ def is_built(program_text: str, dtype: torch.dtype, target: Target,
         from . import gemm_codegen
 
         program = gemm_program(Program.parse(program_text), dtype)
-        kernels = tuple(kernels or gemm_codegen.menu(program))
-        key = gemm_key(program, dtype, param_dtypes, target, kernels=kernels)
-        if not (cache_root() / key / "ok").is_file():
-            return covering_kernels(gemm_family(program, dtype, param_dtypes, target), kernels) is not None
+        _, key, _ = _gemm_entry(program, dtype, param_dtypes, target, CSRC, tuple(kernels or gemm_codegen.menu(program)))
     return (cache_root() / key / "ok").is_file()
 
 
