@@ -47,7 +47,7 @@ import warnings
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from types import ModuleType
-from typing import Callable
+from typing import Callable, Sequence
 
 import torch
 
@@ -518,7 +518,7 @@ def _build_generated(key: str, kind: str, label: str, name: str, entry: str, sou
         path = _load_extension(name, units, directory, target, python_module=False, cutlass=cutlass)
         _drop_intermediates(directory, csrc)
         if cutlass is not None:
-            probe_size_queries(Path(path), entry)
+            probe_size_queries(Path(path), entry, _linked_library_dirs(target))
         return {**(manifest or {}), "library": Path(path).name, "entry": entry, "kind": kind}, None
 
     for attempt in range(2):  # a cached entry that does not load is built again, once
@@ -541,14 +541,25 @@ def _build_generated(key: str, kind: str, label: str, name: str, entry: str, sou
     raise AssertionError("unreachable")
 
 
-def probe_size_queries(library: Path, entry: str) -> None:
+def _linked_library_dirs(target: Target) -> list[str]:
+    """The directories cpp_extension links a module against (torch's libraries, the CUDA
+    toolkit's): a process that has not imported torch finds libc10.so and the rest only there."""
+    from torch.utils import cpp_extension
+
+    return cpp_extension.library_paths("cuda" if target.mode == "cuda" else "cpu")
+
+
+def probe_size_queries(library: Path, entry: str, library_dirs: Sequence[str] = ()) -> None:
     """Run a new GEMM module's size queries (supports and workspace, host code CUTLASS checks
     arguments with; gemm_info.query_sizes) in a child process, before any process of the user's
     loads the module: BuildError where they crash (undefined behaviour in host code turns into a
     trap or a segfault), so that such a module falls back like a failed build instead of taking
-    the user's process down."""
+    the user's process down. The child does not import torch, so the dynamic loader looks for the
+    libraries the module links (``library_dirs``) through LD_LIBRARY_PATH."""
+    env = dict(os.environ)
+    env["LD_LIBRARY_PATH"] = os.pathsep.join([*library_dirs, *filter(None, [env.get("LD_LIBRARY_PATH")])])
     result = subprocess.run([sys.executable, "-I", gemm_info.__file__, str(library), entry], capture_output=True,
-                            text=True, timeout=300)
+                            text=True, timeout=300, env=env)
     if result.returncode != 0:
         how = f"signal {-result.returncode}" if result.returncode < 0 else f"exit {result.returncode}"
         raise BuildError(f"the size queries of {library.name} failed on the host ({how}):\n{_tail(result.stderr)}")
