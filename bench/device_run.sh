@@ -3,10 +3,10 @@
 # in $OUT.
 #   bash bench/device_run.sh STAGES [bench args...]
 # STAGES, comma-separated: prebuild (only the builds: every module the tests and the suite use,
-# into the cache, which stays while the machine does; cold, it took more than one 10-minute call
-# of a 64-core host before the tests' modules came down to a kernel or two each (BENCHMARKS.md
-# sections 40-41): run it alone, again if its call is cut off, since a build cut off resumes
-# where it stopped, then the other stages), tests (tests/gpu, the suite tests in
+# into the cache, which stays while the machine does; cold, about 15 minutes of a 64-core host
+# while the tests' and the suite's modules built in two pools in turn (BENCHMARKS.md section 42),
+# one pool since: run it alone, again if its call is cut off, since a build cut off resumes where
+# it stopped, then the other stages), tests (tests/gpu, the suite tests in
 # parallel shards, spread over the host's GPUs), profile (the epilogue breakdown and an ncu
 # summary of each kernel; PROFILE_ARGS), bench (bench/bench.py; BENCH_PARTS times groups of rows
 # in processes of their own and merges them), sanitize

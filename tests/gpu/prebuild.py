@@ -4,9 +4,9 @@
 
 Fills the build cache (FXFUSE_CACHE_DIR or ~/.cache/fxfuse) so that a later pytest run only loads
 modules; useful where one command has a time limit. ``--suite``: the suite models' modules too, as
-test_suite_cuda.py's compiles ask for them (bench/prebuild_suite.py traces them in a process of its
-own while the tests' own modules build). One line a module as it ends, with the count; the
-failures at the end, and a non-zero exit if any.
+test_suite_cuda.py's compiles ask for them (bench/prebuild_suite.py traces them first, in processes
+of their own; then one pool builds the tests' and the suite's modules). One line a module as it
+ends, with the count; the failures at the end, and a non-zero exit if any.
 """
 
 from __future__ import annotations
@@ -73,6 +73,29 @@ def suite_plan() -> list[list[str]]:
             ["--sizes", "full", "--dtypes", "bf16,fp32", "--rows", full, "--decode", decode]]
 
 
+def suite_jobs() -> list[build.BuildJob] | None:
+    """The modules test_suite_cuda.py's compiles ask for (bench/prebuild_suite.py traces each plan
+    of suite_plan in a process of its own, side by side), a module a program with the kernels for
+    all its calls; None where tracing failed. Traced programs are kept by sources_digest."""
+    from bench.prebuild_suite import build_jobs, read_traced
+
+    TRACED.mkdir(parents=True, exist_ok=True)
+    traced = [TRACED / f"{sources_digest(plan)}.json" for plan in suite_plan()]
+    tracers = [subprocess.Popen([sys.executable, str(ROOT / "bench" / "prebuild_suite.py"), *plan, "--trace-to",
+                                 str(path.with_suffix(".partial"))])
+               for plan, path in zip(suite_plan(), traced) if not path.is_file()]
+    if any(tracer.wait() != 0 for tracer in tracers):
+        print("prebuild: tracing the suite failed")
+        return None
+    pairs, gemms = set(), set()
+    for path in traced:
+        if not path.is_file():
+            path.with_suffix(".partial").rename(path)
+        more_pairs, more_gemms = read_traced(path)
+        pairs, gemms = pairs | more_pairs, gemms | more_gemms
+    return build_jobs(pairs, gemms)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--suite", action="store_true", help="the suite models' modules too")
@@ -91,30 +114,15 @@ def main() -> int:
         print(f"prebuild: {done}/{total} at {time.time() - start:.0f} s: {'FAILED' if error else 'built'} "
               f"{kind} {what}", flush=True)
 
-    # what test_suite_cuda.py compiles, traced in processes of their own meanwhile (minutes), or
-    # as traced before from the same sources
-    TRACED.mkdir(parents=True, exist_ok=True)
-    traced = [TRACED / f"{sources_digest(plan)}.json" for plan in suite_plan()] if args.suite else []
-    tracers = [subprocess.Popen([sys.executable, str(ROOT / "bench" / "prebuild_suite.py"), *plan, "--trace-to",
-                                 str(path.with_suffix(".partial"))])
-               for plan, path in zip(suite_plan(), traced) if not path.is_file()] if args.suite else []
-    errors = build.build_many(tests_jobs(), target, args.workers, on_built=progress)
-    print(f"prebuild: the tests' {len(errors)} modules ready at {time.time() - start:.0f} s", flush=True)
-    if args.suite:
-        if any(tracer.wait() != 0 for tracer in tracers):
-            print("prebuild: tracing the suite failed")
-            return 1
-        from bench.prebuild_suite import build_jobs, read_traced
-
-        pairs, gemms = set(), set()
-        for path in traced:
-            if not path.is_file():
-                path.with_suffix(".partial").rename(path)
-            more_pairs, more_gemms = read_traced(path)
-            pairs, gemms = pairs | more_pairs, gemms | more_gemms
-        suite_jobs = build_jobs(pairs, gemms)  # a module a program, with the kernels for all its calls
-        errors.update(build.build_many(suite_jobs, target, args.workers, on_built=progress))
-        print(f"prebuild: the suite's {len(suite_jobs)} modules ready at {time.time() - start:.0f} s", flush=True)
+    # what test_suite_cuda.py compiles, traced in processes of their own (under a minute), or as
+    # traced before from the same sources; then the tests' and the suite's modules in one pool,
+    # the GEMM modules of most kernels first (two pools in turn left most cores idle through the
+    # first one's tail: a cold build took about 15 minutes of a 64-core host, BENCHMARKS.md
+    # section 42)
+    suite = suite_jobs() if args.suite else []
+    if suite is None:
+        return 1
+    errors = build.build_many([*tests_jobs(), *suite], target, args.workers, on_built=progress)
     failed = {job: error for job, error in errors.items() if error}
     print(f"{len(errors)} modules ready in {time.time() - start:.0f} s on {torch.cuda.get_device_name()}, "
           f"{len(failed)} failed")
