@@ -27,6 +27,12 @@ def example_value(node) -> object:
     return node.meta.get("example_value", node.meta.get("val"))
 
 
+def view_as_in(graph, value: Node, view: Node) -> Node:
+    """``value`` viewed as the graph's ``view`` node views its own input: the same call with the
+    same size arguments (graph values where sizes are symbolic, not the sizes traced)."""
+    return graph.create_node(view.op, view.target, (value, *view.args[1:]), dict(view.kwargs))
+
+
 @dataclass(frozen=True)
 class GemmOp:
     """``input @ weight.T + bias`` with ``weight`` of shape (N, K) — or, with ``weight_is_kn``,

@@ -12,7 +12,7 @@ import operator
 import torch
 from torch.fx import Graph, Node
 
-from .canonical import DropoutSeed, example_value
+from .canonical import DropoutSeed, example_value, view_as_in
 from .masks import SEED_HIGH
 from .match import BatchNormUpdate, Chain, Fusion
 from .patterns.gemm import transposed_weight
@@ -76,9 +76,7 @@ def _draw(graph: Graph, seed: DropoutSeed) -> Node:
 def _viewed(graph: Graph, value: Node, view: Node | None) -> Node:
     """``value`` (an output of the fused op, rows as x's) with its rows regrouped as ``view``, the
     chain's view node, regrouped the graph's value; ``value`` itself without one."""
-    if view is None:
-        return value
-    return graph.create_node(view.op, view.target, (value, *view.args[1:]), dict(view.kwargs))
+    return value if view is None else view_as_in(graph, value, view)
 
 
 def records_backward(node: Node) -> bool:

@@ -20,7 +20,7 @@ from typing import Callable
 import torch
 from torch.fx import Graph, Node
 
-from ..canonical import RotaryOp, example_value
+from ..canonical import RotaryOp, example_value, view_as_in
 from ..describe import LABEL
 from . import spell
 
@@ -72,8 +72,7 @@ def recognise(graph: Graph) -> int:
         with graph.inserting_before(node):
             cos_rows, sin_rows = (_per_row(graph, t) for t in (cos, sin))
             rotated = graph.call_function(rotary_embedding, (rows, cos_rows, sin_rows))
-            # the view's own size arguments (graph values where sizes are symbolic, not the sizes traced)
-            heads = graph.create_node(view.op, view.target, (rotated, *view.args[1:]), dict(view.kwargs))
+            heads = view_as_in(graph, rotated, view)
             out = graph.call_method("transpose", (heads, 1, 2))
         rotated.meta = {"example_value": out_value.new_empty(rows_value.shape), LABEL: "rotary_embedding"}
         heads.meta = {"example_value": out_value.new_empty(example_value(view).shape)}
