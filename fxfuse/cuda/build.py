@@ -546,6 +546,7 @@ def _linked_library_dirs(target: Target) -> list[str]:
     toolkit's): a process that has not imported torch finds libc10.so and the rest only there."""
     from torch.utils import cpp_extension
 
+    _use_cuda_home(target)  # library_paths reads the toolkit's directory from it
     return cpp_extension.library_paths("cuda" if target.mode == "cuda" else "cpu")
 
 
