@@ -108,11 +108,16 @@ def main() -> int:
     target = build.cuda_target(torch.device("cuda", torch.cuda.current_device()))
     start = time.time()
 
+    first_errors: set[str] = set()  # each kind of module's first failure, shown as it happens
+
     def progress(job, error, done, total):
         what = f"{job.program[:60]} [{str(job.dtype).removeprefix('torch.')}]"
         kind = "row module" if job.param_dtypes is None else f"GEMM module of {job.units()} kernels"
         print(f"prebuild: {done}/{total} at {time.time() - start:.0f} s: {'FAILED' if error else 'built'} "
               f"{kind} {what}", flush=True)
+        if error and kind.split()[0] not in first_errors:  # a fault of every build shows in minutes, not at the end
+            first_errors.add(kind.split()[0])
+            print(f"prebuild: the first {kind.split()[0]} module failed:\n{error[-2000:]}", flush=True)
 
     # what test_suite_cuda.py compiles, traced in processes of their own (under a minute), or as
     # traced before from the same sources; then the tests' and the suite's modules in one pool,
