@@ -108,16 +108,18 @@ def main() -> int:
     target = build.cuda_target(torch.device("cuda", torch.cuda.current_device()))
     start = time.time()
 
-    first_errors: set[str] = set()  # each kind of module's first failure, shown as it happens
+    failed_kinds: set[str] = set()  # each kind's first failure is shown as it happens: a fault of
+    # every build shows in minutes, not in a summary a call's time limit may cut off
 
     def progress(job, error, done, total):
         what = f"{job.program[:60]} [{str(job.dtype).removeprefix('torch.')}]"
+        family = "row" if job.param_dtypes is None else "GEMM"
         kind = "row module" if job.param_dtypes is None else f"GEMM module of {job.units()} kernels"
         print(f"prebuild: {done}/{total} at {time.time() - start:.0f} s: {'FAILED' if error else 'built'} "
               f"{kind} {what}", flush=True)
-        if error and kind.split()[0] not in first_errors:  # a fault of every build shows in minutes, not at the end
-            first_errors.add(kind.split()[0])
-            print(f"prebuild: the first {kind.split()[0]} module failed:\n{error[-2000:]}", flush=True)
+        if error and family not in failed_kinds:
+            failed_kinds.add(family)
+            print(f"prebuild: the first {family} module failed:\n{error[-2000:]}", flush=True)
 
     # what test_suite_cuda.py compiles, traced in processes of their own (under a minute), or as
     # traced before from the same sources; then the tests' and the suite's modules in one pool,

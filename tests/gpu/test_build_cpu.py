@@ -487,7 +487,7 @@ def test_a_gemm_module_whose_size_queries_crash_fails_its_build_instead_of_the_u
         build.probe_size_queries(library, "fx_crashes")
 
 
-def test_a_gemm_modules_size_queries_find_the_torch_libraries_it_links(tmp_path):
+def test_a_gemm_modules_size_queries_find_the_torch_libraries_it_links(tmp_path, monkeypatch):
     """The size queries' child does not import torch, yet a module cpp_extension built links
     libc10.so and the rest from torch's own directory: the child is pointed at the directories
     the module was linked against, so a module that answers is not taken for a failed build."""
@@ -499,6 +499,7 @@ def test_a_gemm_modules_size_queries_find_the_torch_libraries_it_links(tmp_path)
     torch_lib = build._linked_library_dirs(build.Target("emulate", "emulate"))[0]
     subprocess.run([compiler, "-shared", "-fPIC", "-O0", f"-I{build.CSRC}", str(tmp_path / "fake.cpp"), "-o",
                     str(library), "-Wl,--no-as-needed", f"-L{torch_lib}", "-lc10"], check=True)
+    monkeypatch.delenv("LD_LIBRARY_PATH", raising=False)
     with pytest.raises(BuildError, match="libc10.so"):  # what a process without torch's directory sees
         build.probe_size_queries(library, "fx_answers")
     build.probe_size_queries(library, "fx_answers", [torch_lib])
