@@ -89,12 +89,14 @@ FX_FN float fx_tanh(float x) { return tanhf(x); }
 // tanh(softplus(x)) = tanh(log1p(exp(x))), which Mish and its derivative take: with n = exp(x) it
 // is n (n + 2) / (n (n + 2) + 2), one exponential in place of three transcendental calls, within a
 // few ulp of torch's. From x = 20 on it rounds to 1 in float32, as torch's does (and n (n + 2)
-// would overflow from 44 on).
+// would overflow from 44 on). Computed for every x and selected, not branched around: an early
+// return made nvcc put each value's exponential and reciprocal in a branch of its own, so an
+// epilogue's values ran one after another instead of overlapping (a NaN x stays NaN either way).
 FX_FN float fx_tanh_softplus(float x) {
-  if (x >= 20.0f) return 1.0f;
-  const float n = fx_expf(x);
+  const float n = fx_expf(x >= 20.0f ? 20.0f : x);
   const float p = n * (n + 2.0f);
-  return fx_activation_div(p, p + 2.0f);
+  const float t = fx_activation_div(p, p + 2.0f);
+  return x >= 20.0f ? 1.0f : t;
 }
 
 // torch (CPU and CUDA): x * tanh(log1p(exp(x))); +inf gives inf, -inf gives -inf * 0 = NaN
@@ -123,14 +125,19 @@ FX_FN float fx_hardswish(float x) { return x * fx_relu6_(x + 3.0f) / 6.0f; }
 // torch: min(max(x + 3, 0), 6) / 6
 FX_FN float fx_hardsigmoid(float x) { return fx_relu6_(x + 3.0f) / 6.0f; }
 
-// torch elu kernel with scale = input_scale = 1: x > 0 ? x : expm1(x) * alpha
-FX_FN float fx_elu(float x, float alpha) { return x > 0.0f ? x : expm1f(x) * alpha; }
+// torch elu kernel with scale = input_scale = 1: x > 0 ? x : expm1(x) * alpha (both sides
+// computed, then selected, as in fx_tanh_softplus)
+FX_FN float fx_elu(float x, float alpha) {
+  const float below = expm1f(x) * alpha;
+  return x > 0.0f ? x : below;
+}
 
 // torch selu = elu with negcoef = alpha * scale, poscoef = scale (coefficients formed in double)
 FX_FN float fx_selu(float x) {
   const float kScale = 1.0507009873554804934193349852946f;
   const float kNegCoef = 1.7580993175506592f;  // float(alpha) * float(scale), as torch forms it
-  return x > 0.0f ? x * kScale : expm1f(x) * kNegCoef;
+  const float below = expm1f(x) * kNegCoef;
+  return x > 0.0f ? x * kScale : below;
 }
 
 // torch: (x * beta) > threshold ? x : log1p(exp(x * beta)) / beta
@@ -173,7 +180,10 @@ FX_FN float fx_trunc(float x) { return truncf(x); }
 // in double, as torch forms it; alpha is a constant of the generated code, so this folds)
 FX_FN float fx_celu_input_scale(float alpha) { return static_cast<float>(1.0 / static_cast<double>(alpha)); }
 
-FX_FN float fx_celu(float x, float alpha) { return x <= 0.0f ? expm1f(x * fx_celu_input_scale(alpha)) * alpha : x; }
+FX_FN float fx_celu(float x, float alpha) {
+  const float below = expm1f(x * fx_celu_input_scale(alpha)) * alpha;
+  return x <= 0.0f ? below : x;
+}
 
 // torch.threshold: x <= threshold ? value : x (NaN passes)
 FX_FN float fx_threshold(float x, float threshold, float value) { return x <= threshold ? value : x; }

@@ -6,13 +6,15 @@ The same harness runs on the GPU in test_device_functions.py (CUDA's math librar
 
 from __future__ import annotations
 
+import re
 import shutil
+import subprocess
 
 import pytest
 import torch
 
 import harness
-from fxfuse.cuda.build import find_cuda_home
+from fxfuse.cuda.build import CSRC, find_cuda_home
 
 # Inputs where torch's CPU kernel differs from its CUDA kernel (which the device functions follow)
 CPU_DIFFERS = {
@@ -75,3 +77,31 @@ def test_device_derivative_matches_autograd(lib, case):
         keep = ~CPU_GRAD_DIFFERS[row.name](a)
         got, want, a, b, g = got[keep], want[keep], a[keep], b[keep], g[keep]
     harness.assert_matches(got, want, {"a": a, "b": b, "g": g}, f"{row.name}{attrs} operand {k}", rtol=2e-6)
+
+
+BRANCH = re.compile(r"\s*(@!?%p\d+\s+)?bra(\.uni)?\s")  # a PTX branch, taken or conditional
+
+# Activations whose in-GEMM build (the correctness rule's math) compiles to straight-line PTX
+STRAIGHT_LINE = {"relu": "fx_relu(x)", "leaky_relu": "fx_leaky_relu(x, 0.1f)", "gelu_tanh": "fx_gelu_tanh(x)",
+                 "silu": "fx_silu(x)", "sigmoid": "fx_sigmoid(x)", "tanh": "fx_tanh(x)", "mish": "fx_mish(x)",
+                 "clamp": "fx_clamp(x, -1.f, 1.f)", "hardswish": "fx_hardswish(x)", "elu": "fx_elu(x, 1.f)",
+                 "selu": "fx_selu(x)", "celu": "fx_celu(x, 0.5f)", "expm1": "fx_expm1(x)"}
+
+
+@pytest.mark.parametrize("name", list(STRAIGHT_LINE))
+def test_an_in_gemm_activation_computes_every_value_without_a_branch(name, tmp_path):
+    """In the GEMM's epilogue a thread applies the chain to many accumulators at once. A branch
+    around a value's work (an early return past the exponential) puts each value in a block of its
+    own, and nvcc then runs their exponentials one after another instead of overlapping them:
+    S17's Mish compiled to 32 such branches a subtile. Both sides are computed and selected."""
+    home = find_cuda_home(need_nvcc=True)
+    if home is None:
+        pytest.skip("needs nvcc")
+    source = tmp_path / "probe.cu"
+    source.write_text(f'#include "epilogue_ops.cuh"\n__global__ void probe(float* out, const float* in) {{\n'
+                      f'  const float x = in[threadIdx.x];\n  out[threadIdx.x] = {STRAIGHT_LINE[name]};\n}}\n')
+    ptx = tmp_path / "probe.ptx"
+    subprocess.run([f"{home}/bin/nvcc", "-O3", "-std=c++17", "-DFX_RULE_MATH", "-prec-div=false", "-prec-sqrt=false",
+                    "-arch=sm_90a", f"-I{CSRC}", "-ptx", str(source), "-o", str(ptx)], check=True)
+    branches = [line.strip() for line in ptx.read_text().splitlines() if BRANCH.match(line)]
+    assert not branches, f"{name}: {branches}"
