@@ -33,9 +33,12 @@ FX_HOST_DEVICE float exp_sum_shift(float max) { return isfinite(max) ? max : 0.f
 
 // (max, sum of exp(x - exp_sum_shift(max))) += (mb, sb): a sum of 0 (no values, or all -inf)
 // adds nothing, also where its rescaling would overflow; NaN propagates. Merges in any grouping.
+// Both rescalings are computed, then selected: branched around, each merge of an epilogue's
+// shuffles became two branches of its own (epilogue_ops.cuh, fx_tanh_softplus).
 FX_HOST_DEVICE void merge_exp_sums(float& max, float& sum, float mb, float sb) {
   const float merged = (max > mb || max != max) ? max : mb, ref = exp_sum_shift(merged);
-  sum = (sum == 0.f ? 0.f : sum * expf(exp_sum_shift(max) - ref)) + (sb == 0.f ? 0.f : sb * expf(exp_sum_shift(mb) - ref));
+  const float rescale_a = expf(exp_sum_shift(max) - ref), rescale_b = expf(exp_sum_shift(mb) - ref);
+  sum = (sum == 0.f ? 0.f : sum * rescale_a) + (sb == 0.f ? 0.f : sb * rescale_b);
   max = merged;
 }
 
