@@ -68,32 +68,42 @@ struct GroupNorm : RegisterNode<GroupNormArguments<Post>> {
     }
 
     // Per (row slot, block): the sum over the group holding the block, of the thread's values
-    // (a butterfly over the blocks of a group: groups are 1, 2, 4 or 8 blocks), then its quad's.
+    // (a butterfly over the blocks of a group: groups are 1, 2, 4 or 8 blocks), then its quad's:
+    // one pair of shuffles a (row slot, group), whose blocks then hold the same bits (a + b ==
+    // b + a), not a pair a block (shuffles issue one warp a clock on an SM, and a subtile's two
+    // passes took 64 of them a warp, where groups of 64 columns need 8). The groups' width is
+    // a launch's (N / groups): each width is its own unrolled code, chosen by a uniform branch.
+    template <int BlocksPerGroup = 1>
     CUTLASS_DEVICE static void group_sums(float (&sums)[2][kBlocks], int blocks_per_group) {
+      if constexpr (BlocksPerGroup < kBlocks) {
+        if (blocks_per_group > BlocksPerGroup) {
+          group_sums<2 * BlocksPerGroup>(sums, blocks_per_group);
+          return;
+        }
+      }
       CUTLASS_PRAGMA_UNROLL
-      for (int step = 1; step < kBlocks; step *= 2) {
-        if (step < blocks_per_group) {  // uniform over the warp
-          float partner[2][kBlocks];
+      for (int step = 1; step < BlocksPerGroup; step *= 2) {
+        float partner[2][kBlocks];
+        CUTLASS_PRAGMA_UNROLL
+        for (int r = 0; r < 2; ++r) {
           CUTLASS_PRAGMA_UNROLL
-          for (int r = 0; r < 2; ++r) {
-            CUTLASS_PRAGMA_UNROLL
-            for (int j = 0; j < kBlocks; ++j) partner[r][j] = sums[r][j ^ step];
-          }
+          for (int j = 0; j < kBlocks; ++j) partner[r][j] = sums[r][j ^ step];
+        }
+        CUTLASS_PRAGMA_UNROLL
+        for (int r = 0; r < 2; ++r) {
           CUTLASS_PRAGMA_UNROLL
-          for (int r = 0; r < 2; ++r) {
-            CUTLASS_PRAGMA_UNROLL
-            for (int j = 0; j < kBlocks; ++j) sums[r][j] += partner[r][j];
-          }
+          for (int j = 0; j < kBlocks; ++j) sums[r][j] += partner[r][j];
         }
       }
       CUTLASS_PRAGMA_UNROLL
       for (int r = 0; r < 2; ++r) {
         CUTLASS_PRAGMA_UNROLL
-        for (int j = 0; j < kBlocks; ++j) {
-          float s = sums[r][j];
+        for (int g = 0; g < kBlocks; g += BlocksPerGroup) {
+          float s = sums[r][g];
           s += __shfl_xor_sync(0xffffffffu, s, 1);
           s += __shfl_xor_sync(0xffffffffu, s, 2);
-          sums[r][j] = s;
+          CUTLASS_PRAGMA_UNROLL
+          for (int j = g; j < g + BlocksPerGroup; ++j) sums[r][j] = s;
         }
       }
     }
