@@ -117,6 +117,12 @@ struct GroupNorm : RegisterNode<GroupNormArguments<Post>> {
       if (col_in_tile % EpiN >= 8 || col_in_tile % 8 > 6) __trap();  // the layout above
       const int blocks_per_group = params.group / 8;
       const float inv_group = 1.f / static_cast<float>(params.group);
+      const int64_t subtile_col = first_col + static_cast<int64_t>(epi_n) * EpiN;
+      CUTLASS_PRAGMA_UNROLL
+      for (int j = 0; j < kBlocks; ++j) {  // Post's columns, on their way while the statistics run
+        const int64_t col = subtile_col + 8 * j;
+        Post::prefetch(params.post, col < n ? col : n - 1);
+      }
 
       float mean[2][kBlocks], rstd[2][kBlocks];
       CUTLASS_PRAGMA_UNROLL
@@ -156,7 +162,6 @@ struct GroupNorm : RegisterNode<GroupNormArguments<Post>> {
         CUTLASS_PRAGMA_UNROLL
         for (int j = 0; j < kBlocks; ++j) rstd[r][j] = rsqrtf(rstd[r][j] * inv_group + params.eps);
       }
-      const int64_t subtile_col = first_col + static_cast<int64_t>(epi_n) * EpiN;
       const auto scalars = Post::scalars(params.post);
       CUTLASS_PRAGMA_UNROLL
       for (int v = 0; v < V; ++v) {

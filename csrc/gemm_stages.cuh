@@ -110,6 +110,13 @@ template <class T> CUTLASS_DEVICE float load_param(const void* ptr, int64_t i) {
   }
 }
 
+// Brings the cache line holding value i of a parameter of type T into L1, ahead of its
+// load_param: a norm's parameters are read after its statistics, which then hide the latency
+// (prefetches have no effect on what is computed)
+template <class T> CUTLASS_DEVICE void prefetch_param(const void* ptr, int64_t i) {
+  asm volatile("prefetch.global.L1 [%0];" ::"l"(static_cast<const T*>(ptr) + i));
+}
+
 // The element type a tree that stores no D (it writes its own output, or partials) declares as
 // ElementAux: CUTLASS's epilogue still stages D in shared memory, sized by this type, though
 // nothing is written there. One byte: as float (the row reductions'), the cooperative kernels'

@@ -634,8 +634,10 @@ def _affine_struct(norm: Norm | None, codes: list[str]) -> list[str]:
 def _column_struct(name: str, comment: str, printed, codes: list[str], kinds: tuple[str, ...], inputs: list[str],
                    prelude: list[str]) -> list[str]:
     """A node's generated stages at one output column: Arguments (the parameters' pointers and the
-    bias's), Scalars (the scalar parameters, read once a subtile) and ``apply(arguments, scalars, n,
-    *inputs)``: the prelude, column parameters read at column n, then the printed expression."""
+    bias's), Scalars (the scalar parameters, read once a subtile), ``prefetch(arguments, n)`` (the
+    column parameters' lines at column n, for a caller with work to hide their latency behind)
+    and ``apply(arguments, scalars, n, *inputs)``: the prelude, column parameters read at column
+    n, then the printed expression."""
     cols = [i for i in sorted(printed.params) if kinds[i] == "col"]
     scalars = [i for i in sorted(printed.params) if kinds[i] == "scalar"]
     return [
@@ -652,6 +654,11 @@ def _column_struct(name: str, comment: str, printed, codes: list[str], kinds: tu
         "  CUTLASS_DEVICE static Scalars scalars(const Arguments& a) {",
         "    (void)a;",
         "    return {" + ", ".join(f"fxg::load_param<{_ELEMENTS[codes[i]]}>(a.ptr[{i}], 0)" for i in scalars) + "};",
+        "  }",
+        "  CUTLASS_DEVICE static void prefetch(const Arguments& a, int64_t n) {",
+        "    (void)a;",
+        "    (void)n;",
+        *[f"    fxg::prefetch_param<{_ELEMENTS[codes[i]]}>(a.ptr[{i}], n);" for i in cols],
         "  }",
         f"  CUTLASS_DEVICE static float apply(const Arguments& a, const Scalars& s, int64_t n, "
         f"{', '.join(f'float {v}' for v in inputs)}) {{",
