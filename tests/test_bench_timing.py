@@ -82,6 +82,30 @@ def test_the_ncu_summary_gives_a_kernels_rate_from_its_duration():
     assert tflops("171.8 cycle", flops).startswith("? TFLOP/s")
 
 
+def test_the_sass_count_tells_each_functions_branch_regions_shuffles_and_transcendentals():
+    """bench/epilogue_sass.py counts cuobjdump's SASS per function: predicated instructions by their
+    opcode, prefetches apart from other cache controls, nothing before the first function."""
+    from bench.epilogue_sass import sass_counts
+
+    sass = """
+        code for sm_90a
+                Function : _ZN3fxg13finalize_rowsE
+        /*0000*/                   BSSY B0, 0x90 ;
+        /*0010*/               @P0 MUFU.EX2 R1, R2 ;
+        /*0020*/                   SHFL.BFLY PT, R3, R4, 0x1, 0x1f ;
+                Function : _ZN7cutlass13device_kernelINS_4gemm6kernel13GemmUniversalE
+        /*0000*/                   CCTL.IVALL ;
+        /*0010*/                   CCTL.E.PF1 [R162] ;
+        /*0020*/              @!P2 LDG.E.U16.CONSTANT R5, desc[UR4][R6.64] ;
+        /*0030*/                   BAR.SYNC.DEFER_BLOCKING 0x1, 0x100 ;
+        /*0040*/                   STL [R1], R2 ;
+    """
+    finalize, gemm = sass_counts(sass)
+    assert (finalize["instructions"], finalize["branch regions"], finalize["MUFU"], finalize["shuffles"]) == (3, 1, 1, 1)
+    assert (gemm["instructions"], gemm["prefetches"], gemm["global loads"], gemm["barriers"], gemm["local memory"]) == (
+        5, 1, 1, 1, 1)
+
+
 def test_a_kernel_list_for_the_gemm_sweep_reads_tile_cluster_and_schedule():
     """bench/gemm_configs.py --kernels: "TMxTN[xTK]/CMxCN[/pingpong]", comma-separated; K is 64
     unless given (the tile's K for 16-bit elements)."""
