@@ -26,8 +26,8 @@ from examples import suite  # noqa: E402
 from fxfuse.backend import param_dtypes, rows_of  # noqa: E402
 from fxfuse.canonicalize import canonicalize  # noqa: E402
 from fxfuse.cuda import gemm_codegen  # noqa: E402
-from fxfuse.cuda.build import RUNTIME_SOURCE, BuildJob  # noqa: E402
-from fxfuse.cuda.engine import gemm_modules_served  # noqa: E402
+from fxfuse.cuda.build import BuildJob  # noqa: E402
+from fxfuse.cuda.engine import gemm_modules_served, module_jobs  # noqa: E402
 from fxfuse.ir import Program  # noqa: E402
 from fxfuse.match import match_all  # noqa: E402
 
@@ -73,11 +73,8 @@ def suite_programs(rows, sizes, dtypes, device: str = "cuda", batches=()) -> tup
 def build_jobs(pairs, gemms) -> list[BuildJob]:
     """The builds of suite_programs's modules, as prepare_many would compile them in one process:
     each GEMM module with the kernels for every call of its program."""
-    served = gemm_modules_served(gemms)
-    return ([BuildJob(RUNTIME_SOURCE, torch.float32)]
-            + [BuildJob(text, dtype, params, gemm_codegen.menu(Program.parse(text), calls))
-               for (text, dtype, params), calls in served.items()]
-            + [BuildJob(program.to_string(), dtype) for program, dtype in pairs])
+    menus = [(item, gemm_codegen.menu(Program.parse(item[0]), calls)) for item, calls in gemm_modules_served(gemms).items()]
+    return module_jobs([(program.to_string(), dtype) for program, dtype in pairs], menus)
 
 
 def write_traced(path: Path, pairs, gemms) -> None:

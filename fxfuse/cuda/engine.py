@@ -224,7 +224,7 @@ class Engine:
         dtype, param dtypes, rows) items: ``rows`` the calls' rows, None for any, as
         ``prepare_gemm``'s), in parallel processes, then load them; the failures of the pairs (a
         GEMM module that fails leaves its program on the row path)."""
-        from .build import RUNTIME_SOURCE, BuildJob, build_many, gemm_target_reason
+        from .build import RUNTIME_SOURCE, build_many, gemm_target_reason
 
         pairs = list(dict.fromkeys((program.to_string(), dtype) for program, dtype in items))
         target = self._target_for(device)
@@ -234,9 +234,7 @@ class Engine:
             kernels = self._kernels_to_build(((text, dtype, _index(device)), params), Program.parse(text), served)
             if kernels is not None:
                 menus[(text, dtype, params)] = kernels
-        jobs = ([BuildJob(RUNTIME_SOURCE, torch.float32)] + [BuildJob(*item, kernels) for item, kernels in menus.items()]
-                + [BuildJob(t, d) for t, d in pairs])
-        built = build_many(jobs, target, workers)
+        built = build_many(module_jobs(pairs, menus.items()), target, workers)
         failed = {(job.program, job.dtype): BuildError(error) for job, error in built.items()
                   if error is not None and job.param_dtypes is None and job.program != RUNTIME_SOURCE}
         for job, error in built.items():
@@ -586,6 +584,16 @@ def disagreement(out: torch.Tensor, expected: torch.Tensor) -> str | None:
     where = (~close).nonzero()[0].tolist()
     return (f"{int((~close).sum())} elements, the first at {tuple(where)}: {out[tuple(where)].item():.4g} "
             f"against {expected[tuple(where)].item():.4g}")
+
+
+def module_jobs(pairs, gemms) -> list:
+    """The builds prepare_many runs (build.BuildJob): the runtime, the GEMM modules of ``gemms``
+    (((program text, dtype, param dtypes), kernels) items), and the program module of each
+    (program text, dtype) of ``pairs``."""
+    from .build import RUNTIME_SOURCE, BuildJob
+
+    return ([BuildJob(RUNTIME_SOURCE, torch.float32)] + [BuildJob(*item, kernels) for item, kernels in gemms]
+            + [BuildJob(text, dtype) for text, dtype in pairs])
 
 
 def gemm_modules_served(gemm_items) -> dict[tuple, frozenset]:

@@ -12,6 +12,7 @@ import fxfuse.cuda as fxcuda
 from fxfuse import reference
 from fxfuse.cuda import build, gemm_codegen
 from fxfuse.cuda.build import BuildJob, cuda_target, gemm_target_reason
+from fxfuse.cuda.engine import module_jobs
 from fxfuse.cuda.gemm_codegen import FEW_ROWS_KERNELS, KERNELS, SCHEDULES, Kernel, canonical, swaps, unsupported_reason
 from fxfuse.ir import Program
 from programs import make_params
@@ -46,14 +47,12 @@ def on_checking_menus(cases: dict, every_kernel: set) -> dict:
 
 def gemm_jobs(cases: dict) -> list[BuildJob]:
     """The builds of the GEMM modules of ``cases`` (name -> (program, dtype) for the production
-    menu's, or (program, dtype, kernels)) and of their programs' row modules (their fallback)."""
-    jobs = []
-    for program, dtype, *menu in cases.values():
-        jobs.append(BuildJob(program.to_string(), dtype))
-        if unsupported_reason(program, dtype) is None:
-            kernels = menu[0] if menu else gemm_codegen.menu(program)
-            jobs.append(BuildJob(program.to_string(), dtype, param_dtypes(program, dtype), kernels))
-    return jobs
+    menu's, or (program, dtype, kernels)), of their programs' row modules (their fallback) and of
+    the runtime, as prepare_many's (engine.module_jobs)."""
+    pairs = [(program.to_string(), dtype) for program, dtype, *_ in cases.values()]
+    gemms = [((program.to_string(), dtype, param_dtypes(program, dtype)), menu[0] if menu else gemm_codegen.menu(program))
+             for program, dtype, *menu in cases.values() if unsupported_reason(program, dtype) is None]
+    return module_jobs(pairs, gemms)
 
 
 def build_modules(cases: dict) -> dict:
@@ -70,7 +69,7 @@ def build_modules(cases: dict) -> dict:
     allowed = torch.backends.cuda.matmul.allow_tf32
     torch.backends.cuda.matmul.allow_tf32 = True  # float32 cases: TF32 modules
     try:
-        errors = build.build_many([BuildJob(build.RUNTIME_SOURCE, torch.float32), *gemm_jobs(cases)], target)
+        errors = build.build_many(gemm_jobs(cases), target)
         assert not any(errors.values()), [error for error in errors.values() if error]
         assert not fxcuda.prepare_many([(program, dtype) for program, dtype, *_ in cases.values()])  # loads
         built = {}

@@ -45,7 +45,7 @@ def tests_jobs() -> list[build.BuildJob]:
              **{("group norm", *key): case for key, case in test_gemm_group_norm.CASES.items()},
              **{("batch norm", *key): case for key, case in test_gemm_batch_norm.CASES.items()},
              **{("programmatic dependents", key): case for key, case in test_gemm_epilogue.PDL_BUILDS.items()}}
-    return [build.BuildJob(build.RUNTIME_SOURCE, torch.float32), *gemm_jobs(cases), *rows]
+    return [*gemm_jobs(cases), *rows]
 
 
 TRACED = Path(tempfile.gettempdir()) / "fxfuse-prebuild"  # the suite's traced programs, by sources_digest
