@@ -532,7 +532,6 @@ def test_on_the_gpu_a_weight_stored_k_by_n_builds_no_gemm_module(monkeypatch):
     monkeypatch.setattr(cuda, "prepare_many", lambda items, workers=None, gemm_items=(): asked.append(gemm_items) or {})
     monkeypatch.setattr(cuda, "select", lambda *args: selected.append(args[7]))  # weight_is_kn; None: the row path
 
-
     class LinearBlock(Conv1DBlock):
         def forward(self, x, residual):
             return F.gelu(F.linear(x, self.weight.t(), self.bias), approximate="tanh") + residual
