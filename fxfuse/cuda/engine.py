@@ -125,7 +125,7 @@ class Engine:
         self._gemms: dict[tuple, object] = {}  # (key, param dtypes) -> GemmModule, None if it failed
         self._replaced: list = []  # modules that a module for more calls took the place of
         self._gemm_errors: dict[tuple, str] = {}
-        self.selections: dict[tuple, Selection] = {}  # (key, param dtypes, n, k, bucket)
+        self.selections: dict[tuple, Selection] = {}  # (key, param dtypes, n, k, bucket, (K, N) weight, no module)
         self._timed_at_call: set[tuple] = set()  # selections' keys timed at a call, on a module as held
         self._runtime_module = None  # built once, on the first prepare
         self._flags = 0  # FxFlags: eager's rounding on this target, found when the runtime loads
@@ -263,8 +263,8 @@ class Engine:
                operands: tuple | None = None, build: bool = True) -> Selection | None:
         """Time the row path and each GEMM configuration on an (m, n, k) problem (or take the
         measurement cached on disk), route (bucket of m, n, k) to the fastest, and return the
-        selection; None where the program has no GEMM module and Inductor is not to be timed (the
-        row path serves: there is nothing to choose). The problem's data is ``operands``, (x,
+        selection; None where the calls have no GEMM module to take (``_timed_module``) and Inductor
+        is not to be timed (the row path serves: there is nothing to choose). The problem's data is ``operands``, (x,
         weight, bias, params) as the model computes them, where given (the closest the selection
         gets to the model: S26's chains ran at other speeds in the model than timed alone on random
         data, BENCHMARKS.md section 15), else random data.
@@ -275,19 +275,14 @@ class Engine:
         without the kernels for these rows is built again with them (at compile time), or timed as
         it is held (at a call).
         """
-        from . import gemm_codegen
-
-        if build and not weight_is_kn:  # no configuration reads a (K, N) weight: none built for it
-            module = self.prepare_gemm(program, dtype, param_dtypes, device, gemm_codegen.rows_served(shape[0]))
-        else:
-            module = self._gemms.get(((program.to_string(), dtype, _index(device)), tuple(param_dtypes)))
+        module = self._timed_module(program, dtype, param_dtypes, device, shape[0], weight_is_kn, build)
         if module is None and not against_inductor:
             return None
         m, n, k = shape
         runtime = self._runtime_module
         bucket = runtime.bucket_of(m)
         key = (program.to_string(), dtype, _index(device))
-        skey = (key, tuple(param_dtypes), n, k, bucket, weight_is_kn)
+        skey = (key, tuple(param_dtypes), n, k, bucket, weight_is_kn, module is None)
         selection = self.selections.get(skey)
         if build and skey in self._timed_at_call:  # the module may have grown for these rows since
             selection = None
@@ -309,6 +304,22 @@ class Engine:
             self._timed_at_call.add(skey)
         return selection
 
+    def _timed_module(self, program: Program, dtype: torch.dtype, param_dtypes: tuple[torch.dtype, ...],
+                      device: torch.device, rows: int, weight_is_kn: bool, build: bool):
+        """The GEMM module whose configurations the selection times for calls of ``rows`` rows:
+        built with the kernels for them where ``build``, else as held. None where the calls cannot
+        take the in-GEMM path now (``gemm_codegen.unsupported_reason``: a float32 GEMM while torch
+        does not allow TF32 runs cuBLAS and the row pass whatever a route says, so a module would
+        be minutes of CUTLASS for no call, its configurations timed as the row pass) or their
+        weight is stored (K, N) (no configuration reads that layout)."""
+        from . import gemm_codegen
+
+        if weight_is_kn or gemm_codegen.unsupported_reason(program, dtype) is not None:
+            return None
+        if build:
+            return self.prepare_gemm(program, dtype, param_dtypes, device, gemm_codegen.rows_served(rows))
+        return self._gemms.get(((program.to_string(), dtype, _index(device)), tuple(param_dtypes)))
+
     def _measure(self, program, dtype, param_dtypes, shape, device, has_bias, module, param_shapes,
                  against_inductor: bool, weight_is_kn: bool, operands: tuple | None) -> Selection:
         from . import gemm_codegen
@@ -324,7 +335,7 @@ class Engine:
         weight = weight.t() if weight_is_kn else weight
         runtime = self._runtime_module
         candidates = {ROW_PATH: -1}
-        if module is not None and not weight_is_kn:
+        if module is not None:
             timed = gemm_codegen.timed_for(module.kernels, m)
             for config, name in enumerate(module.config_names):
                 # a kernel without tile orders (a swapped one) bears one name at every schedule,

@@ -230,11 +230,11 @@ def test_a_module_is_built_again_for_calls_of_other_rows_and_the_routes_follow_b
     few = engine.prepare_gemm(program, bf16, (), device, gemm_codegen.rows_served(16))
     assert few.kernels == (narrow,)
     key = ((program.to_string(), bf16, -1), ())
-    engine.selections[(*key, 8192, 8192, 4, False)] = Selection("swapped 16, 0", 0, {"swapped 16, 0": 34.0},
+    engine.selections[(*key, 8192, 8192, 4, False, False)] = Selection("swapped 16, 0", 0, {"swapped 16, 0": 34.0},
                                                                      GRAPH_TIMING)
     both = engine.prepare_gemm(program, bf16, (), device, gemm_codegen.rows_served(1024))
     assert both.kernels == gemm_codegen.KERNELS + (narrow,) and registered == [1, 2]
-    assert routes == {(16, 8192, 8192): 24} and engine.selections[(*key, 8192, 8192, 4, False)].config == 24
+    assert routes == {(16, 8192, 8192): 24} and engine.selections[(*key, 8192, 8192, 4, False, False)].config == 24
     for rows in (1, 16, 100, 1024):
         assert engine.prepare_gemm(program, bf16, (), device, gemm_codegen.rows_served(rows)) is both
     assert len(built) == 2
@@ -245,6 +245,39 @@ def test_a_module_is_built_again_for_calls_of_other_rows_and_the_routes_follow_b
     held = engine.prepare_gemm(layer_norm, bf16, (), device, gemm_codegen.rows_served(1024))
     assert engine.prepare_gemm(layer_norm, bf16, (), device, gemm_codegen.rows_served(16)) is held
     assert len(built) == 4
+
+
+def test_float32_calls_while_torch_does_not_allow_tf32_get_no_gemm_module_built_or_timed(monkeypatch, tmp_path):
+    """A float32 GEMM is TF32 in the in-GEMM path, and while torch does not allow TF32 the runtime
+    runs such calls on cuBLAS and the row pass whatever their route. So the selection builds no
+    module for them (minutes of CUTLASS for no call) and times the row path against Inductor; with
+    TF32 allowed it builds the module and times its configurations."""
+    import sys
+    from types import SimpleNamespace
+
+    from fxfuse.cuda.engine import Engine
+
+    engine_module = sys.modules["fxfuse.cuda.engine"]  # fxfuse.cuda.engine is the GPU's Engine
+    built, timed = [], []
+    engine = Engine(lambda device: None)
+    monkeypatch.setattr(engine, "prepare_gemm", lambda program, dtype, params, device, served:
+                        built.append(dtype) or SimpleNamespace(key="gemm module"))
+    monkeypatch.setattr(engine, "_measure", lambda program, dtype, params, shape, device, has_bias, module, *rest:
+                        timed.append(module) or Selection("row", -1, {"row": 1.0, "Inductor": 2.0}, GRAPH_TIMING))
+    monkeypatch.setattr(engine_module, "_selection_file", lambda key, shape, bucket, device: tmp_path / key)
+    engine._runtime_module = SimpleNamespace(bucket_of=lambda m: 9, choose=lambda *args: None)
+    program, f32, device = PROGRAMS["reduce_sum_keep"], torch.float32, torch.device("cpu")
+    engine._modules[(program.to_string(), f32, -1)] = SimpleNamespace(key="row module")
+
+    def select(against_inductor):
+        return engine.select(program, f32, (f32,), (512, 1024, 256), device, True, against_inductor=against_inductor)
+
+    monkeypatch.setattr(torch.backends.cuda.matmul, "allow_tf32", False)
+    assert select(against_inductor=False) is None
+    assert select(against_inductor=True).path == "row" and built == [] and timed == [None]
+    monkeypatch.setattr(torch.backends.cuda.matmul, "allow_tf32", True)
+    select(against_inductor=True)
+    assert built == [f32] and timed[-1].key == "gemm module"
 
 
 def test_the_selection_times_the_kernels_built_for_the_calls_rows():
@@ -1140,7 +1173,7 @@ def test_a_call_in_a_bucket_no_selection_timed_is_timed_once_on_its_own_operands
     engine.measure_call(text, x, w, b, [])
     assert timed[0] == sorted(screen) and all(run.data_ptr() == x.data_ptr() for run in runs)  # the call's x
     assert routed == [(text, DTYPE_CODES[bf16], -1, 300, 128, 32, 1)]  # the bucket of 300 rows: pingpong's
-    assert engine.selections[((text, bf16, -1), (), 128, 32, 9, False)].path == "pingpong"
+    assert engine.selections[((text, bf16, -1), (), 128, 32, 9, False, False)].path == "pingpong"
     # a compile traced in that bucket later times it again, on the module it builds for those rows
     grown = SimpleNamespace(**{**vars(module), "key": "grown module key"})
     monkeypatch.setattr(engine, "prepare_gemm", lambda *args: grown)
