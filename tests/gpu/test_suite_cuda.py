@@ -90,8 +90,8 @@ def test_a_graph_with_a_symbolic_batch_fuses_on_cuda_and_serves_every_later_size
     assert [r.status for r in fxfuse.last_report().rows] == ["fused", "fused"]
 
 
-def test_tf32_is_honoured_like_eager():
-    torch.backends.cuda.matmul.allow_tf32 = True
+def test_tf32_is_honoured_like_eager(monkeypatch):
+    monkeypatch.setattr(torch.backends.cuda.matmul, "allow_tf32", True)  # this test's alone
     _check(suite.get_row("S01"), "small", torch.float32)
 
 
