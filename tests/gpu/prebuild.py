@@ -17,6 +17,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -26,7 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 import torch  # noqa: E402
 
 import fxfuse.cuda as fxcuda  # noqa: E402
-from fxfuse.cuda import build  # noqa: E402
+from fxfuse.cuda import build, gemm_codegen  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -61,37 +62,55 @@ def sources_digest(plan: list[str]) -> str:
     return digest.hexdigest()[:32]
 
 
-def suite_plan() -> list[list[str]]:
-    """bench/prebuild_suite.py's arguments for the suite models test_suite_cuda.py compiles: every
-    row at the small size in each dtype and under autocast; the full size's rows in bf16 and
-    float32 (the symbolic-batch test's row with them), and the decode tests' rows and batches."""
+def suite_plan() -> list[tuple[list[str], bool]]:
+    """bench/prebuild_suite.py's arguments for the suite models test_suite_cuda.py compiles, each
+    with whether its tests allow TF32 (a float32 chain has a GEMM module only then): every row at
+    the small size in each dtype and under autocast; the full size's rows in bf16 and float32 (the
+    symbolic-batch test's row with them), and the decode tests' rows and batches; S01 in float32
+    with TF32 allowed (test_tf32_is_honoured_like_eager)."""
     from test_suite_cuda import DECODE_BATCHES, DECODE_ROWS, FULL_SIZE_ROWS, SYMBOLIC_BATCH_ROW
 
     decode = f"{','.join(DECODE_ROWS)}:{','.join(map(str, DECODE_BATCHES))}"
     full = ",".join(dict.fromkeys([*FULL_SIZE_ROWS, SYMBOLIC_BATCH_ROW]))
-    return [["--sizes", "small", "--dtypes", "fp32,bf16,fp16,autocast,autocast-fp16"],
-            ["--sizes", "full", "--dtypes", "bf16,fp32", "--rows", full, "--decode", decode]]
+    return [(["--sizes", "small", "--dtypes", "fp32,bf16,fp16,autocast,autocast-fp16"], False),
+            (["--sizes", "full", "--dtypes", "bf16,fp32", "--rows", full, "--decode", decode], False),
+            (["--sizes", "small", "--dtypes", "fp32", "--rows", "S01"], True)]
+
+
+@contextmanager
+def tf32_allowed(allowed: bool):
+    before = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = allowed
+    try:
+        yield
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = before
 
 
 def suite_jobs() -> list[build.BuildJob] | None:
     """The modules test_suite_cuda.py's compiles ask for (bench/prebuild_suite.py traces each plan
     of suite_plan in a process of its own, side by side), a module a program with the kernels for
-    all its calls; None where tracing failed. Traced programs are kept by sources_digest."""
+    all its calls; None where tracing failed. Traced programs are kept by sources_digest. Called
+    with TF32 allowed, so that build_jobs keeps the float32 GEMM modules the plans' own TF32
+    settings kept."""
     from bench.prebuild_suite import build_jobs, read_traced
 
     TRACED.mkdir(parents=True, exist_ok=True)
-    traced = [TRACED / f"{sources_digest(plan)}.json" for plan in suite_plan()]
+    plans = suite_plan()
+    traced = [TRACED / f"{sources_digest(plan)}.json" for plan, _ in plans]
     tracers = [subprocess.Popen([sys.executable, str(ROOT / "bench" / "prebuild_suite.py"), *plan, "--trace-to",
                                  str(path.with_suffix(".partial"))])
-               for plan, path in zip(suite_plan(), traced) if not path.is_file()]
+               for (plan, _), path in zip(plans, traced) if not path.is_file()]
     if any(tracer.wait() != 0 for tracer in tracers):
         print("prebuild: tracing the suite failed")
         return None
     pairs, gemms = set(), set()
-    for path in traced:
+    for (_, tf32), path in zip(plans, traced):
         if not path.is_file():
             path.with_suffix(".partial").rename(path)
         more_pairs, more_gemms = read_traced(path)
+        with tf32_allowed(tf32):  # the GEMM modules the plan's compiles ask for under its setting
+            more_gemms = {item for item in more_gemms if gemm_codegen.unsupported_reason(*item[:2]) is None}
         pairs, gemms = pairs | more_pairs, gemms | more_gemms
     return build_jobs(pairs, gemms)
 

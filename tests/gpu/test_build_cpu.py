@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from fxfuse.cuda import build
+from fxfuse.cuda import build, gemm_codegen
 from fxfuse.cuda.build import BuildError, Target, arch_flags, cache_key, csrc_digest
 from fxfuse.cuda.lock import FileLock, LockTimeout
 from programs import PROGRAMS
@@ -503,3 +503,25 @@ def test_a_gemm_modules_size_queries_find_the_torch_libraries_it_links(tmp_path,
     with pytest.raises(BuildError, match="libc10.so"):  # what a process without torch's directory sees
         build.probe_size_queries(library, "fx_answers")
     build.probe_size_queries(library, "fx_answers", [torch_lib])
+
+
+def test_the_tests_prebuild_builds_a_float32_chains_gemm_module_only_for_the_tests_that_allow_tf32(
+        tmp_path, monkeypatch):
+    """A float32 GEMM module is TF32: the suite tests' float32 compiles run with TF32 off (cuBLAS
+    and the row pass), so the prebuild builds none for them, only for the test that allows TF32,
+    with the kernels for its calls alone. (The suite's traces stood in for by one program.)"""
+    import prebuild
+    from bench.prebuild_suite import write_traced
+
+    program, f32, bf16 = PROGRAMS["s01_scale_leaky"], torch.float32, torch.bfloat16
+    monkeypatch.setattr(prebuild, "TRACED", tmp_path)
+    plans = prebuild.suite_plan()
+    assert [tf32 for _, tf32 in plans].count(True) == 1
+    for plan, tf32 in plans:  # float32 calls of 8 rows where TF32 is allowed, of 1024 elsewhere
+        rows = 8 if tf32 else 1024
+        write_traced(tmp_path / f"{prebuild.sources_digest(plan)}.json", {(program, f32), (program, bf16)},
+                     {(program, f32, (), rows), (program, bf16, (), 1024)})
+    monkeypatch.setattr(torch.backends.cuda.matmul, "allow_tf32", True)  # as prebuild.main sets it
+    gemms = {job.dtype: job.kernels for job in prebuild.suite_jobs() if job.param_dtypes is not None}
+    assert gemms[bf16] == gemm_codegen.menu(program, gemm_codegen.rows_served(1024))
+    assert gemms[f32] == gemm_codegen.menu(program, gemm_codegen.rows_served(8))
