@@ -5,7 +5,7 @@
 # STAGES, comma-separated: prebuild (only the builds: every module the tests and the suite use,
 # into the cache, which stays while the machine does; cold, about 15 minutes of a 64-core host
 # while the tests' and the suite's modules built in two pools in turn (BENCHMARKS.md section 42),
-# one pool since: run it alone, again if its call is cut off, since a build cut off resumes where
+# one pool since, 514 modules in 572 s (section 44): run it alone, again if its call is cut off, since a build cut off resumes where
 # it stopped, then the other stages), tests (tests/gpu, the suite tests in
 # parallel shards, spread over the host's GPUs), profile (the epilogue breakdown and an ncu
 # summary of each kernel; PROFILE_ARGS), bench (bench/bench.py; BENCH_PARTS times groups of rows
