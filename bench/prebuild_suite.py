@@ -23,7 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torch  # noqa: E402
 
 from examples import suite  # noqa: E402
-from fxfuse.backend import param_dtypes, rows_of  # noqa: E402
+from fxfuse.backend import param_dtypes, rows_of, wants_gemm_module  # noqa: E402
 from fxfuse.canonicalize import canonicalize  # noqa: E402
 from fxfuse.cuda import gemm_codegen  # noqa: E402
 from fxfuse.cuda.build import BuildJob  # noqa: E402
@@ -47,26 +47,38 @@ def suite_programs(rows, sizes, dtypes, device: str = "cuda", batches=()) -> tup
     module, as the backend asks for it (for calls of each of ``batches`` rows instead, where
     given: the decode tests' inputs of the model's features)."""
     found, gemms = set(), set()
-
-    def collect(gm, example_inputs, **kwargs):
-        for chain in match_all(gm.graph, canonicalize(gm.graph), allow_cpu=device == "cpu"):
-            if chain.program is not None:
-                found.add((chain.program, chain.dtype))
-                for calls in batches or [rows_of(chain)]:
-                    gemms.add((chain.program, chain.dtype, param_dtypes(chain), calls))
-        return gm.forward
-
     for row in rows:
         for size in sizes:
             mod = suite.load(row)
             if size not in mod.SIZES:
                 continue
             for dtype, autocast in dtypes:
-                torch._dynamo.reset()
                 model, inputs = suite.build(row, size, device, dtype)
-                with torch.no_grad(), torch.autocast(device, dtype=autocast, enabled=autocast is not None):
-                    torch.compile(model, backend=collect)(*inputs)
+                more_found, more_gemms = programs_of(model, inputs, device, autocast, batches)
+                found, gemms = found | more_found, gemms | more_gemms
                 del model, inputs
+    return found, gemms
+
+
+def programs_of(model: torch.nn.Module, inputs: list, device: str = "cuda", autocast: torch.dtype | None = None,
+                batches=()) -> tuple[set, set]:
+    """(program, dtype) of every fused chain of ``model`` called on ``inputs`` (without
+    gradients, under ``autocast`` where given), and (program, dtype, parameter dtypes, rows) of
+    each for its GEMM module, as the backend asks for it (for calls of each of ``batches`` rows
+    instead, where given). Traced by Dynamo; nothing is built."""
+    found, gemms = set(), set()
+
+    def collect(gm, example_inputs, **kwargs):
+        for chain in match_all(gm.graph, canonicalize(gm.graph), allow_cpu=device == "cpu"):
+            if chain.program is not None:
+                found.add((chain.program, chain.dtype))
+                for calls in (batches or [rows_of(chain)]) if wants_gemm_module(chain) else ():
+                    gemms.add((chain.program, chain.dtype, param_dtypes(chain), calls))
+        return gm.forward
+
+    torch._dynamo.reset()
+    with torch.no_grad(), torch.autocast(device, dtype=autocast, enabled=autocast is not None):
+        torch.compile(model, backend=collect)(*inputs)
     return found, gemms
 
 

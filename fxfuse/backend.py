@@ -141,6 +141,13 @@ def _with_dynamos_metadata(fused: GraphModule, gm: GraphModule) -> GraphModule:
 KEEPS_GEMM_OUTPUT = "the forward keeps the GEMM output for the backward, which the in-GEMM epilogue does not store"
 
 
+def wants_gemm_module(chain: Chain) -> bool:
+    """Whether a CUDA chain's compile builds a GEMM module for it: not for a training forward (it
+    runs the row path, _with_path) nor for a weight stored (K, N) (GPT-2's Conv1D: no GEMM
+    configuration reads that layout), minutes of CUTLASS for no call."""
+    return not records_backward(chain.gemm) and not chain.fusion.weight_is_kn
+
+
 def _build(chains: list[Chain], against_inductor: bool = False, values_of=lambda nodes: {}) -> list[Chain]:
     """Compile the CUDA kernels of a graph's chains now, in parallel (never at call time), then
     measure each chain's paths at its shape (fxfuse.cuda.select; ``against_inductor``: Inductor's
@@ -152,9 +159,7 @@ def _build(chains: list[Chain], against_inductor: bool = False, values_of=lambda
     for chain in chains:
         if _on_cuda(chain):
             wanted[(chain.program.to_string(), chain.dtype)] = chain.program
-            # a training forward runs the row path (_with_path); no GEMM configuration reads a (K, N)
-            # weight (GPT-2's Conv1D): neither builds a GEMM module, minutes of CUTLASS for no call
-            if not records_backward(chain.gemm) and not chain.fusion.weight_is_kn:
+            if wants_gemm_module(chain):
                 gemms.append((chain.program, chain.dtype, param_dtypes(chain), rows_of(chain)))
     if not wanted:
         return chains

@@ -3,10 +3,11 @@
     python tests/gpu/prebuild.py [--suite] [--workers N]
 
 Fills the build cache (FXFUSE_CACHE_DIR or ~/.cache/fxfuse) so that a later pytest run only loads
-modules; useful where one command has a time limit. ``--suite``: the suite models' modules too, as
-test_suite_cuda.py's compiles ask for them (bench/prebuild_suite.py traces them first, in processes
-of their own; then one pool builds the tests' and the suite's modules). One line a module as it
-ends, with the count; the failures at the end, and a non-zero exit if any.
+modules; useful where one command has a time limit. The modules of the kernel and in-GEMM tests'
+cases, and those the model tests' compiles ask for (their MODELS, traced first in a process of its
+own); ``--suite``: the suite models' modules too, as test_suite_cuda.py's compiles ask for them
+(bench/prebuild_suite.py traces them, in processes of their own). Then one pool builds them all.
+One line a module as it ends, with the count; the failures at the end, and a non-zero exit if any.
 """
 
 from __future__ import annotations
@@ -49,15 +50,19 @@ def tests_jobs() -> list[build.BuildJob]:
     return [*gemm_jobs(cases), *rows]
 
 
-TRACED = Path(tempfile.gettempdir()) / "fxfuse-prebuild"  # the suite's traced programs, by sources_digest
+TRACED = Path(tempfile.gettempdir()) / "fxfuse-prebuild"  # the compiles' traced programs, by sources_digest
+# the test files whose MODELS (model, inputs) the tests compile in float32 and bfloat16 (trace_models)
+MODEL_TESTS = ("test_operands_cuda", "test_pooling_cuda")
 
 
 def sources_digest(plan: list[str]) -> str:
-    """What a trace of the suite under ``plan`` depends on: fxfuse's and the examples' Python
-    sources, the suite tests', and the plan."""
+    """What a trace under ``plan`` depends on: fxfuse's and the examples' Python sources, the
+    tests' whose compiles it traces, and the plan."""
     digest = hashlib.sha256(" ".join(plan).encode())
+    tests = ROOT / "tests"
     for path in sorted([*(ROOT / "fxfuse").rglob("*.py"), *(ROOT / "examples").rglob("*.py"),
-                        ROOT / "tests" / "gpu" / "test_suite_cuda.py"]):
+                        tests / "gpu" / "test_suite_cuda.py", tests / "test_operands.py",
+                        *(tests / "gpu" / f"{name}.py" for name in MODEL_TESTS)]):
         digest.update(path.read_bytes())
     return digest.hexdigest()[:32]
 
@@ -77,6 +82,36 @@ def suite_plan() -> list[tuple[list[str], bool]]:
             (["--sizes", "small", "--dtypes", "fp32", "--rows", "S01"], True)]
 
 
+def trace_plans(suite: bool) -> list[tuple[list[str], bool]]:
+    """The traces of the GPU tests' compiles, each a script with its arguments (run in a process
+    of its own, which writes what it traced to the path given after ``--trace-to``) and whether
+    those tests allow TF32: the model tests' MODELS (this script's ``--trace-models``), and with
+    ``suite`` test_suite_cuda.py's models (bench/prebuild_suite.py, suite_plan)."""
+    plans = [([str(Path(__file__).resolve()), "--trace-models"], False)]
+    suite_script = str(ROOT / "bench" / "prebuild_suite.py")
+    return plans + ([([suite_script, *args], tf32) for args, tf32 in suite_plan()] if suite else [])
+
+
+def trace_models(path: Path, device: str = "cuda") -> None:
+    """Trace the MODELS of MODEL_TESTS as their tests compile them, in float32 and bfloat16 on
+    ``device`` without gradients (the calls a GEMM module serves), and write their programs to
+    ``path`` (bench/prebuild_suite.py's format)."""
+    import importlib
+
+    from bench.prebuild_suite import programs_of, write_traced
+
+    pairs, gemms = set(), set()
+    for name in MODEL_TESTS:
+        for make_model, make_inputs in importlib.import_module(name).MODELS:
+            for dtype in (torch.float32, torch.bfloat16):
+                model = make_model().to(device=device, dtype=dtype).eval()
+                inputs = [t.to(device=device, dtype=dtype if t.is_floating_point() else t.dtype) for t in make_inputs()]
+                more_pairs, more_gemms = programs_of(model, inputs, device)
+                pairs, gemms = pairs | more_pairs, gemms | more_gemms
+    write_traced(path, pairs, gemms)
+    print(f"{len(pairs)} programs of the model tests traced", flush=True)
+
+
 @contextmanager
 def tf32_allowed(allowed: bool):
     before = torch.backends.cuda.matmul.allow_tf32
@@ -87,22 +122,20 @@ def tf32_allowed(allowed: bool):
         torch.backends.cuda.matmul.allow_tf32 = before
 
 
-def suite_jobs() -> list[build.BuildJob] | None:
-    """The modules test_suite_cuda.py's compiles ask for (bench/prebuild_suite.py traces each plan
-    of suite_plan in a process of its own, side by side), a module a program with the kernels for
-    all its calls; None where tracing failed. Traced programs are kept by sources_digest. Called
-    with TF32 allowed, so that build_jobs keeps the float32 GEMM modules the plans' own TF32
-    settings kept."""
+def traced_jobs(suite: bool) -> list[build.BuildJob] | None:
+    """The modules the GPU tests' compiles ask for (each plan of trace_plans traced in a process of
+    its own, side by side), a module a program with the kernels for all its calls; None where
+    tracing failed. Traced programs are kept by sources_digest. Called with TF32 allowed, so that
+    build_jobs keeps the float32 GEMM modules the plans' own TF32 settings kept."""
     from bench.prebuild_suite import build_jobs, read_traced
 
     TRACED.mkdir(parents=True, exist_ok=True)
-    plans = suite_plan()
+    plans = trace_plans(suite)
     traced = [TRACED / f"{sources_digest(plan)}.json" for plan, _ in plans]
-    tracers = [subprocess.Popen([sys.executable, str(ROOT / "bench" / "prebuild_suite.py"), *plan, "--trace-to",
-                                 str(path.with_suffix(".partial"))])
+    tracers = [subprocess.Popen([sys.executable, *plan, "--trace-to", str(path.with_suffix(".partial"))])
                for (plan, _), path in zip(plans, traced) if not path.is_file()]
     if any(tracer.wait() != 0 for tracer in tracers):
-        print("prebuild: tracing the suite failed")
+        print("prebuild: tracing the tests' compiles failed")
         return None
     pairs, gemms = set(), set()
     for (_, tf32), path in zip(plans, traced):
@@ -119,7 +152,13 @@ def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--suite", action="store_true", help="the suite models' modules too")
     parser.add_argument("--workers", type=int, default=None)
+    parser.add_argument("--trace-models", action="store_true",
+                        help="only trace the model tests' compiles (trace_models), to --trace-to")
+    parser.add_argument("--trace-to", type=Path, default=None)
     args = parser.parse_args()
+    if args.trace_models:
+        trace_models(args.trace_to)
+        return 0
     if not fxcuda.available():
         print("CUDA or its toolchain is not available")
         return 2
@@ -140,15 +179,15 @@ def main() -> int:
             failed_kinds.add(family)
             print(f"prebuild: the first {family} module failed:\n{error[-2000:]}", flush=True)
 
-    # what test_suite_cuda.py compiles, traced in processes of their own (under a minute), or as
-    # traced before from the same sources; then the tests' and the suite's modules in one pool,
-    # the GEMM modules of most kernels first (two pools in turn left most cores idle through the
-    # first one's tail: a cold build took about 15 minutes of a 64-core host, BENCHMARKS.md
-    # section 42)
-    suite = suite_jobs() if args.suite else []
-    if suite is None:
+    # what the model tests and test_suite_cuda.py compile, traced in processes of their own (under
+    # a minute), or as traced before from the same sources; then the tests' and the suite's
+    # modules in one pool, the GEMM modules of most kernels first (two pools in turn left most
+    # cores idle through the first one's tail: a cold build took about 15 minutes of a 64-core
+    # host, BENCHMARKS.md section 42)
+    traced = traced_jobs(args.suite)
+    if traced is None:
         return 1
-    errors = build.build_many([*tests_jobs(), *suite], target, args.workers, on_built=progress)
+    errors = build.build_many([*tests_jobs(), *traced], target, args.workers, on_built=progress)
     failed = {job: error for job, error in errors.items() if error}
     print(f"{len(errors)} modules ready in {time.time() - start:.0f} s on {torch.cuda.get_device_name()}, "
           f"{len(failed)} failed")

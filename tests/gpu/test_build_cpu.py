@@ -509,19 +509,37 @@ def test_the_tests_prebuild_builds_a_float32_chains_gemm_module_only_for_the_tes
         tmp_path, monkeypatch):
     """A float32 GEMM module is TF32: the suite tests' float32 compiles run with TF32 off (cuBLAS
     and the row pass), so the prebuild builds none for them, only for the test that allows TF32,
-    with the kernels for its calls alone. (The suite's traces stood in for by one program.)"""
+    with the kernels for its calls alone. (Every trace stood in for by one program.)"""
     import prebuild
     from bench.prebuild_suite import write_traced
 
     program, f32, bf16 = PROGRAMS["s01_scale_leaky"], torch.float32, torch.bfloat16
     monkeypatch.setattr(prebuild, "TRACED", tmp_path)
-    plans = prebuild.suite_plan()
+    plans = prebuild.trace_plans(suite=True)
     assert [tf32 for _, tf32 in plans].count(True) == 1
     for plan, tf32 in plans:  # float32 calls of 8 rows where TF32 is allowed, of 1024 elsewhere
         rows = 8 if tf32 else 1024
         write_traced(tmp_path / f"{prebuild.sources_digest(plan)}.json", {(program, f32), (program, bf16)},
                      {(program, f32, (), rows), (program, bf16, (), 1024)})
     monkeypatch.setattr(torch.backends.cuda.matmul, "allow_tf32", True)  # as prebuild.main sets it
-    gemms = {job.dtype: job.kernels for job in prebuild.suite_jobs() if job.param_dtypes is not None}
+    gemms = {job.dtype: job.kernels for job in prebuild.traced_jobs(suite=True) if job.param_dtypes is not None}
     assert gemms[bf16] == gemm_codegen.menu(program, gemm_codegen.rows_served(1024))
     assert gemms[f32] == gemm_codegen.menu(program, gemm_codegen.rows_served(8))
+
+
+def test_the_tests_prebuild_traces_the_model_tests_compiles_with_the_gemm_modules_they_ask_for(tmp_path):
+    """The operand and pooling tests compile their MODELS in float32 and bfloat16: the prebuild
+    traces them (traced on the CPU here) for their row modules, and a GEMM module for each chain
+    whose calls may take one, none for a weight stored (K, N) (GPT-2's Conv1D)."""
+    import prebuild
+    import test_operands_cuda
+    from bench.prebuild_suite import programs_of, read_traced
+
+    prebuild.trace_models(tmp_path / "models.json", device="cpu")
+    pairs, gemms = read_traced(tmp_path / "models.json")
+    assert {dtype for _, dtype in pairs} == {torch.float32, torch.bfloat16}
+    with_module = {(program, dtype) for program, dtype, *_ in gemms}
+    conv1d, conv1d_gemms = programs_of(test_operands_cuda.Conv1DMlp(), test_operands_cuda.x_alone(), "cpu")
+    assert conv1d and conv1d <= pairs and not conv1d_gemms and not conv1d & with_module
+    assert with_module and with_module <= pairs
+    assert any("pool" in program.to_string() for program, _ in pairs)  # the pooling tests' models

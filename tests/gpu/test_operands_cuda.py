@@ -35,6 +35,12 @@ class Conv1DMlp(nn.Module):
         return 0.5 * h * (1.0 + torch.tanh(0.7978845608028654 * (h + 0.044715 * torch.pow(h, 3.0))))
 
 
+# The models the tests below compile, with their inputs, in float32 and bfloat16: tests/gpu/prebuild.py
+# builds their modules (each would otherwise build in its test, minutes of CUTLASS for a GEMM module)
+MODELS = [(Conv1DMlp, x_alone), (BertOutput, three_d), (Conv1DBlock, three_d), (PositionEmbedding, x_alone),
+          (PreNormBlock, three_d), (UpFirstSwiGLU, x_alone), (BroadcastBack, x_alone)]
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
 @pytest.mark.parametrize("train", [False, True], ids=["eval", "train"])
 def test_a_conv1d_block_fuses_on_cuda(dtype, train):

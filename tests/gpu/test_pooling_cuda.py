@@ -43,11 +43,20 @@ class AvgPoolGeluRows(nn.Module):
         return F.gelu(F.avg_pool1d(torch.sigmoid(self.linear(x)).unsqueeze(1), 3, stride=2).squeeze(1)) * 2.0
 
 
+def x_rows():
+    return [torch.randn(M, K)]
+
+
+# The models the tests below compile, with their inputs, in float32 and bfloat16: tests/gpu/prebuild.py
+# builds their modules
+MODELS = [(MaxPoolSumScale, x_rows), (AvgPoolGeluRows, x_rows)]
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
 @pytest.mark.parametrize("train", [False, True], ids=["eval", "train"])
 @pytest.mark.parametrize("model", [MaxPoolSumScale, AvgPoolGeluRows], ids=["max_sum", "avg_rows"])
 def test_a_pooling_chain_fuses_and_runs_in_the_row_kernels(model, train, dtype):
-    report = check_against_eager(model, lambda: [torch.randn(M, K)], dtype=dtype, device="cuda",
+    report = check_against_eager(model, x_rows, dtype=dtype, device="cuda",
                                  train=train, grads=train, draws=3)
     (row,) = report.rows
     assert row.status == "fused" and "_pool(kernel=" in row.program, report
