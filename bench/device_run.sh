@@ -11,6 +11,8 @@
 # summary of each kernel; PROFILE_ARGS), bench (bench/bench.py; BENCH_PARTS times groups of rows
 # in processes of their own and merges them), sanitize
 # (compute-sanitizer over one run of each kernel template; SANITIZE_TOOLS picks the tools),
+# gemmncu (ncu of the in-GEMM kernels of the rows whose targets are missed, against cuBLAS and the
+# bare CUTLASS kernel; GEMMNCU_SPECS),
 # gradients (every suite model's gradients and the training example on CUDA), train
 # (bench/train_bench.py; TRAIN_ARGS), compile (bench/compile_time.py: cold and warm compiles),
 # rowpass (bench/row_pass.py: the row pass alone against Inductor's kernels; ROWPASS_ARGS),
@@ -100,6 +102,23 @@ if has profile; then
     --section Occupancy --section LaunchStats --section ComputeWorkloadAnalysis --section InstructionStats --csv --page details \
     python3 bench/epilogue_breakdown.py --once ${PROFILE_ARGS:-} >"$LOGS/ncu.csv" 2>"$LOGS/ncu.err"
   { grep "^call:" "$LOGS/ncu.csv"; python3 bench/ncu_summary.py "$LOGS/ncu.csv"; } | tee "$OUT/ncu_summary.txt"
+fi
+if has gemmncu; then
+  # ncu (ncu's locked clocks) of the in-GEMM kernels of the rows whose bare-GEMM targets are
+  # missed, beside cuBLAS's F.linear and the bare CUTLASS kernel ("identity"): where each one's
+  # time over the GEMM goes. GEMMNCU_SPECS: space-separated ROWS@M,N,K (bench/gemm_configs.py's
+  # programs). Each spec runs once without ncu first, which builds its modules outside ncu.
+  for spec in ${GEMMNCU_SPECS:-identity,S01,S02,S04,S05,S17@1024,8192,8192 identity,S08@32768,4096,1024}; do
+    rows=${spec%@*} shape=${spec#*@}
+    python3 bench/gemm_configs.py --rows "$rows" --shape "$shape" --profile >"$LOGS/gemm_ncu_build_$rows.log" 2>&1 \
+      || { status=1; tail -n 20 "$LOGS/gemm_ncu_build_$rows.log"; continue; }
+    ncu --profile-from-start off --section SpeedOfLight --section WarpStateStats --section Occupancy \
+      --section ComputeWorkloadAnalysis --section InstructionStats --csv --page details \
+      python3 bench/gemm_configs.py --rows "$rows" --shape "$shape" --profile >"$LOGS/gemm_ncu_$rows.csv" \
+      2>"$LOGS/gemm_ncu_$rows.err"
+    { echo "== $rows at $shape (launches in this order):"; grep -v '^"' "$LOGS/gemm_ncu_$rows.csv" | grep -v "^==PROF==" | head -20
+      python3 bench/ncu_summary.py "$LOGS/gemm_ncu_$rows.csv" --flops "$shape"; } | tee -a "$OUT/gemm_ncu_summary.txt"
+  done
 fi
 if has gradients; then  # gradients of every suite model, and the training example, against eager
   timeout 420 python3 -m pytest tests/gpu/test_suite_cuda.py::test_gradients_on_cuda tests/test_training.py -q -rs \
