@@ -286,3 +286,22 @@ def test_a_transpose_of_the_output_names_the_feature_dim_it_moves():
     assert [r.status for r in rows] == ["fused", "not_fused"]
     assert rows[1].reason == ("transpose(1, 2) moves the feature dim (the output transposed, as a token-mixing "
                               "MLP's): the kernels write the GEMM's rows of features, so the chain ends before it")
+
+
+def test_a_chain_on_the_gpu_without_a_gemm_module_says_why(monkeypatch):
+    """At policy "always" nothing is timed against the row pass where the chain has no GEMM
+    module, and the report says why it has none: here a float32 GEMM while torch does not allow
+    TF32 (the in-GEMM path computes in TF32). (The GPU back end stood in for: the chain counts as
+    a CUDA chain, nothing builds, and the selection finds no module, as it does on a GPU.)"""
+    from fxfuse import backend, cuda
+
+    monkeypatch.setattr(backend, "_on_cuda", lambda chain: chain.fusion is not None)
+    monkeypatch.setattr(cuda, "prepare_many", lambda items, workers=None, gemm_items=(): {})
+    monkeypatch.setattr(cuda, "select", lambda *args: None)
+    monkeypatch.setattr(torch.backends.cuda.matmul, "allow_tf32", False)
+    model, inputs = _s19()
+    report = fxfuse.report(model, *inputs, allow_cpu=True, policy="always")
+    fused = [row for row in report.rows if row.status == "fused"]
+    assert fused and all(row.path == "cuBLAS + row pass (a float32 GEMM is TF32 in the in-GEMM path, and "
+                         "torch.backends.cuda.matmul.allow_tf32 is off: cuBLAS computes it in float32)"
+                         for row in fused)
