@@ -567,7 +567,8 @@ def measure_cpu(row: SuiteRow, spec: DtypeSpec, cfg: Config) -> dict[str, float 
 
 
 @contextlib.contextmanager
-def _tf32(enabled: bool) -> Iterator[None]:
+def tf32_allowed(enabled: bool) -> Iterator[None]:
+    """torch's TF32 setting for float32 GEMMs set to ``enabled`` inside the block, restored after."""
     saved = torch.backends.cuda.matmul.allow_tf32
     torch.backends.cuda.matmul.allow_tf32 = enabled
     try:
@@ -624,7 +625,7 @@ def run(
     spec, cfg = DTYPES[dtype], Config(dtype, repeats, latency_calls, cpu_calls, max_autotune)
     report: dict[str, Any] = {"env": environment(dtype), "config": asdict(cfg), "rows": []}
     cpu_cache: dict[str, dict[str, float | str]] = {}  # S23 rows share their base row's tiny model
-    with torch.no_grad(), _tf32(spec.tf32):
+    with torch.no_grad(), tf32_allowed(spec.tf32):
         for row in select(rows):
             print(f"[bench] {row.id}: {row.description}", file=sys.stderr, flush=True)
             entry: dict[str, Any] = {"id": row.id, "description": row.description, "size": row.size}

@@ -18,7 +18,6 @@ import subprocess
 import sys
 import tempfile
 import time
-from contextlib import contextmanager
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -112,21 +111,12 @@ def trace_models(path: Path, device: str = "cuda") -> None:
     print(f"{len(pairs)} programs of the model tests traced", flush=True)
 
 
-@contextmanager
-def tf32_allowed(allowed: bool):
-    before = torch.backends.cuda.matmul.allow_tf32
-    torch.backends.cuda.matmul.allow_tf32 = allowed
-    try:
-        yield
-    finally:
-        torch.backends.cuda.matmul.allow_tf32 = before
-
-
 def traced_jobs(suite: bool) -> list[build.BuildJob] | None:
     """The modules the GPU tests' compiles ask for (each plan of trace_plans traced in a process of
     its own, side by side), a module a program with the kernels for all its calls; None where
     tracing failed. Traced programs are kept by sources_digest. Called with TF32 allowed, so that
     build_jobs keeps the float32 GEMM modules the plans' own TF32 settings kept."""
+    from bench.bench import tf32_allowed
     from bench.prebuild_suite import build_jobs, read_traced
 
     TRACED.mkdir(parents=True, exist_ok=True)
