@@ -275,6 +275,8 @@ class Engine:
         without the kernels for these rows is built again with them (at compile time), or timed as
         it is held (at a call).
         """
+        if build:  # the runtime and the row module: every call's fallback, timed where no GEMM module is
+            self.prepare(program, dtype, device)
         module = self._timed_module(program, dtype, param_dtypes, device, shape[0], weight_is_kn, build)
         if module is None and not against_inductor:
             return None

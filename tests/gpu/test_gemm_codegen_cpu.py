@@ -258,7 +258,7 @@ def test_float32_calls_while_torch_does_not_allow_tf32_get_no_gemm_module_built_
     from fxfuse.cuda.engine import Engine
 
     engine_module = sys.modules["fxfuse.cuda.engine"]  # fxfuse.cuda.engine is the GPU's Engine
-    built, timed = [], []
+    built, timed, prepared = [], [], []
     engine = Engine(lambda device: None)
     monkeypatch.setattr(engine, "prepare_gemm", lambda program, dtype, params, device, served:
                         built.append(dtype) or SimpleNamespace(key="gemm module"))
@@ -267,6 +267,7 @@ def test_float32_calls_while_torch_does_not_allow_tf32_get_no_gemm_module_built_
     monkeypatch.setattr(engine_module, "_selection_file", lambda key, shape, bucket, device: tmp_path / key)
     engine._runtime_module = SimpleNamespace(bucket_of=lambda m: 9, choose=lambda *args: None)
     program, f32, device = PROGRAMS["reduce_sum_keep"], torch.float32, torch.device("cpu")
+    monkeypatch.setattr(engine, "prepare", lambda *args: prepared.append(args[1]))  # the row module
     engine._modules[(program.to_string(), f32, -1)] = SimpleNamespace(key="row module")
 
     def select(against_inductor):
@@ -274,7 +275,7 @@ def test_float32_calls_while_torch_does_not_allow_tf32_get_no_gemm_module_built_
 
     monkeypatch.setattr(torch.backends.cuda.matmul, "allow_tf32", False)
     assert select(against_inductor=False) is None
-    assert select(against_inductor=True).path == "row" and built == [] and timed == [None]
+    assert select(against_inductor=True).path == "row" and built == [] and timed == [None] and f32 in prepared
     monkeypatch.setattr(torch.backends.cuda.matmul, "allow_tf32", True)
     select(against_inductor=True)
     assert built == [f32] and timed[-1].key == "gemm module"
