@@ -74,7 +74,17 @@ if has tests; then
     next_gpu; CUDA_VISIBLE_DEVICES=$gpu timeout 420 python3 -m pytest tests/gpu/test_gemm_epilogue.py -k "$k" -q -rs \
       --durations=15 -p no:cacheprovider >"$LOGS/gpu_kernels_epilogue_${#pids[@]}.log" 2>&1 & pids+=($!)
   done
-  timeout 420 python3 -m pytest tests/gpu/test_distributed.py -q -rs -p no:cacheprovider >"$LOGS/gpu_kernels_distributed.log" 2>&1 & pids+=($!)
+  # the two-GPU tests (seven torchrun jobs, one after another: 404 s of 420 in section 44), in two
+  # processes where the host has a pair of GPUs for each
+  if [ "$gpus" -ge 4 ]; then
+    CUDA_VISIBLE_DEVICES=0,1 timeout 420 python3 -m pytest tests/gpu/test_distributed.py -k "ddp and not sync" -q -rs \
+      -p no:cacheprovider >"$LOGS/gpu_kernels_distributed_0.log" 2>&1 & pids+=($!)
+    CUDA_VISIBLE_DEVICES=2,3 timeout 420 python3 -m pytest tests/gpu/test_distributed.py -k "not (ddp and not sync)" -q -rs \
+      -p no:cacheprovider >"$LOGS/gpu_kernels_distributed_1.log" 2>&1 & pids+=($!)
+  else
+    timeout 420 python3 -m pytest tests/gpu/test_distributed.py -q -rs -p no:cacheprovider \
+      >"$LOGS/gpu_kernels_distributed.log" 2>&1 & pids+=($!)
+  fi
   kernel_shards=("float32" "bfloat16" "float16 and not bfloat16")
   for i in "${!kernel_shards[@]}"; do
     next_gpu; CUDA_VISIBLE_DEVICES=$gpu timeout 420 python3 -m pytest tests/gpu/test_cuda_kernels.py::test_kernels_match_reference -q -rs \
