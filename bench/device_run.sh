@@ -90,7 +90,10 @@ if has tests; then
     next_gpu; CUDA_VISIBLE_DEVICES=$gpu timeout 420 python3 -m pytest tests/gpu/test_cuda_kernels.py::test_kernels_match_reference -q -rs \
       -k "${kernel_shards[$i]}" -p no:cacheprovider >"$LOGS/gpu_kernels_$i.log" 2>&1 & pids+=($!)
   done
-  shards=("small and bf16" "small and fp32" "small and fp16" "not small and not gradients and not autocast" "gradients" "autocast")
+  # (the full-size rows apart from the other compiles of the suite: together they took 410 s of
+  # 420 in section 44)
+  shards=("small and bf16" "small and fp32" "small and fp16" "full_size"
+          "not small and not full_size and not gradients and not autocast" "gradients" "autocast")
   for i in "${!shards[@]}"; do
     next_gpu; CUDA_VISIBLE_DEVICES=$gpu timeout 420 python3 -m pytest tests/gpu/test_suite_cuda.py -q -rs --durations=15 -k "${shards[$i]}" \
       -p no:cacheprovider >"$LOGS/gpu_suite_$i.log" 2>&1 & pids+=($!)
