@@ -111,21 +111,23 @@ fi
 if has profile; then
   # PROFILE_ARGS: bench/epilogue_breakdown.py's flags (--rows, --items)
   python3 bench/epilogue_breakdown.py ${PROFILE_ARGS:-} 2>&1 | tee "$OUT/breakdown.log"
-  ncu --kernel-name regex:"apply_kernel|stats_kernel|combine_kernel" --section SpeedOfLight \
+  ncu --clock-control none --kernel-name regex:"apply_kernel|stats_kernel|combine_kernel" --section SpeedOfLight \
     --section Occupancy --section LaunchStats --section ComputeWorkloadAnalysis --section InstructionStats --csv --page details \
     python3 bench/epilogue_breakdown.py --once ${PROFILE_ARGS:-} >"$LOGS/ncu.csv" 2>"$LOGS/ncu.err"
   { grep "^call:" "$LOGS/ncu.csv"; python3 bench/ncu_summary.py "$LOGS/ncu.csv"; } | tee "$OUT/ncu_summary.txt"
 fi
 if has gemmncu; then
-  # ncu (ncu's locked clocks) of the in-GEMM kernels of the rows whose bare-GEMM targets are
-  # missed, beside cuBLAS's F.linear and the bare CUTLASS kernel ("identity"): where each one's
-  # time over the GEMM goes. GEMMNCU_SPECS: space-separated ROWS@M,N,K (bench/gemm_configs.py's
-  # programs). Each spec runs once without ncu first, which builds its modules outside ncu.
+  # ncu of the in-GEMM kernels of the rows whose bare-GEMM targets are missed, beside cuBLAS's
+  # F.linear and the bare CUTLASS kernel ("identity"): where each one's time over the GEMM goes.
+  # --clock-control none, as in the profile stage: ncu's default locks the clocks, which are the
+  # card's to keep (and the gap to cuBLAS lives in them). GEMMNCU_SPECS: space-separated
+  # ROWS@M,N,K (bench/gemm_configs.py's programs). Each spec runs once without ncu first, which
+  # builds its modules outside ncu.
   for spec in ${GEMMNCU_SPECS:-identity,S01,S02,S04,S05,S17@1024,8192,8192 identity,S08@32768,4096,1024}; do
     rows=${spec%@*} shape=${spec#*@}
     python3 bench/gemm_configs.py --rows "$rows" --shape "$shape" --profile >"$LOGS/gemm_ncu_build_$rows.log" 2>&1 \
       || { status=1; tail -n 20 "$LOGS/gemm_ncu_build_$rows.log"; continue; }
-    ncu --profile-from-start off --section SpeedOfLight --section WarpStateStats --section Occupancy \
+    ncu --clock-control none --profile-from-start off --section SpeedOfLight --section WarpStateStats --section Occupancy \
       --section ComputeWorkloadAnalysis --section InstructionStats --csv --page details \
       python3 bench/gemm_configs.py --rows "$rows" --shape "$shape" --profile >"$LOGS/gemm_ncu_$rows.csv" \
       2>"$LOGS/gemm_ncu_$rows.err"

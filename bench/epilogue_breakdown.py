@@ -6,7 +6,7 @@ epilogue's achieved bandwidth against its byte floor.
 Each suite row is traced on the GPU; every fused program is then called directly
 (``torch.ops.fxfuse.linear_epilogue``) on fresh tensors of the traced shapes, so the numbers hold
 the kernels alone (no Dynamo, no Inductor). ``--once`` calls each op once and prints nothing else:
-the mode to run under a profiler (``ncu --kernel-name regex:apply_kernel|stats_kernel|combine_kernel``;
+the mode to run under a profiler (``ncu --clock-control none --kernel-name regex:apply_kernel|stats_kernel|combine_kernel``;
 it prints the order of the calls). The sweep of apply plans behind Prog::kLocalItems (16-byte
 chunks a thread of row-local programs) was run with a tuning flag since removed from the ABI; its
 table is bench/results/plan_sweep_bf16.txt. ``--selected`` routes each program as the selection

@@ -22,7 +22,7 @@ would leave out), and the name of the kernel cuBLAS runs for ``F.linear`` is pri
 ``--profile`` times nothing: it runs ``F.linear``, the row path and each kernel of the menu once
 (at its first tile order) between cudaProfilerStart and Stop, after a warm-up, for ncu::
 
-    ncu --profile-from-start off --section SpeedOfLight --section WarpStateStats --section Occupancy \
+    ncu --clock-control none --profile-from-start off --section SpeedOfLight --section WarpStateStats --section Occupancy \
         --csv --page details python3 bench/gemm_configs.py --rows identity,S05 --profile > ncu.csv
     python3 bench/ncu_summary.py ncu.csv --flops M,N,K
 

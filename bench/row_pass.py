@@ -13,7 +13,7 @@ warm-up: ``timing.time_candidates``). A pass's cost is its path less ``F.linear`
 writes an output of the GEMM's size.
 
 ``--profile`` times nothing: each path runs once between cudaProfilerStart and Stop for ncu
-(``ncu --profile-from-start off --kernel-name regex:'apply_kernel|triton' ...``), in the order
+(``ncu --clock-control none --profile-from-start off --kernel-name regex:'apply_kernel|triton' ...``), in the order
 printed (bench/gemm_configs.py's ``profile_once``).
 """
 
