@@ -227,10 +227,7 @@ def _with_path(chain: Chain, against_inductor: bool = False, operands: tuple | N
     except Exception as error:  # noqa: BLE001 - the row path serves; say why
         return replace(chain, decision=Decision(f"cuBLAS + row pass (selection failed: {type(error).__name__}: {error})"))
     if selection is None:  # no GEMM module, and nothing else timed: say why there is none
-        from .cuda import gemm_codegen
-
-        why = (gemm_codegen.unsupported_reason(f.program, chain.dtype)
-               or cuda.engine.gemm_error(f.program, chain.dtype, param_dtypes(chain), x.device))
+        why = cuda.engine.gemm_error(f.program, chain.dtype, param_dtypes(chain), x.device, f.weight_is_kn)
         return replace(chain, decision=Decision("cuBLAS + row pass" + (f" ({why.splitlines()[0]})" if why else "")))
     return replace(chain, decision=Decision(selection.describe(), selection))
 

@@ -537,12 +537,14 @@ def test_on_the_gpu_a_weight_stored_k_by_n_builds_no_gemm_module(monkeypatch):
             return F.gelu(F.linear(x, self.weight.t(), self.bias), approximate="tanh") + residual
 
     for block, gemm_modules, weight_is_kn in ((Conv1DBlock, 0, True), (LinearBlock, 1, False)):
-        asked.clear(), selected.clear()
+        asked.clear(), selected.clear(), fxfuse.reset_report()
         model = block().requires_grad_(False)  # inference: the GEMM module may serve the calls
         inputs = three_d()
         torch.testing.assert_close(compile_fxfuse(model)(*inputs), model(*inputs), atol=1e-4, rtol=1e-4)
         assert [len(items) for items in asked] == [gemm_modules] and selected == [weight_is_kn]
-        assert fxfuse.last_report().rows[0].status == "fused"
+        (row,) = fxfuse.last_report().rows
+        assert row.status == "fused"
+        assert ("reads a weight stored (K, N)" in row.path) == weight_is_kn  # the report says why
 
 
 def test_a_view_into_attention_heads_ends_the_chain_in_full_and_another_feature_view_stops_it():

@@ -215,9 +215,12 @@ class Engine:
             self._runtime_module.choose(key[0], DTYPE_CODES[dtype], key[2], rows, n, k, config)
             self.selections[skey] = replace(selection, config=config)
 
-    def gemm_error(self, program: Program, dtype: torch.dtype, param_dtypes, device: torch.device) -> str | None:
-        """Why ``prepare_gemm`` gave no module (None: it gave one, or was not asked)."""
-        return self._gemm_errors.get(((program.to_string(), dtype, _index(device)), tuple(param_dtypes)))
+    def gemm_error(self, program: Program, dtype: torch.dtype, param_dtypes, device: torch.device,
+                   weight_is_kn: bool = False) -> str | None:
+        """Why the calls have no GEMM module (None: they have one, or none was asked for): the
+        in-GEMM path does not take them now (``not_taken_reason``), or the module's build failed."""
+        return (not_taken_reason(program, dtype, weight_is_kn)
+                or self._gemm_errors.get(((program.to_string(), dtype, _index(device)), tuple(param_dtypes))))
 
     def prepare_many(self, items, device: torch.device, workers: int | None = None, gemm_items=()) -> dict:
         """Build many (program, dtype) pairs, and the GEMM modules of ``gemm_items`` ((program,
@@ -310,13 +313,11 @@ class Engine:
                       device: torch.device, rows: int, weight_is_kn: bool, build: bool):
         """The GEMM module whose configurations the selection times for calls of ``rows`` rows:
         built with the kernels for them where ``build``, else as held. None where the calls cannot
-        take the in-GEMM path now (``gemm_codegen.unsupported_reason``: a float32 GEMM while torch
-        does not allow TF32 runs cuBLAS and the row pass whatever a route says, so a module would
-        be minutes of CUTLASS for no call, its configurations timed as the row pass) or their
-        weight is stored (K, N) (no configuration reads that layout)."""
+        take the in-GEMM path now (``not_taken_reason``): a module would be minutes of CUTLASS for
+        no call."""
         from . import gemm_codegen
 
-        if weight_is_kn or gemm_codegen.unsupported_reason(program, dtype) is not None:
+        if not_taken_reason(program, dtype, weight_is_kn) is not None:
             return None
         if build:
             return self.prepare_gemm(program, dtype, param_dtypes, device, gemm_codegen.rows_served(rows))
@@ -597,6 +598,18 @@ def disagreement(out: torch.Tensor, expected: torch.Tensor) -> str | None:
     where = (~close).nonzero()[0].tolist()
     return (f"{int((~close).sum())} elements, the first at {tuple(where)}: {out[tuple(where)].item():.4g} "
             f"against {expected[tuple(where)].item():.4g}")
+
+
+def not_taken_reason(program: Program, dtype: torch.dtype, weight_is_kn: bool = False) -> str | None:
+    """Why calls of ``program`` on ``dtype`` inputs cannot take a GEMM module now, whatever is
+    built (None: they can): a weight stored (K, N), which no configuration reads, or
+    ``gemm_codegen.unsupported_reason`` (a float32 GEMM while torch does not allow TF32: the
+    runtime then runs cuBLAS and the row pass whatever a route says)."""
+    from . import gemm_codegen
+
+    if weight_is_kn:
+        return "no in-GEMM kernel reads a weight stored (K, N)"
+    return gemm_codegen.unsupported_reason(program, dtype)
 
 
 def module_jobs(pairs, gemms) -> list:
