@@ -14,7 +14,8 @@ import pytest
 import torch
 
 import harness
-from fxfuse.cuda.build import CSRC, find_cuda_home
+from fxfuse.cuda import build
+from fxfuse.cuda.build import CSRC, Target, find_cuda_home
 
 # Inputs where torch's CPU kernel differs from its CUDA kernel (which the device functions follow)
 CPU_DIFFERS = {
@@ -101,7 +102,9 @@ def test_an_in_gemm_activation_computes_every_value_without_a_branch(name, tmp_p
     source.write_text(f'#include "epilogue_ops.cuh"\n__global__ void probe(float* out, const float* in) {{\n'
                       f'  const float x = in[threadIdx.x];\n  out[threadIdx.x] = {STRAIGHT_LINE[name]};\n}}\n')
     ptx = tmp_path / "probe.ptx"
-    subprocess.run([f"{home}/bin/nvcc", "-O3", "-std=c++17", "-DFX_RULE_MATH", "-prec-div=false", "-prec-sqrt=false",
-                    "-arch=sm_90a", f"-I{CSRC}", "-ptx", str(source), "-o", str(ptx)], check=True)
+    # a GEMM module's own flags (the rule's math; CUTLASS's include is an empty directory: the probe reads none)
+    flags = build._compiler_flags(Target("cuda", "sm_90a", ()), tmp_path)["extra_cuda_cflags"]
+    subprocess.run([f"{home}/bin/nvcc", *flags, "-arch=sm_90a", f"-I{CSRC}", "-ptx", str(source), "-o", str(ptx)],
+                   check=True)
     branches = [line.strip() for line in ptx.read_text().splitlines() if BRANCH.match(line)]
     assert not branches, f"{name}: {branches}"
