@@ -3,11 +3,11 @@
 # in $OUT.
 #   bash bench/device_run.sh STAGES [bench args...]
 # STAGES, comma-separated: prebuild (only the builds: every module the tests and the suite use,
-# into the cache, which stays while the machine does; cold, about 15 minutes of a 64-core host
-# while the tests' and the suite's modules built in two pools in turn (BENCHMARKS.md section 42),
-# one pool since, 514 modules in 572 s (section 44): run it alone, again if its call is cut off, since a build cut off resumes where
-# it stopped, then the other stages), tests (tests/gpu, the suite tests in
-# parallel shards, spread over the host's GPUs), profile (the epilogue breakdown and an ncu
+# into the cache, which stays while the machine does; cold, 514 modules in 572 s of a 64-core
+# host in one pool (BENCHMARKS.md section 44; two pools in turn took about 15 minutes): run it
+# alone, again if its call is cut off, since a build cut off resumes where it stopped, then the
+# other stages), tests (tests/gpu, the suite tests in parallel shards, spread over the host's
+# GPUs), profile (the epilogue breakdown and an ncu
 # summary of each kernel; PROFILE_ARGS), bench (bench/bench.py; BENCH_PARTS times groups of rows
 # in processes of their own and merges them), sanitize
 # (compute-sanitizer over one run of each kernel template; SANITIZE_TOOLS picks the tools),
