@@ -630,7 +630,7 @@ def gemm_modules_served(gemm_items) -> dict[tuple, frozenset]:
 
     gemms: dict[tuple, frozenset] = {}
     for program, dtype, params, rows in gemm_items:
-        if gemm_codegen.unsupported_reason(program, dtype) is None:
+        if not_taken_reason(program, dtype) is None:
             item = (program.to_string(), dtype, tuple(params))
             gemms[item] = gemms.get(item, frozenset()) | gemm_codegen.rows_served(rows)
     return gemms

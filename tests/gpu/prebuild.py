@@ -27,7 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 import torch  # noqa: E402
 
 import fxfuse.cuda as fxcuda  # noqa: E402
-from fxfuse.cuda import build, gemm_codegen  # noqa: E402
+from fxfuse.cuda import build  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -118,6 +118,7 @@ def traced_jobs(suite: bool) -> list[build.BuildJob] | None:
     build_jobs keeps the float32 GEMM modules the plans' own TF32 settings kept."""
     from bench.bench import tf32_allowed
     from bench.prebuild_suite import build_jobs, read_traced
+    from fxfuse.cuda.engine import not_taken_reason
 
     TRACED.mkdir(parents=True, exist_ok=True)
     plans = trace_plans(suite)
@@ -133,7 +134,7 @@ def traced_jobs(suite: bool) -> list[build.BuildJob] | None:
             path.with_suffix(".partial").rename(path)
         more_pairs, more_gemms = read_traced(path)
         with tf32_allowed(tf32):  # the GEMM modules the plan's compiles ask for under its setting
-            more_gemms = {item for item in more_gemms if gemm_codegen.unsupported_reason(*item[:2]) is None}
+            more_gemms = {item for item in more_gemms if not_taken_reason(*item[:2]) is None}
         pairs, gemms = pairs | more_pairs, gemms | more_gemms
     return build_jobs(pairs, gemms)
 
