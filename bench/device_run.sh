@@ -3,10 +3,10 @@
 # in $OUT.
 #   bash bench/device_run.sh STAGES [bench args...]
 # STAGES, comma-separated: prebuild (only the builds: every module the tests and the suite use,
-# into the cache, which stays while the machine does; cold, 514 modules in 572 s of a 64-core
-# host in one pool (BENCHMARKS.md section 44; two pools in turn took about 15 minutes): run it
-# alone, again if its call is cut off, since a build cut off resumes where it stopped, then the
-# other stages), tests (tests/gpu, the suite tests in parallel shards, spread over the host's
+# into the cache, which stays while the machine does; cold, 498 modules in about 11 minutes of a
+# 64-core host, two calls of 600 s at most (BENCHMARKS.md section 45): run it alone, again when
+# its call is cut off, since a build cut off resumes where it stopped, then the other stages),
+# tests (tests/gpu, the suite tests in parallel shards, spread over the host's
 # GPUs), profile (the epilogue breakdown and an ncu
 # summary of each kernel; PROFILE_ARGS), bench (bench/bench.py; BENCH_PARTS times groups of rows
 # in processes of their own and merges them), sanitize
@@ -124,15 +124,15 @@ if has gemmncu; then
   # ROWS@M,N,K (bench/gemm_configs.py's programs). Each spec runs once without ncu first, which
   # builds its modules outside ncu.
   for spec in ${GEMMNCU_SPECS:-identity,S01,S02,S04,S05,S17@1024,8192,8192 identity,S08@32768,4096,1024}; do
-    rows=${spec%@*} shape=${spec#*@}
-    python3 bench/gemm_configs.py --rows "$rows" --shape "$shape" --profile >"$LOGS/gemm_ncu_build_$rows.log" 2>&1 \
-      || { status=1; tail -n 20 "$LOGS/gemm_ncu_build_$rows.log"; continue; }
+    rows=${spec%@*} shape=${spec#*@} log=${spec//[,@]/_}  # (a file name with a comma does not come back)
+    python3 bench/gemm_configs.py --rows "$rows" --shape "$shape" --profile >"$LOGS/gemm_ncu_build_$log.log" 2>&1 \
+      || { status=1; tail -n 20 "$LOGS/gemm_ncu_build_$log.log"; continue; }
     ncu --clock-control none --profile-from-start off --section SpeedOfLight --section WarpStateStats --section Occupancy \
-      --section ComputeWorkloadAnalysis --section InstructionStats --csv --page details \
-      python3 bench/gemm_configs.py --rows "$rows" --shape "$shape" --profile >"$LOGS/gemm_ncu_$rows.csv" \
-      2>"$LOGS/gemm_ncu_$rows.err"
-    { echo "== $rows at $shape (launches in this order):"; grep -v '^"' "$LOGS/gemm_ncu_$rows.csv" | grep -v "^==PROF==" | head -20
-      python3 bench/ncu_summary.py "$LOGS/gemm_ncu_$rows.csv" --flops "$shape"; } | tee -a "$OUT/gemm_ncu_summary.txt"
+      --section LaunchStats --section ComputeWorkloadAnalysis --section InstructionStats --csv --page details \
+      python3 bench/gemm_configs.py --rows "$rows" --shape "$shape" --profile >"$LOGS/gemm_ncu_$log.csv" \
+      2>"$LOGS/gemm_ncu_$log.err"
+    { echo "== $rows at $shape (launches in this order):"; grep -v '^"' "$LOGS/gemm_ncu_$log.csv" | grep -v "^==PROF==" | grep -v "cuBLAS runs"
+      python3 bench/ncu_summary.py "$LOGS/gemm_ncu_$log.csv" --flops "$shape"; } | tee -a "$OUT/gemm_ncu_summary.txt"
   done
 fi
 if has gradients; then  # gradients of every suite model, and the training example, against eager

@@ -13,14 +13,18 @@ from __future__ import annotations
 import csv
 import sys
 
-KEEP = ("Duration", "DRAM Throughput", "Compute (SM) Throughput", "Executed Instructions", "Issue Slots Busy",
-        "Registers Per Thread", "Achieved Occupancy", "Theoretical Occupancy", "Block Size", "Grid Size")
+KEEP = ("Duration", "SM Frequency", "DRAM Throughput", "Compute (SM) Throughput", "Executed Instructions",
+        "Issue Slots Busy", "Warp Cycles Per Issued Instruction", "Registers Per Thread", "Achieved Occupancy",
+        "Theoretical Occupancy", "Block Size", "Grid Size")
+# ncu writes a duration's unit either way, by version
+SECONDS = {"nsecond": 1e-9, "ns": 1e-9, "usecond": 1e-6, "us": 1e-6, "msecond": 1e-3, "ms": 1e-3,
+           "second": 1.0, "s": 1.0}
 
 
 def tflops(duration: str, flops: float) -> str:
     """``flops`` over an ncu duration ("171.52 usecond"), in TFLOP/s."""
     value, unit = duration.split()
-    scale = {"nsecond": 1e-9, "usecond": 1e-6, "msecond": 1e-3, "second": 1.0}.get(unit)
+    scale = SECONDS.get(unit)
     if scale is None:
         return f"? TFLOP/s (duration in {unit})"
     return f"{flops / (float(value.replace(',', '')) * scale) / 1e12:.0f} TFLOP/s"
