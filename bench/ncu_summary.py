@@ -2,10 +2,11 @@
 
     python bench/ncu_summary.py ncu.csv [--flops M,N,K]
 
-Used by bench/device_run.sh's profile stage: duration, DRAM and SM throughput, executed
-instructions, issue slots, registers and occupancy of each epilogue kernel; with ``--flops``, the
-TFLOP/s a kernel of that GEMM's 2 M N K flops achieved (the in-GEMM kernels against cuBLAS's:
-bench/gemm_configs.py --profile).
+Used by bench/device_run.sh's profile and gemmncu stages: duration, mean SM clock (the GEMMs run at
+the card's power limit, their clocks differ by kernel), DRAM and SM throughput, executed
+instructions, issue slots, warp cycles per issued instruction, registers and occupancy of each
+kernel; with ``--flops``, the TFLOP/s a kernel of that GEMM's 2 M N K flops achieved (the in-GEMM
+kernels against cuBLAS's: bench/gemm_configs.py --profile).
 """
 
 from __future__ import annotations
