@@ -73,8 +73,8 @@ def test_runs_of_parts_of_the_suite_merge_into_one_table_on_one_card():
 
 def test_the_ncu_summary_gives_a_kernels_rate_from_its_duration():
     """2 M N K flops over ncu's duration: 1024 x 8192 x 8192 in 171.8 us is 800 TFLOP/s, in the
-    units ncu writes (newer versions: "ns", with thousands separators); a
-    unit it does not know is said, not guessed."""
+    units ncu writes (newer versions: "ns", with thousands separators); a unit it does not know is
+    said, not guessed."""
     from bench.ncu_summary import tflops
 
     flops = 2.0 * 1024 * 8192 * 8192
