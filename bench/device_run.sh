@@ -131,8 +131,10 @@ if has gemmncu; then
       --section LaunchStats --section ComputeWorkloadAnalysis --section InstructionStats --csv --page details \
       python3 bench/gemm_configs.py --rows "$rows" --shape "$shape" --profile >"$LOGS/gemm_ncu_$log.csv" \
       2>"$LOGS/gemm_ncu_$log.err"
-    { echo "== $rows at $shape (launches in this order):"; grep -v '^"' "$LOGS/gemm_ncu_$log.csv" | grep -v "^==PROF==" | grep -v "cuBLAS runs"
-      python3 bench/ncu_summary.py "$LOGS/gemm_ncu_$log.csv" --flops "$shape"; } | tee -a "$OUT/gemm_ncu_summary.txt"
+    # (each launch, then each path's kernels and time: ncu_summary.py pairs the launches with
+    # gemm_configs.py's "profiled:" lines in the same file)
+    { echo "== $rows at $shape"; python3 bench/ncu_summary.py "$LOGS/gemm_ncu_$log.csv" --flops "$shape"; } \
+      | tee -a "$OUT/gemm_ncu_summary.txt"
   done
 fi
 if has gradients; then  # gradients of every suite model, and the training example, against eager

@@ -216,3 +216,41 @@ def test_the_rule_model_finds_that_rounding_once_from_the_accumulator_never_brea
     counts = rule_counts("S04", batch=16, draws=2, dtype=torch.bfloat16)
     assert counts["in-GEMM"] == 0
     assert counts["eager, split-K added in the dtype"] > 0
+
+
+def _ncu_rows(launches: list[tuple[str, float, float]]) -> list[str]:
+    """An ncu ``--csv --page details`` file's rows: each launch's duration (ns) and SM clock (Hz)."""
+    header = '"ID","Kernel Name","Metric Name","Metric Unit","Metric Value"'
+    rows = [header]
+    for i, (name, ns, hz) in enumerate(launches):
+        rows.append(f'"{i}","{name}","Duration","ns","{ns:,.0f}"')
+        rows.append(f'"{i}","{name}","SM Frequency","hz","{hz:,.2f}"')
+    return rows
+
+
+def test_the_ncu_summary_pairs_each_profiled_path_with_its_kernels():
+    """gemm_configs.py --profile prints "ROW profiled: PATH" in launch order; a path is the GEMM
+    that starts it and the passes after it (the row path's apply kernel, a finalize), so its time is
+    their sum and its cycles are the GEMM's duration times its clock."""
+    from bench.ncu_summary import path_table, paths, read_launches
+
+    lines = ["S05      profiled: F.linear", "S05      profiled: row",
+             "S05      profiled: cooperative 128x256x64 cluster 2x1, raster heuristic",
+             *_ncu_rows([("nvjet_sm90_tst_256x128_64x4_1x2_h_bz_coopA_bias_TNT", 170_000, 1.6e9),
+                         ("nvjet_sm90_tst_256x128_64x4_1x2_h_bz_coopA_bias_TNT", 171_000, 1.6e9),
+                         ("void fx::apply_kernel<4, 1, 1>(FxArgs)", 13_000, 1.9e9),
+                         ("void cutlass::device_kernel<GemmUniversal<...>>(Params)", 184_000, 1.5e9),
+                         ("void fxg::finalize_rows<cutlass::bfloat16_t>(float const*)", 3_000, 1.9e9)])]
+    table = path_table(paths(lines, read_launches(lines)))
+    assert [(r["path"][:11], r["kernels"], r["us"], r["/ F.linear"]) for r in table] == [
+        ("F.linear", 1, 170.0, 1.0), ("row", 2, 184.0, 1.082), ("cooperative", 2, 187.0, 1.1)]
+    assert [r["GEMM kcycles"] for r in table] == [272.0, 273.6, 276.0]
+
+
+def test_the_ncu_summary_makes_no_table_of_launches_it_cannot_pair():
+    """One path more than the GEMMs that start paths: the file is not what the labels say."""
+    from bench.ncu_summary import paths, read_launches
+
+    lines = ["S01      profiled: F.linear", "S01      profiled: row",
+             *_ncu_rows([("nvjet_sm90_tst_256x128_64x4_1x2_h_bz_coopA_bias_TNT", 170_000, 1.6e9)])]
+    assert paths(lines, read_launches(lines)) is None
