@@ -143,9 +143,13 @@ KEEPS_GEMM_OUTPUT = "the forward keeps the GEMM output for the backward, which t
 
 def wants_gemm_module(chain: Chain) -> bool:
     """Whether a CUDA chain's compile builds a GEMM module for it: not for a training forward (it
-    runs the row path, _with_path) nor for a weight stored (K, N) (GPT-2's Conv1D: no GEMM
-    configuration reads that layout), minutes of CUTLASS for no call."""
-    return not records_backward(chain.gemm) and not chain.fusion.weight_is_kn
+    runs the row path, _with_path) nor for calls that can never take one
+    (``engine.never_taken_reason``: GPT-2's Conv1D weight stored (K, N), a program no module is
+    generated for), minutes of CUTLASS for no call. TF32's setting is left to prepare_many."""
+    from .cuda.engine import never_taken_reason
+
+    return not records_backward(chain.gemm) and never_taken_reason(
+        chain.program, chain.dtype, chain.fusion.weight_is_kn) is None
 
 
 def _build(chains: list[Chain], against_inductor: bool = False, values_of=lambda nodes: {}) -> list[Chain]:
