@@ -27,18 +27,24 @@ SECONDS = {"nsecond": 1e-9, "ns": 1e-9, "usecond": 1e-6, "us": 1e-6, "msecond": 
            "second": 1.0, "s": 1.0}
 
 
-def tflops(duration: str, flops: float) -> str:
-    """``flops`` over an ncu duration ("171.52 usecond"), in TFLOP/s."""
-    value, unit = duration.split()
-    scale = SECONDS.get(unit)
-    if scale is None:
-        return f"? TFLOP/s (duration in {unit})"
-    return f"{flops / (float(value.replace(',', '')) * scale) / 1e12:.0f} TFLOP/s"
-
-
 def number(value: str) -> float:
     """An ncu value ("171,936", "1,618,990,551.92")."""
     return float(value.replace(",", ""))
+
+
+def seconds(duration: str) -> float | None:
+    """An ncu duration ("171.52 usecond", "171,520 ns") in seconds; None in a unit not known."""
+    value, unit = duration.split()
+    scale = SECONDS.get(unit)
+    return None if scale is None else number(value) * scale
+
+
+def tflops(duration: str, flops: float) -> str:
+    """``flops`` over an ncu duration, in TFLOP/s."""
+    time = seconds(duration)
+    if time is None:
+        return f"? TFLOP/s (duration in {duration.split()[1]})"
+    return f"{flops / time / 1e12:.0f} TFLOP/s"
 
 
 @dataclass
@@ -55,9 +61,8 @@ class Launch:
         return self.name.startswith("nvjet") or "gemm" in self.name.lower() or "cutlass::device_kernel" in self.name
 
     def microseconds(self) -> float | None:
-        value, unit = self.metrics.get("Duration", "? ?").split()
-        scale = SECONDS.get(unit)
-        return None if scale is None else number(value) * scale * 1e6
+        time = seconds(self.metrics.get("Duration", "? ?"))
+        return None if time is None else time * 1e6
 
     def gigahertz(self) -> float | None:
         value, unit = self.metrics.get("SM Frequency", "? ?").split()
