@@ -26,28 +26,37 @@ FX_FN bool fx_isnan(float x) { return x != x; }
 
 // expf, or, in a build under the correctness rule (FX_RULE_MATH: the in-GEMM epilogue, which
 // computes in float32 from the accumulator and rounds once, so its results must be within 1e-2 of
-// eager's, not equal to them), __expf: 2 + 1.2 |x| ulp (2^-16 relative at |x| = 80, far finer
-// than a 16-bit output's rounding), in two instructions where libm's takes about 15. NaN and the
-// infinities' limits are kept. The functions below take it only where the exponential ends in a
-// denominator or its argument stays below 20 (an approximate exp overflows a hair before expf).
-// The row kernels, which round where eager rounds and so must compute eager's bits (an op a few
-// ulps off, rounded and carried through the chain, breaks the rule: fxfuse/cuda/build.py), and
-// the host build (the tests against torch) use libm's. (tanh.approx.f32 was not taken: 2^-11
-// relative is half precision, and x - tanh(x) would turn it into an absolute error of that size.)
+// eager's, not equal to them), the hardware's exponential: 2 + 1.2 |x| ulp (2^-16 relative at |x| =
+// 80, far finer than a 16-bit output's rounding), in two instructions where libm's takes about 15.
+// Flushed to zero (ex2.approx.ftz, what __expf is under --use_fast_math): a result under 2^-126 is
+// 0, off by less than 1.2e-38; __expf's own scaling of such results cost three instructions more an
+// exponential. NaN and the infinities' limits are kept. The functions below take it only where the
+// exponential ends in a denominator or its argument stays below 20 (an approximate exp overflows a
+// hair before expf). The row kernels, which round where eager rounds and so must compute eager's
+// bits (an op a few ulps off, rounded and carried through the chain, breaks the rule:
+// fxfuse/cuda/build.py), and the host build (the tests against torch) use libm's. (tanh.approx.f32
+// was not taken: 2^-11 relative is half precision, and x - tanh(x) would turn it into an absolute
+// error of that size.)
 FX_FN float fx_expf(float x) {
 #if defined(FX_RULE_MATH) && defined(__CUDA_ARCH__)
-  return __expf(x);
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x * 1.4426950408889634f));
+  return y;
 #else
   return expf(x);
 #endif
 }
 
 // a / b where the activations above divide by 1 + exp(...) (or n (n + 2) + 2): under the rule the
-// hardware's reciprocal, 2 ulp (__fdividef; 0 where |b| passes 2^126, whose true quotient is as
-// tiny), in two instructions where IEEE division takes about ten and a branch to its slow path
+// hardware's reciprocal, 2 ulp, times a (__fdividef without its scaling of a denormal b, which
+// these denominators, at least 1, never are: three instructions less a division where a is not
+// 1; 0 where |b| passes 2^126, whose true quotient is as tiny), in two instructions where IEEE
+// division takes about ten and a branch to its slow path
 FX_FN float fx_activation_div(float a, float b) {
 #if defined(FX_RULE_MATH) && defined(__CUDA_ARCH__)
-  return __fdividef(a, b);
+  float r;
+  asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(b));
+  return a * r;
 #else
   return a / b;
 #endif
