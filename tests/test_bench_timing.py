@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from bench.bench import format_report, in_blocks, merge, table_rows
+from bench.bench import TABLE_HEADERS, format_report, in_blocks, merge, table_rows
 from fxfuse.cuda.timing import WARM_UP_RUNS
 
 
@@ -53,6 +53,15 @@ def test_a_row_fxfuse_left_to_inductor_is_marked_as_the_same_graph_timed_twice()
     fused, left = table_rows({"rows": [row(["in-GEMM epilogue"], []), row([], ["Inductor is faster"])]})
     assert not any(cell.endswith("=") for cell in fused)
     assert [cell for cell in left if cell.endswith("=")] == ["1.00="] * 3  # fx/ind: gpu, pipelined, latency
+
+
+def test_an_inductor_max_autotune_time_from_the_profiler_is_marked_in_its_ratio():
+    timing = {f"{kind}_ms": 1.0 for kind in ("gpu", "pipelined", "latency")}
+    variants = {"gemm": timing, "eager": timing, "inductor": timing, "fxfuse": {**timing, "gpu_method": "cuda_graph"}}
+    replayed, summed = ({"id": "S08", "variants": {**variants, "inductor_max": {**timing, "gpu_method": method}},
+                         "fxfuse_paths": ["in-GEMM epilogue"], "check": {}} for method in ("cuda_graph", "profiler"))
+    fx_max = TABLE_HEADERS.index("fx/max\ngpu")
+    assert [cells[fx_max] for cells in table_rows({"rows": [replayed, summed]})] == ["1.00", "1.00*"]
 
 
 def _run(date: str, rows: list[str], device: str = "NVIDIA H200") -> dict:
