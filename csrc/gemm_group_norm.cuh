@@ -61,6 +61,10 @@ struct GroupNorm : RegisterNode<GroupNormArguments<Post>> {
     int col_in_tile;    // the thread's first column within the CTA tile
     Params params;      // a copy: pointers and sizes in registers, not read through memory per value
 
+    // The column whose parameters a value at `col` reads: its own, or past N (not stored) the
+    // last column's, so that the loads need no branch and the unrolled loops issue them together
+    CUTLASS_DEVICE int64_t parameter_col(int64_t col) const { return col < n ? col : n - 1; }
+
     template <class ElementAccumulator, class ElementInput, int F>
     CUTLASS_DEVICE cutlass::Array<float, F> visit(cutlass::Array<ElementAccumulator, F> const&, int, int, int,
                                          cutlass::Array<ElementInput, F> const& input) {
@@ -121,7 +125,7 @@ struct GroupNorm : RegisterNode<GroupNormArguments<Post>> {
       CUTLASS_PRAGMA_UNROLL
       for (int j = 0; j < kBlocks; ++j) {  // Post's columns, on their way while the statistics run
         const int64_t col = subtile_col + 8 * j;
-        Post::prefetch(params.post, col < n ? col : n - 1);
+        Post::prefetch(params.post, parameter_col(col));
       }
 
       float mean[2][kBlocks], rstd[2][kBlocks];
@@ -171,9 +175,7 @@ struct GroupNorm : RegisterNode<GroupNormArguments<Post>> {
           const int r = get<0>(c) / 8, j = get<1>(c) / 8;
           const int64_t col = subtile_col + get<1>(c);
           const float x = (visit_results(v)[f] - mean[r][j]) * rstd[r][j];
-          // columns past N are not stored: read the last column's parameters there, so that the
-          // loads need no branch and the unrolled loop can issue them together
-          visit_results(v)[f] = Post::apply(params.post, scalars, col < n ? col : n - 1, x);
+          visit_results(v)[f] = Post::apply(params.post, scalars, parameter_col(col), x);
         }
       }
     }
