@@ -600,6 +600,9 @@ def disagreement(out: torch.Tensor, expected: torch.Tensor) -> str | None:
             f"against {expected[tuple(where)].item():.4g}")
 
 
+KN_WEIGHT_REASON = "no in-GEMM kernel reads a weight stored (K, N)"
+
+
 def never_taken_reason(program: Program, dtype: torch.dtype, weight_is_kn: bool = False) -> str | None:
     """Why calls of ``program`` on ``dtype`` inputs can never take a GEMM module, whatever the
     process's settings (None: they can, settings allowing): a weight stored (K, N), which no
@@ -607,19 +610,17 @@ def never_taken_reason(program: Program, dtype: torch.dtype, weight_is_kn: bool 
     trace for builds elsewhere (the backend's GEMM items, the prebuild's) may decide."""
     from . import gemm_codegen
 
-    if weight_is_kn:
-        return "no in-GEMM kernel reads a weight stored (K, N)"
-    return gemm_codegen.build_reason(program, dtype)
+    return KN_WEIGHT_REASON if weight_is_kn else gemm_codegen.build_reason(program, dtype)
 
 
 def not_taken_reason(program: Program, dtype: torch.dtype, weight_is_kn: bool = False) -> str | None:
     """Why calls of ``program`` on ``dtype`` inputs cannot take a GEMM module now, whatever is
-    built (None: they can): ``never_taken_reason``, or ``gemm_codegen.unsupported_reason`` (a
-    float32 GEMM while torch does not allow TF32: the runtime then runs cuBLAS and the row pass
-    whatever a route says)."""
+    built (None: they can): a weight stored (K, N), or ``gemm_codegen.unsupported_reason`` (no
+    module can be generated, or a float32 GEMM while torch does not allow TF32: the runtime then
+    runs cuBLAS and the row pass whatever a route says)."""
     from . import gemm_codegen
 
-    return never_taken_reason(program, dtype, weight_is_kn) or gemm_codegen.unsupported_reason(program, dtype)
+    return KN_WEIGHT_REASON if weight_is_kn else gemm_codegen.unsupported_reason(program, dtype)
 
 
 def module_jobs(pairs, gemms) -> list:

@@ -12,8 +12,8 @@ import fxfuse.cuda as fxcuda
 from fxfuse import reference
 from fxfuse.cuda import build, gemm_codegen
 from fxfuse.cuda.build import BuildJob, cuda_target, gemm_target_reason
-from fxfuse.cuda.engine import module_jobs
-from fxfuse.cuda.gemm_codegen import FEW_ROWS_KERNELS, KERNELS, SCHEDULES, Kernel, canonical, swaps, unsupported_reason
+from fxfuse.cuda.engine import module_jobs, not_taken_reason
+from fxfuse.cuda.gemm_codegen import FEW_ROWS_KERNELS, KERNELS, SCHEDULES, Kernel, canonical, swaps
 from fxfuse.ir import Program
 from programs import make_params
 from selected import parameters, selected
@@ -51,7 +51,7 @@ def gemm_jobs(cases: dict) -> list[BuildJob]:
     the runtime, as prepare_many's (engine.module_jobs)."""
     pairs = [(program.to_string(), dtype) for program, dtype, *_ in cases.values()]
     gemms = [((program.to_string(), dtype, param_dtypes(program, dtype)), menu[0] if menu else gemm_codegen.menu(program))
-             for program, dtype, *menu in cases.values() if unsupported_reason(program, dtype) is None]
+             for program, dtype, *menu in cases.values() if not_taken_reason(program, dtype) is None]
     return module_jobs(pairs, gemms)
 
 
