@@ -36,7 +36,7 @@ for arg in "$@"; do [ "$prev" = --dtype ] && bench_dtype=$arg; prev=$arg; done
 suite_stages=0  # the stages that compile suite models (timing, compile and sanitize build their own)
 for stage in bench profile gradients train; do has $stage && suite_stages=1; done
 { if has tests || has prebuild; then python3 tests/gpu/prebuild.py --suite
-  elif [ "$suite_stages" = 1 ]; then python3 bench/prebuild_suite.py ${PREBUILD_ARGS:---sizes full --dtypes ${bench_dtype/tf32/fp32}}; fi; } 2>&1 \
+  elif [ "$suite_stages" = 1 ]; then python3 bench/prebuild_suite.py ${PREBUILD_ARGS:---sizes full --dtypes $bench_dtype}; fi; } 2>&1 \
   | tee "$OUT/prebuild.log" | grep --line-buffered -v "^fxfuse: building\|^prebuild: [0-9]"
 status=0
 sanitize_pid=

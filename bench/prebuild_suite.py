@@ -1,13 +1,15 @@
 """Build the CUDA modules of every suite program in parallel, ahead of tests and benchmarks.
 
-    python bench/prebuild_suite.py [--sizes full,small] [--dtypes bf16,fp32,fp16,autocast,autocast-fp16]
+    python bench/prebuild_suite.py [--sizes full,small] [--dtypes bf16,fp32,tf32,fp16,autocast,autocast-fp16]
                                    [--rows S01,...] [--trace-to JOBS.json]
 
 Dynamo traces each suite model on the GPU, fxfuse's matcher names its programs, and
 ``fxfuse.cuda.prepare_many`` compiles all of them at once into the build cache, their in-GEMM
 modules too (where the path takes the program), so that the compiles inside tests and the
 benchmark only load modules (each compile builds only its own graph's modules, one graph after
-another; here all cores work together).
+another; here all cores work together). The dtypes are bench.py's: ``tf32`` traces the float32
+models and builds with TF32 allowed, as a compile under it does (a float32 GEMM module is TF32,
+and none is built while TF32 is off).
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ from fxfuse.match import match_all  # noqa: E402
 DTYPES = {
     "bf16": (torch.bfloat16, None),
     "fp32": (torch.float32, None),
+    "tf32": (torch.float32, None),  # the float32 models, built with TF32 allowed (main)
     "fp16": (torch.float16, None),
     "autocast": (torch.float32, torch.bfloat16),  # autocast(bf16) over the float32 model
     "autocast-fp16": (torch.float32, torch.float16),
@@ -109,7 +112,7 @@ def read_traced(path: Path) -> tuple[set, set]:
 def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--sizes", default="full,small")
-    parser.add_argument("--dtypes", default=",".join(DTYPES))
+    parser.add_argument("--dtypes", default=",".join(d for d in DTYPES if d != "tf32"))
     parser.add_argument("--rows", default=None)
     parser.add_argument("--workers", type=int, default=None)
     parser.add_argument("--decode", default=None, metavar="ROWS:BATCHES",
@@ -120,10 +123,12 @@ def main() -> int:
                              "--suite builds them with the tests' own")
     args = parser.parse_args()
     import fxfuse.cuda as fxcuda
+    from bench.bench import tf32_allowed
 
     rows = [r for r in suite.select(args.rows.split(",") if args.rows else None) if "-M" not in r.id]
+    dtypes = args.dtypes.split(",")
     start = time.time()
-    pairs, gemms = suite_programs(rows, args.sizes.split(","), [DTYPES[d] for d in args.dtypes.split(",")])
+    pairs, gemms = suite_programs(rows, args.sizes.split(","), [DTYPES[d] for d in dtypes])
     if args.decode:
         decode_rows, batches = args.decode.split(":")
         _, decode_gemms = suite_programs(suite.select(decode_rows.split(",")), ["full"], [DTYPES["bf16"]],
@@ -136,7 +141,8 @@ def main() -> int:
         return 0
     print(f"{len(pairs)} programs ({len(gemms)} with their parameters' dtypes) traced in {traced:.0f} s; building",
           flush=True)  # a run stopped during the builds still says where its time went
-    failed = fxcuda.prepare_many(sorted(pairs, key=str), workers=args.workers, gemm_items=sorted(gemms, key=str))
+    with tf32_allowed("tf32" in dtypes):  # the float32 GEMM modules, as such compiles ask
+        failed = fxcuda.prepare_many(sorted(pairs, key=str), workers=args.workers, gemm_items=sorted(gemms, key=str))
     print(f"{len(pairs)} suite programs' modules ready in {time.time() - start:.0f} s "
           f"(tracing {traced:.0f} s), {len(failed)} failed")
     for (program, dtype), error in failed.items():

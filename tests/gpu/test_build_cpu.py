@@ -543,3 +543,21 @@ def test_the_tests_prebuild_traces_the_model_tests_compiles_with_the_gemm_module
     assert conv1d and conv1d <= pairs and not conv1d_gemms and not conv1d & with_module
     assert with_module and with_module <= pairs
     assert any("pool" in program.to_string() for program, _ in pairs)  # the pooling tests' models
+
+
+@pytest.mark.parametrize("dtypes, tf32", [("fp32", False), ("tf32", True), ("bf16,tf32", True)])
+def test_the_suite_prebuild_builds_as_compiles_under_the_benchmarks_dtype_do(dtypes, tf32, monkeypatch):
+    """bench.py's tf32 runs compile float32 models with TF32 allowed, and only then does a float32
+    chain get its (TF32) GEMM module: the prebuild for them builds with TF32 allowed, so that the
+    benchmark's compiles find those modules built; for its fp32 runs it builds none."""
+    import fxfuse.cuda as fxcuda
+    from bench import prebuild_suite
+
+    settings = []
+    monkeypatch.setattr(prebuild_suite, "suite_programs", lambda *args, **kwargs: (set(), set()))
+    monkeypatch.setattr(fxcuda, "prepare_many", lambda *args, **kwargs:
+                        settings.append(torch.backends.cuda.matmul.allow_tf32) or {})
+    monkeypatch.setattr(torch.backends.cuda.matmul, "allow_tf32", False)
+    monkeypatch.setattr(sys, "argv", ["prebuild_suite.py", "--sizes", "full", "--dtypes", dtypes, "--rows", "S01"])
+    assert prebuild_suite.main() == 0
+    assert settings == [tf32] and torch.backends.cuda.matmul.allow_tf32 is False  # restored after
