@@ -8,7 +8,8 @@ broken) and is renamed into place with an ``ok`` marker (its manifest, with the 
 so concurrent processes neither corrupt the cache nor build twice, and a crashed build leaves
 nothing that looks finished. A build that was killed or interrupted leaves its units there: the
 next build of the key resumes (ninja compiles only the units that did not finish; a GEMM module's
-units take a minute or more each). A build that fails removes it. An entry whose library is
+units take a minute or more each), after stopping the compiles a killed builder left running there
+(orphans.py). A build that fails removes it. An entry whose library is
 missing, differs from its checksum or fails to load is removed and built again once, with a
 warning; a cache directory that cannot be written is replaced by a private temporary one, with a
 warning.
@@ -56,6 +57,7 @@ from . import codegen, gemm_info
 from .errors import BuildError
 from .gemm_info import GemmInfoView
 from .lock import FileLock, LockTimeout
+from .orphans import stop_processes_in
 
 
 def _find_csrc() -> Path:
@@ -307,12 +309,15 @@ def _cached_build(key: str, label: str, compile_into) -> tuple[Path, dict, objec
     manifest = _intact(final, label)
     if manifest is not None:
         return final, manifest, None
-    with _process_lock, _locked(root / f"{key}.lock", label):
+    with _process_lock, _locked(root / f"{key}.lock", label) as lock:
         manifest = _intact(final, label)
         if manifest is not None:
             return final, manifest, None
         work = root / f"{key}.partial"  # the key's lock makes it this builder's alone
         resumed = work.is_dir()
+        if resumed and lock.took_from_the_dead and (stopped := stop_processes_in(work)):
+            print(f"fxfuse: stopped {stopped} compile process(es) a killed build of {label} left running",
+                  file=sys.stderr, flush=True)
         work.mkdir(parents=True, exist_ok=True)
         head = f"fxfuse: building {label}{' (resumed)' if resumed else ''} ..."
         if not _whole_lines:
@@ -436,7 +441,7 @@ def _locked(path: Path, label: str):
     except LockTimeout as error:
         raise BuildError(f"building {label}: {error}") from error
     try:
-        yield
+        yield lock
     finally:
         lock.release()
 

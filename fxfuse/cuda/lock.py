@@ -4,7 +4,8 @@ The lock is a file created with O_EXCL holding ``pid timestamp host token``. A l
 gone (same host) or that is older than ``stale_after`` seconds is broken. Creating, breaking and
 releasing happen inside a short kernel lock (``flock`` on ``<path>.guard``, released by the kernel
 if its holder dies), so two waiters never both break a lock and then delete each other's new one.
-Waiting for the lock itself is polling, with a timeout.
+Waiting for the lock itself is polling, with a timeout. The lock tells its taker whether it
+broke a dead process's lock: what that process started may still run (orphans.py).
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ class FileLock:
         self.stale_after = stale_after
         self.poll = poll
         self.token = ""
+        self.took_from_the_dead = False  # acquire() broke the lock of a process of this host that died
 
     def __enter__(self) -> "FileLock":
         self.acquire()
@@ -51,6 +53,7 @@ class FileLock:
             with self._guarded():
                 holder = _read(self.path)
                 if holder is None or self._is_stale(holder):
+                    self.took_from_the_dead = holder is not None and _died_here(holder)
                     self._write()
                     return
             if time.monotonic() > deadline:
@@ -89,7 +92,12 @@ class FileLock:
             return True
         if time.time() - holder["time"] > self.stale_after:
             return True
-        return holder["host"] == socket.gethostname() and not _alive(holder["pid"])
+        return _died_here(holder)
+
+
+def _died_here(holder: dict) -> bool:
+    """Whether ``holder`` was a process of this host that is gone."""
+    return not holder.get("unreadable") and holder["host"] == socket.gethostname() and not _alive(holder["pid"])
 
 
 def _read(path: Path) -> dict | None:

@@ -176,6 +176,65 @@ def test_concurrent_builds_of_one_key_build_once(tmp_path):
     assert not list((tmp_path / "cache").glob("*.partial"))
 
 
+def _sleeping_in(directory: Path) -> subprocess.Popen:
+    """A process working in ``directory`` (set before Popen returns), as ninja's compilers do."""
+    return subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"], cwd=directory)
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc"), reason="finds processes through /proc (Linux)")
+def test_a_build_taking_over_from_a_dead_builder_first_stops_the_compiles_it_left_running(tmp_path, monkeypatch,
+                                                                                          capsys):
+    """A builder killed outright leaves ninja and its compilers running in ``<key>.partial``. The
+    build that breaks the dead builder's lock stops them before it resumes there (no two compiles of
+    one object file; none writing on into the finished entry), and nothing working elsewhere."""
+    monkeypatch.setenv("FXFUSE_CACHE_DIR", str(tmp_path))
+    key = "a" * 32
+    work = tmp_path / f"{key}.partial"
+    (work / "sub").mkdir(parents=True)
+    (tmp_path / f"{key}.lock").write_text(f"{_dead_pid()} {time.time()!r} {os.uname().nodename} dead\n")
+    *left, elsewhere = [_sleeping_in(place) for place in (work, work / "sub", tmp_path)]
+    seen = {}
+
+    def compile_into(directory: Path):
+        seen["left"] = [proc.poll() for proc in left]
+        seen["elsewhere"] = elsewhere.poll()
+        (directory / "artifact").write_text("ok")
+        return {"library": "artifact"}, None
+
+    try:
+        build._cached_build(key, "a module", compile_into)
+    finally:
+        elsewhere.kill()
+        elsewhere.wait()
+    assert seen == {"left": [-9, -9], "elsewhere": None}
+    assert "stopped 2 compile process(es) a killed build of a module left running" in capsys.readouterr().err
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc"), reason="finds processes through /proc (Linux)")
+def test_a_build_that_waited_for_a_live_builder_stops_nothing(tmp_path, monkeypatch):
+    """Only a dead builder's compiles are stopped: a lock released by its holder, or broken for its
+    age, says nothing of what runs in the directory."""
+    monkeypatch.setenv("FXFUSE_CACHE_DIR", str(tmp_path))
+    key = "b" * 32
+    work = tmp_path / f"{key}.partial"
+    work.mkdir()
+    (tmp_path / f"{key}.lock").write_text(f"{os.getppid()} {time.time() - 7200!r} {os.uname().nodename} old\n")
+    running = _sleeping_in(work)
+    seen = {}
+
+    def compile_into(directory: Path):
+        seen["running"] = running.poll()
+        (directory / "artifact").write_text("ok")
+        return {"library": "artifact"}, None
+
+    try:
+        build._cached_build(key, "a module", compile_into)
+    finally:
+        running.kill()
+        running.wait()
+    assert seen == {"running": None}
+
+
 def test_failed_build_leaves_nothing_and_raises(tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("FXFUSE_CACHE_DIR", str(tmp_path))
 
