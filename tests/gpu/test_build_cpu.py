@@ -181,6 +181,25 @@ def _sleeping_in(directory: Path) -> subprocess.Popen:
     return subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"], cwd=directory)
 
 
+def _polls_as_the_build_compiles(key: str, procs: list[subprocess.Popen]) -> list[int | None]:
+    """Build ``key`` (a stub module's compile); each of ``procs``' ``poll()`` as its compile began
+    (None: still running, -9: killed). The processes are killed afterwards."""
+    seen = []
+
+    def compile_into(directory: Path):
+        seen.extend(proc.poll() for proc in procs)
+        (directory / "artifact").write_text("ok")
+        return {"library": "artifact"}, None
+
+    try:
+        build._cached_build(key, "a module", compile_into)
+    finally:
+        for proc in procs:
+            proc.kill()
+            proc.wait()
+    return seen
+
+
 @pytest.mark.skipif(not os.path.isdir("/proc"), reason="finds processes through /proc (Linux)")
 def test_a_build_taking_over_from_a_dead_builder_first_stops_the_compiles_it_left_running(tmp_path, monkeypatch,
                                                                                           capsys):
@@ -192,47 +211,21 @@ def test_a_build_taking_over_from_a_dead_builder_first_stops_the_compiles_it_lef
     work = tmp_path / f"{key}.partial"
     (work / "sub").mkdir(parents=True)
     (tmp_path / f"{key}.lock").write_text(f"{_dead_pid()} {time.time()!r} {os.uname().nodename} dead\n")
-    *left, elsewhere = [_sleeping_in(place) for place in (work, work / "sub", tmp_path)]
-    seen = {}
-
-    def compile_into(directory: Path):
-        seen["left"] = [proc.poll() for proc in left]
-        seen["elsewhere"] = elsewhere.poll()
-        (directory / "artifact").write_text("ok")
-        return {"library": "artifact"}, None
-
-    try:
-        build._cached_build(key, "a module", compile_into)
-    finally:
-        elsewhere.kill()
-        elsewhere.wait()
-    assert seen == {"left": [-9, -9], "elsewhere": None}
+    procs = [_sleeping_in(place) for place in (work, work / "sub", tmp_path)]
+    assert _polls_as_the_build_compiles(key, procs) == [-9, -9, None]
     assert "stopped 2 compile process(es) a killed build of a module left running" in capsys.readouterr().err
 
 
 @pytest.mark.skipif(not os.path.isdir("/proc"), reason="finds processes through /proc (Linux)")
-def test_a_build_that_waited_for_a_live_builder_stops_nothing(tmp_path, monkeypatch):
-    """Only a dead builder's compiles are stopped: a lock released by its holder, or broken for its
-    age, says nothing of what runs in the directory."""
+def test_a_build_breaking_a_live_builders_old_lock_stops_nothing(tmp_path, monkeypatch):
+    """Only a dead builder's compiles are stopped: a lock broken for its age, its holder alive,
+    says nothing of what runs in the directory."""
     monkeypatch.setenv("FXFUSE_CACHE_DIR", str(tmp_path))
     key = "b" * 32
     work = tmp_path / f"{key}.partial"
     work.mkdir()
     (tmp_path / f"{key}.lock").write_text(f"{os.getppid()} {time.time() - 7200!r} {os.uname().nodename} old\n")
-    running = _sleeping_in(work)
-    seen = {}
-
-    def compile_into(directory: Path):
-        seen["running"] = running.poll()
-        (directory / "artifact").write_text("ok")
-        return {"library": "artifact"}, None
-
-    try:
-        build._cached_build(key, "a module", compile_into)
-    finally:
-        running.kill()
-        running.wait()
-    assert seen == {"running": None}
+    assert _polls_as_the_build_compiles(key, [_sleeping_in(work)]) == [None]
 
 
 def test_failed_build_leaves_nothing_and_raises(tmp_path, monkeypatch, capsys):
