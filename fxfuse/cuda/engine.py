@@ -615,12 +615,12 @@ def never_taken_reason(program: Program, dtype: torch.dtype, weight_is_kn: bool 
 
 def not_taken_reason(program: Program, dtype: torch.dtype, weight_is_kn: bool = False) -> str | None:
     """Why calls of ``program`` on ``dtype`` inputs cannot take a GEMM module now, whatever is
-    built (None: they can): a weight stored (K, N), or ``gemm_codegen.unsupported_reason`` (no
-    module can be generated, or a float32 GEMM while torch does not allow TF32: the runtime then
-    runs cuBLAS and the row pass whatever a route says)."""
+    built (None: they can): they never can (``never_taken_reason``), or the process's settings
+    keep them off (``gemm_codegen.setting_reason``: a float32 GEMM while torch does not allow TF32;
+    the runtime then runs cuBLAS and the row pass whatever a route says)."""
     from . import gemm_codegen
 
-    return KN_WEIGHT_REASON if weight_is_kn else gemm_codegen.unsupported_reason(program, dtype)
+    return never_taken_reason(program, dtype, weight_is_kn) or gemm_codegen.setting_reason(dtype)
 
 
 def module_jobs(pairs, gemms) -> list:

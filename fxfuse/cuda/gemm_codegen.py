@@ -276,12 +276,17 @@ def group_size(norm: Norm, n: int) -> int | None:
 def unsupported_reason(program: Program, dtype: torch.dtype) -> str | None:
     """Why the in-GEMM path cannot take ``program``'s calls on ``dtype`` inputs now (None: it can;
     a group norm's group size is checked per call, by the module): no module can be built for it
-    (build_reason), or a float32 GEMM while torch does not allow TF32."""
-    reason = build_reason(program, dtype)
-    if reason is None and dtype == torch.float32 and not torch.backends.cuda.matmul.allow_tf32:
+    (build_reason), or a float32 GEMM while torch does not allow TF32 (setting_reason)."""
+    return build_reason(program, dtype) or setting_reason(dtype)
+
+
+def setting_reason(dtype: torch.dtype) -> str | None:
+    """Why the process's settings keep ``dtype``'s GEMMs off the in-GEMM path now (None: they do
+    not): a float32 GEMM is TF32 there, and torch does not allow TF32."""
+    if dtype == torch.float32 and not torch.backends.cuda.matmul.allow_tf32:
         return ("a float32 GEMM is TF32 in the in-GEMM path, and torch.backends.cuda.matmul.allow_tf32 "
                 "is off: cuBLAS computes it in float32")
-    return reason
+    return None
 
 
 def build_reason(program: Program, dtype: torch.dtype) -> str | None:
