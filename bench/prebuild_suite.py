@@ -24,6 +24,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
 
+from bench.bench import DTYPES as BENCH_DTYPES  # noqa: E402
+from bench.bench import tf32_allowed  # noqa: E402
 from examples import suite  # noqa: E402
 from fxfuse.backend import param_dtypes, rows_of, wants_gemm_module  # noqa: E402
 from fxfuse.canonicalize import canonicalize  # noqa: E402
@@ -33,15 +35,11 @@ from fxfuse.cuda.engine import gemm_modules_served, module_jobs  # noqa: E402
 from fxfuse.ir import Program  # noqa: E402
 from fxfuse.match import match_all  # noqa: E402
 
-# name -> (the model's dtype, autocast's dtype or None)
-DTYPES = {
-    "bf16": (torch.bfloat16, None),
-    "fp32": (torch.float32, None),
-    "tf32": (torch.float32, None),  # the float32 models, built with TF32 allowed (main)
-    "fp16": (torch.float16, None),
-    "autocast": (torch.float32, torch.bfloat16),  # autocast(bf16) over the float32 model
-    "autocast-fp16": (torch.float32, torch.float16),
-}
+# name -> (the model's dtype, autocast's dtype or None): bench.py's --dtype choices (its TF32 ones
+# built with TF32 allowed, main), and autocast(fp16) over the float32 model, which the tests run
+DTYPES = {name: (spec.param_dtype, spec.autocast) for name, spec in BENCH_DTYPES.items()}
+DTYPES["autocast-fp16"] = (torch.float32, torch.float16)
+TF32 = {name for name, spec in BENCH_DTYPES.items() if spec.tf32}
 
 
 def suite_programs(rows, sizes, dtypes, device: str = "cuda", batches=()) -> tuple[set, set]:
@@ -112,7 +110,7 @@ def read_traced(path: Path) -> tuple[set, set]:
 def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--sizes", default="full,small")
-    parser.add_argument("--dtypes", default=",".join(d for d in DTYPES if d != "tf32"))
+    parser.add_argument("--dtypes", default=",".join(d for d in DTYPES if d not in TF32))
     parser.add_argument("--rows", default=None)
     parser.add_argument("--workers", type=int, default=None)
     parser.add_argument("--decode", default=None, metavar="ROWS:BATCHES",
@@ -123,7 +121,6 @@ def main() -> int:
                              "--suite builds them with the tests' own")
     args = parser.parse_args()
     import fxfuse.cuda as fxcuda
-    from bench.bench import tf32_allowed
 
     rows = [r for r in suite.select(args.rows.split(",") if args.rows else None) if "-M" not in r.id]
     dtypes = args.dtypes.split(",")
@@ -141,7 +138,7 @@ def main() -> int:
         return 0
     print(f"{len(pairs)} programs ({len(gemms)} with their parameters' dtypes) traced in {traced:.0f} s; building",
           flush=True)  # a run stopped during the builds still says where its time went
-    with tf32_allowed("tf32" in dtypes):  # the float32 GEMM modules, as such compiles ask
+    with tf32_allowed(bool(TF32 & set(dtypes))):  # the float32 GEMM modules, as such compiles ask
         failed = fxcuda.prepare_many(sorted(pairs, key=str), workers=args.workers, gemm_items=sorted(gemms, key=str))
     print(f"{len(pairs)} suite programs' modules ready in {time.time() - start:.0f} s "
           f"(tracing {traced:.0f} s), {len(failed)} failed")
