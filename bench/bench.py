@@ -682,6 +682,11 @@ def _correct(entry: dict[str, Any]) -> str:
     return f"NO {c['max_abs_err']:.1e} (ind {'ok' if ind.get('ok') else 'NO'})"
 
 
+def _profiled_mark(variant: dict[str, Any] | None) -> str:
+    """``*`` where a variant's GPU time is the profiler's kernel sum, not CUDA-graph replay."""
+    return "*" if variant and variant.get("gpu_method") == "profiler" else ""
+
+
 def table_rows(report: dict[str, Any]) -> list[list[str]]:
     """The ratio table: GPU ms per variant, then fxfuse/GEMM, inductor/GEMM, fxfuse/inductor for
     each of the three timings, then peak memory and correctness."""
@@ -689,9 +694,8 @@ def table_rows(report: dict[str, Any]) -> list[list[str]]:
     for e in report["rows"]:
         v = e.get("variants", {})
         gemm, eager, ind, fx = (v.get(n) for n in VARIANTS)
-        mark = "*" if fx and fx.get("gpu_method") == "profiler" else ""
         line = [e["id"], _fmt(variant_ms(gemm, "gpu")), _fmt(variant_ms(eager, "gpu")), _fmt(variant_ms(ind, "gpu"))]
-        line.append(_fmt(variant_ms(fx, "gpu")) + mark)
+        line.append(_fmt(variant_ms(fx, "gpu")) + _profiled_mark(fx))
         same_graph = "=" if fused_nothing(e) else ""
         for kind in ("gpu", "pipelined", "latency"):
             g, i, f = variant_ms(gemm, kind), variant_ms(ind, kind), variant_ms(fx, kind)
@@ -699,8 +703,7 @@ def table_rows(report: dict[str, Any]) -> list[list[str]]:
         # max-autotune's own CUDA graphs cannot be captured inside the benchmark's: its GPU time
         # is then the profiler's kernel sum (no launch gaps), marked as fxfuse's is
         max_mode = v.get(MAX_AUTOTUNE)
-        max_mark = "*" if max_mode and max_mode.get("gpu_method") == "profiler" else ""
-        line.append(_ratio(variant_ms(fx, "gpu"), variant_ms(max_mode, "gpu")) + max_mark)
+        line.append(_ratio(variant_ms(fx, "gpu"), variant_ms(max_mode, "gpu")) + _profiled_mark(max_mode))
         line += [_fmt((fx or {}).get("peak_mib"), ".1f"), _fmt((ind or {}).get("peak_mib"), ".1f")]
         line.append("ERR" if e.get("error") else _correct(e))
         out.append(line)
